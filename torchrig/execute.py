@@ -1,0 +1,67 @@
+"""`invoke exec`: one ad-hoc command on many hosts, output prefixed per host (like pdsh)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass
+from typing import TextIO
+
+from .inventory import Host, Inventory
+from .remote import Result, connect, fan_out, privileged, login_user
+
+
+class PrefixedLines:
+    """File-like sink for Fabric's out_stream: writes whole lines as 'host | line'."""
+
+    _lock = threading.Lock()  # shared: lines from different hosts never interleave mid-line
+
+    def __init__(self, prefix: str, out: TextIO):
+        self.prefix, self.out, self.buf = prefix, out, ""
+
+    def write(self, data: str) -> None:
+        self.buf += data
+        *lines, self.buf = self.buf.split("\n")
+        self._emit(lines)
+
+    def _emit(self, lines: list[str]) -> None:
+        if lines:
+            with self._lock:
+                for line in lines:
+                    self.out.write(f"{self.prefix} | {line.rstrip(chr(13))}\n")
+                self.out.flush()
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.buf:
+            self._emit([self.buf])
+            self.buf = ""
+
+
+@dataclass
+class Exited:
+    code: int
+
+
+def run_on(inv: Inventory, hosts: list[Host], command: str, *, sudo: bool = False,
+           accept_new: bool = False, timeout: int | None = None, parallel: int = 16,
+           out: TextIO = sys.stdout) -> list[Result]:
+    """Run `command` on each host; Result.value is Exited(code). Connection problems are
+    Result errors; a non-zero exit status is a value, so callers see both."""
+    width = max(len(h.name) for h in hosts)
+
+    def one(h: Host) -> Exited:
+        cxn = connect(h, inv, accept_new=accept_new)
+        sink = PrefixedLines(h.name.ljust(width), out)
+        try:
+            line = privileged(command, login_user(cxn)) if sudo else command
+            r = cxn.run(line, warn=True, hide=False, out_stream=sink, err_stream=sink,
+                        timeout=timeout, in_stream=False)
+            return Exited(r.exited)
+        finally:
+            sink.close()
+            cxn.close()
+
+    return fan_out(hosts, one, parallel=parallel)

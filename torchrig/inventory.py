@@ -1,0 +1,260 @@
+"""Load and validate the YAML inventory into typed Host objects.
+
+Validation is pydantic's (typed fields, unknown keys refused); this module only turns its
+errors into one message that names the file, the host and the field.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import TorchrigError
+
+DEFAULT_INVENTORY = "inventory/hosts.yml"
+
+# Host names end up in unit names, file names and log prefixes: keep them plain.
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+
+
+class InventoryError(TorchrigError):
+    pass
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Defaults(_Strict):
+    """Connection settings every host inherits unless it sets its own."""
+
+    user: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    identity_file: str | None = None
+    jump: str | None = None
+
+
+class GroupSpec(_Strict):
+    description: str = ""
+    vars: dict[str, Any] = Field(default_factory=dict)
+
+
+class HostSpec(_Strict):
+    name: str = Field(pattern=NAME_RE)
+    connection: Literal["ssh", "local"] = "ssh"
+    address: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    user: str | None = None
+    identity_file: str | None = None
+    jump: str | None = None
+    gpus: int | None = Field(default=None, ge=0)
+    groups: list[str] = Field(default_factory=list)
+    vars: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("address")
+    @classmethod
+    def _no_spaces(cls, v: str | None) -> str | None:
+        if v is not None and (not v or re.search(r"\s", v)):
+            raise ValueError("an address must be a non-empty host name or IP without spaces")
+        return v
+
+
+class InventorySpec(_Strict):
+    known_hosts: str | None = None
+    defaults: Defaults = Field(default_factory=Defaults)
+    vars: dict[str, Any] = Field(default_factory=dict)
+    groups: dict[str, GroupSpec] = Field(default_factory=dict)
+    hosts: list[HostSpec] = Field(min_length=1)
+
+
+class Host(BaseModel):
+    """A validated host with defaults applied and vars merged (shared < group < host)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    connection: Literal["ssh", "local"]
+    address: str
+    port: int | None
+    user: str | None
+    identity_file: str | None
+    jump: str | None
+    gpus: int | None
+    groups: tuple[str, ...]
+    vars: dict[str, Any]
+
+    @property
+    def is_local(self) -> bool:
+        return self.connection == "local"
+
+
+class Inventory(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    known_hosts: str
+    hosts: tuple[Host, ...]
+    groups: dict[str, GroupSpec]
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise InventoryError(f"{self.path}: no host named {name!r}")
+
+    def select(self, spec: str | None) -> list[Host]:
+        """Hosts named by `spec`: comma list of host or group names; None/''/'all' = every host."""
+        if spec is None or spec.strip() in ("", "all"):
+            return list(self.hosts)
+        chosen: list[Host] = []
+        for item in (s.strip() for s in spec.split(",")):
+            if not item:
+                continue
+            if item in self.groups:
+                matches = [h for h in self.hosts if item in h.groups]
+            else:
+                matches = [h for h in self.hosts if h.name == item]
+            if not matches:
+                raise InventoryError(
+                    f"--host {item!r}: no such host or group in {self.path} "
+                    f"(hosts: {', '.join(h.name for h in self.hosts)}; "
+                    f"groups: {', '.join(self.groups) or 'none'})"
+                )
+            chosen.extend(h for h in matches if h not in chosen)
+        return chosen
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys (plain PyYAML keeps the last silently)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
+)
+
+
+def _describe(err: dict[str, Any]) -> str:
+    kind, inp = err["type"], err.get("input")
+    if kind == "missing":
+        return "is required but missing"
+    if kind == "extra_forbidden":
+        return "is not a known key (check its spelling against inventory/example.yml)"
+    expected = {
+        "int_type": "an integer", "string_type": "a string", "dict_type": "a mapping",
+        "list_type": "a list", "bool_type": "true or false", "model_type": "a mapping",
+        "literal_error": err.get("ctx", {}).get("expected", "one of the allowed values"),
+        "string_pattern_mismatch": "a plain name (letters, digits, '.', '_', '-')",
+        "greater_than_equal": f">= {err.get('ctx', {}).get('ge')}",
+        "less_than_equal": f"<= {err.get('ctx', {}).get('le')}",
+        "too_short": "at least one entry",
+    }.get(kind)
+    if expected:
+        return f"expected {expected}, got {inp!r}"
+    return f"{err['msg']} (got {inp!r})"
+
+
+def _locate(raw: Any, loc: tuple) -> str:
+    """'host 'gpu2': field 'gpus'' from pydantic's ('hosts', 1, 'gpus')."""
+    if len(loc) >= 2 and loc[0] == "hosts" and isinstance(loc[1], int):
+        entry = raw["hosts"][loc[1]] if isinstance(raw.get("hosts"), list) else None
+        name = entry.get("name") if isinstance(entry, dict) else None
+        who = f"host {name!r}" if isinstance(name, str) else f"hosts entry #{loc[1] + 1}"
+        rest = ".".join(str(p) for p in loc[2:])
+        return f"{who}: field {rest!r}" if rest else who
+    if len(loc) >= 2 and loc[0] == "groups":
+        rest = ".".join(str(p) for p in loc[2:])
+        return f"group {loc[1]!r}" + (f": field {rest!r}" if rest else "")
+    return "field " + repr(".".join(str(p) for p in loc))
+
+
+def _resolve_path(value: str | None, base: Path) -> str | None:
+    if value is None:
+        return None
+    p = Path(os.path.expanduser(value))
+    return str(p if p.is_absolute() else (base / p))
+
+
+def load(path: str | os.PathLike) -> Inventory:
+    """Read, validate and resolve an inventory file. Raises InventoryError with one message."""
+    path = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise InventoryError(
+            f"{path}: cannot read the inventory ({e.strerror}); pass --inventory PATH "
+            "or copy inventory/example.yml to inventory/hosts.yml"
+        ) from None
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise InventoryError(f"{path}:{where}: not valid YAML: {problem}") from None
+    if not isinstance(raw, dict):
+        raise InventoryError(f"{path}: expected a mapping with a 'hosts:' list at the top")
+    try:
+        spec = InventorySpec.model_validate(raw)
+    except ValidationError as e:
+        errs = e.errors()
+        lines = [f"{path}: {_locate(raw, err['loc'])} {_describe(err)}" for err in errs[:10]]
+        if len(errs) > 10:
+            lines.append(f"{path}: ... and {len(errs) - 10} more problems")
+        raise InventoryError("\n".join(lines)) from None
+    return _resolve(spec, Path(path).resolve().parent, path)
+
+
+def _resolve(spec: InventorySpec, base: Path, path: str) -> Inventory:
+    seen: set[str] = set()
+    hosts: list[Host] = []
+    for h in spec.hosts:
+        if h.name in seen:
+            raise InventoryError(f"{path}: host {h.name!r}: field 'name' is a duplicate; "
+                                 "host names must be unique")
+        seen.add(h.name)
+        for g in h.groups:
+            if g not in spec.groups:
+                raise InventoryError(
+                    f"{path}: host {h.name!r}: field 'groups' names unknown group {g!r}; "
+                    f"declare it under 'groups:' (known: {', '.join(spec.groups) or 'none'})"
+                )
+        merged: dict[str, Any] = dict(spec.vars)
+        for g in h.groups:
+            merged.update(spec.groups[g].vars)
+        merged.update(h.vars)
+        d = spec.defaults
+        hosts.append(Host(
+            name=h.name,
+            connection=h.connection,
+            address=h.address or ("localhost" if h.connection == "local" else h.name),
+            port=h.port if h.port is not None else d.port,
+            user=h.user or d.user,
+            identity_file=_resolve_path(h.identity_file or d.identity_file, base),
+            jump=h.jump if h.jump is not None else d.jump,
+            gpus=h.gpus,
+            groups=tuple(h.groups),
+            vars=merged,
+        ))
+    clash = sorted(set(spec.groups) & seen)
+    if clash:
+        raise InventoryError(f"{path}: group {clash[0]!r} has the same name as a host; "
+                             "rename one so --host is unambiguous")
+    known = _resolve_path(spec.known_hosts, base) or os.path.expanduser("~/.ssh/known_hosts")
+    return Inventory(path=path, known_hosts=known, hosts=tuple(hosts), groups=spec.groups)

@@ -1,0 +1,235 @@
+"""SSH to inventory hosts: strict host keys, timeouts, quoting, bounded parallel fan-out.
+
+Fabric's Connection accepts any host key by default (AutoAddPolicy, known_hosts never read)
+and waits forever to connect; `connect()` fixes both for the host and every jump hop.
+"""
+
+from __future__ import annotations
+
+import base64
+import getpass
+import hashlib
+import os
+import shlex
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import invoke
+import paramiko
+from fabric import Config, Connection
+
+from .errors import TorchrigError
+from .inventory import Host, Inventory
+
+T = TypeVar("T")
+
+CONNECT_TIMEOUT = 10  # seconds; also used for the SSH banner and authentication
+
+
+class UnknownHostKey(TorchrigError):
+    pass
+
+
+class HostKeyChanged(TorchrigError):
+    pass
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH-style 'SHA256:...' fingerprint of a public key."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def known_hosts_name(address: str, port: int | None) -> str:
+    """The name paramiko and OpenSSH look a host up by: 'addr', or '[addr]:port' off port 22."""
+    return address if port in (None, 22) else f"[{address}]:{port}"
+
+
+_known_hosts_lock = threading.Lock()
+
+
+class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Refuse unknown keys (with the fingerprint and how to accept), or record them
+    in the known_hosts file in use when accept_new is set (OpenSSH's accept-new).
+    A *changed* key never reaches this policy: paramiko raises BadHostKeyException."""
+
+    def __init__(self, known_hosts: str, accept_new: bool):
+        self.known_hosts = known_hosts
+        self.accept_new = accept_new
+
+    def missing_host_key(self, client, hostname, key):
+        fp = fingerprint(key)
+        if not self.accept_new:
+            raise UnknownHostKey(
+                f"unknown host key for {hostname} ({key.get_name()} {fp}); not in "
+                f"{self.known_hosts}. Check the fingerprint out of band, then rerun with "
+                "--accept-new-host-keys to record it"
+            )
+        with _known_hosts_lock:
+            os.makedirs(os.path.dirname(self.known_hosts) or ".", mode=0o700, exist_ok=True)
+            fd = os.open(self.known_hosts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            with os.fdopen(fd, "a") as f:
+                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        print(f"{hostname}: recorded new host key {key.get_name()} {fp} in {self.known_hosts}",
+              file=sys.stderr)
+
+
+def _secure(cxn: Connection, known_hosts: str, accept_new: bool) -> None:
+    cxn.client.set_missing_host_key_policy(HostKeyPolicy(known_hosts, accept_new))
+    if os.path.exists(known_hosts):
+        cxn.client.load_host_keys(known_hosts)
+    if isinstance(cxn.gateway, Connection):  # ProxyJump hops, from ssh_config or inventory
+        _secure(cxn.gateway, known_hosts, accept_new)
+
+
+class LocalConnection:
+    """`connection: local` hosts: the operator's own machine, same run() interface."""
+
+    def __init__(self, host: Host):
+        self.host = "localhost"
+        self.user = getpass.getuser()
+        self._ctx = invoke.Context()
+
+    def run(self, command: str, **kwargs):
+        return self._ctx.run(command, **kwargs)
+
+    def close(self) -> None:
+        pass
+
+
+def _jump(inv: Inventory, spec: str, accept_new: bool) -> Connection:
+    """A jump host: an inventory host name, or 'user@host:port' shorthand."""
+    for h in inv.hosts:
+        if h.name == spec:
+            return connect(h, inv, accept_new=accept_new)
+    cxn = Connection(spec, config=_config(), connect_timeout=CONNECT_TIMEOUT)
+    _secure(cxn, inv.known_hosts, accept_new)
+    return cxn
+
+
+def _config() -> Config:
+    return Config(overrides={"timeouts": {"connect": CONNECT_TIMEOUT}, "run": {"hide": True}})
+
+
+def connect(host: Host, inv: Inventory, accept_new: bool = False):
+    """A Connection for `host` (not yet opened) that verifies host keys and times out."""
+    if host.is_local:
+        return LocalConnection(host)
+    kwargs: dict[str, Any] = {
+        "config": _config(),
+        "connect_timeout": CONNECT_TIMEOUT,
+        "connect_kwargs": {"banner_timeout": CONNECT_TIMEOUT, "auth_timeout": CONNECT_TIMEOUT},
+    }
+    if host.user:
+        kwargs["user"] = host.user
+    if host.port:
+        kwargs["port"] = host.port
+    if host.identity_file:
+        kwargs["connect_kwargs"]["key_filename"] = [host.identity_file]
+    if host.jump:
+        kwargs["gateway"] = _jump(inv, host.jump, accept_new)
+    cxn = Connection(host.address, **kwargs)
+    _secure(cxn, inv.known_hosts, accept_new)
+    return cxn
+
+
+# --- quoting ---------------------------------------------------------------------------------
+
+def sh(*argv: Any) -> str:
+    """One shell command line from argv, every word quoted."""
+    return shlex.join(str(a) for a in argv)
+
+
+def with_env(command: str, env: dict[str, str]) -> str:
+    """Prefix `command` with env assignments, names checked and values quoted."""
+    for k in env:
+        if not k.isidentifier():
+            raise TorchrigError(f"environment variable name {k!r} is not valid")
+    return sh("env", *(f"{k}={v}" for k, v in env.items()), "bash", "-c", command)
+
+
+def privileged(command: str, user: str | None) -> str:
+    """Run a (possibly compound) command line as root: directly when the login user is root,
+    else through passwordless sudo (-n: fail at once rather than wait for a password).
+    The whole line goes to bash as one quoted argument, so `a && b` runs entirely as root."""
+    wrapped = sh("bash", "-c", command)
+    return wrapped if user == "root" else f"sudo -n -- {wrapped}"
+
+
+def login_user(cxn) -> str:
+    return getattr(cxn, "user", None) or getpass.getuser()
+
+
+def run_priv(cxn, command: str, **kwargs):
+    """Run `command` as root on `cxn` (see privileged())."""
+    return cxn.run(privileged(command, login_user(cxn)), **kwargs)
+
+
+# --- fan-out ---------------------------------------------------------------------------------
+
+@dataclass
+class Result:
+    host: str
+    ok: bool
+    value: Any = None
+    error: str | None = None
+    seconds: float = 0.0
+
+
+def describe_error(exc: BaseException) -> str:
+    """Why a host failed, in words an operator can act on."""
+    if isinstance(exc, TorchrigError):
+        return str(exc)
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return (f"HOST KEY CHANGED for {exc.hostname}: got {exc.key.get_name()} "
+                f"{fingerprint(exc.key)}, expected {fingerprint(exc.expected_key)}. "
+                "Refusing to connect (possible man-in-the-middle). If the host was reinstalled, "
+                "remove its old line from the known_hosts file and accept the new key")
+    if isinstance(exc, paramiko.AuthenticationException):
+        return f"SSH authentication failed ({exc}); check user and identity_file in the inventory"
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        return f"cannot connect: {exc.strerror or exc}"
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return f"connection timed out after {CONNECT_TIMEOUT}s (host down or port filtered?)"
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve the address ({exc.strerror})"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused (is sshd running on that port?)"
+    if isinstance(exc, OSError):
+        return f"network error: {exc.strerror or exc}"
+    if isinstance(exc, paramiko.SSHException):
+        return f"SSH error: {exc}"
+    if isinstance(exc, invoke.exceptions.CommandTimedOut):
+        return f"command timed out after {exc.timeout}s"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def fan_out(hosts: Iterable[Host], fn: Callable[[Host], T], parallel: int = 16) -> list[Result]:
+    """Run fn(host) for every host on a bounded pool; one Result per host, in input order.
+    fn raising marks that host failed; it never stops the others."""
+    hosts = list(hosts)
+
+    def one(h: Host) -> Result:
+        t0 = time.monotonic()
+        try:
+            return Result(h.name, True, fn(h), seconds=time.monotonic() - t0)
+        except Exception as e:  # noqa: BLE001 - every failure becomes that host's result
+            return Result(h.name, False, error=describe_error(e), seconds=time.monotonic() - t0)
+
+    if not hosts:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(hosts)))) as pool:
+        return list(pool.map(one, hosts))
+
+
+def failures_message(results: list[Result], what: str) -> str:
+    bad = [r for r in results if not r.ok]
+    return f"{what} failed on {len(bad)} of {len(results)} host(s): " + "; ".join(
+        f"{r.host}: {r.error}" for r in bad)

@@ -1,0 +1,259 @@
+"""A stand-in for NVIDIA's CUDA apt repository, served to the testbed hosts.
+
+Packages carry NVIDIA's real package names and versions so provision runs its real apt
+commands against them, but every one is a TESTBED STAND-IN (says so in its description):
+the "driver" installs a stand-in nvidia-smi answering from the host's GPU profile, and a
+boot-time unit that "loads the kernel module" (records the driver version in /run), so a
+driver upgrade without a reboot gives the real "Driver/library version mismatch".
+The repository is flat (like NVIDIA's .../repos/debian12/x86_64/) and signed with a
+testbed-only key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import TorchrigError
+from .paths import CACHE
+
+STANDINS = Path(__file__).parent / "standins"
+REPO_PATH = "cuda/repos/debian12/x86_64"   # NVIDIA's layout: <base>/<distro><ver>/<arch>/
+KEYRING_NAME = "cuda-archive-keyring.gpg"
+
+DRIVER_VERSIONS = ("570.133.20", "570.172.08")  # two builds of one branch: an upgrade path
+CUDA_VERSION, CUDA_FULL = "12.8", "12.8.93"
+NCCL_VERSION = "2.26.2"
+NCCL_DEB = f"{NCCL_VERSION}-1+cuda{CUDA_VERSION}"
+STANDIN = "TESTBED STAND-IN, not NVIDIA software:"
+
+MODULE_UNIT = """[Unit]
+Description=torchrig testbed stand-in: load the NVIDIA kernel module (records its version)
+DefaultDependencies=no
+Before=sysinit.target nvidia-persistenced.service nvidia-fabricmanager.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/sh -c 'mkdir -p /run/nvidia-standin && cp /usr/share/nvidia-standin/driver-version /run/nvidia-standin/module-version'
+
+[Install]
+WantedBy=sysinit.target
+"""
+
+PERSISTENCED_UNIT = """[Unit]
+Description=NVIDIA Persistence Daemon (torchrig testbed stand-in)
+After=nvidia-standin-module.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/sh -c 'test -f /run/nvidia-standin/module-version && touch /run/nvidia-standin/persistence'
+ExecStop=/bin/rm -f /run/nvidia-standin/persistence
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+FABRICMANAGER_UNIT = """[Unit]
+Description=NVIDIA fabric manager service (torchrig testbed stand-in)
+After=nvidia-standin-module.service
+
+[Service]
+Type=simple
+ExecStart=/usr/bin/nv-fabricmanager
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+# Like the real daemon: refuses to run unless the loaded driver is exactly its own version.
+FABRICMANAGER = """#!/bin/sh
+# torchrig TESTBED STAND-IN for nv-fabricmanager, not NVIDIA software.
+mine=$(cat /usr/share/nvidia-standin/fabricmanager-version)
+loaded=$(cat /run/nvidia-standin/module-version 2>/dev/null)
+if [ -z "$loaded" ]; then echo "nv-fabricmanager: NVIDIA driver is not loaded" >&2; exit 1; fi
+if [ "$loaded" != "$mine" ]; then
+  echo "nv-fabricmanager: fabric manager version $mine does not match driver version $loaded" >&2
+  exit 1
+fi
+if ! grep -q '"nvswitch": *true' /etc/torchrig-testbed/gpu-profile.json 2>/dev/null; then
+  echo "nv-fabricmanager: no NVSwitch devices found" >&2; exit 1
+fi
+echo "nv-fabricmanager $mine: fabric initialised"
+exec sleep infinity
+"""
+
+NVCC = """#!/bin/sh
+# torchrig TESTBED STAND-IN for nvcc, not NVIDIA software.
+echo "nvcc: NVIDIA (R) Cuda compiler driver"
+echo "Cuda compilation tools, release {cuda}, V{full}"
+"""
+
+NCCL_H = """/* torchrig TESTBED STAND-IN for nccl.h: version macros only. */
+#define NCCL_MAJOR {major}
+#define NCCL_MINOR {minor}
+#define NCCL_PATCH {patch}
+#define NCCL_SUFFIX ""
+"""
+
+
+@dataclass
+class Deb:
+    name: str
+    version: str
+    summary: str
+    files: dict[str, tuple[str | bytes, int]] = field(default_factory=dict)  # path: (data, mode)
+    links: dict[str, str] = field(default_factory=dict)                      # path: target
+    depends: str = ""
+    postinst: str = ""
+
+
+def packages(keyring: bytes) -> list[Deb]:
+    """The stand-in package set, as data."""
+    smi = (STANDINS / "nvidia-smi").read_text()
+    debs: list[Deb] = []
+    for v in DRIVER_VERSIONS:
+        branch = v.split(".")[0]
+        debs.append(Deb(
+            "nvidia-open", f"{v}-1", "NVIDIA driver metapackage (open kernel modules)",
+            files={
+                "/usr/bin/nvidia-smi": (smi, 0o755),
+                "/usr/share/nvidia-standin/driver-version": (v + "\n", 0o644),
+                "/usr/share/nvidia-standin/cuda-version": (CUDA_VERSION + "\n", 0o644),
+                "/lib/systemd/system/nvidia-standin-module.service": (MODULE_UNIT, 0o644),
+                "/lib/systemd/system/nvidia-persistenced.service": (PERSISTENCED_UNIT, 0o644),
+            },
+            # Enabled for the next boot, not started: like a DKMS install, the new module
+            # is only in use after a reboot.
+            postinst="#!/bin/sh\nset -e\nsystemctl enable nvidia-standin-module.service "
+                     ">/dev/null 2>&1 || true\n"))
+        debs.append(Deb(
+            f"nvidia-fabricmanager-{branch}", f"{v}-1", "NVIDIA fabric manager (NVSwitch)",
+            files={
+                "/usr/bin/nv-fabricmanager": (FABRICMANAGER, 0o755),
+                "/usr/share/nvidia-standin/fabricmanager-version": (v + "\n", 0o644),
+                "/lib/systemd/system/nvidia-fabricmanager.service": (FABRICMANAGER_UNIT, 0o644),
+            }))
+    cuda_dir = f"/usr/local/cuda-{CUDA_VERSION}"
+    debs.append(Deb(
+        f"cuda-toolkit-{CUDA_VERSION.replace('.', '-')}", f"{CUDA_FULL}-1", "CUDA toolkit",
+        files={
+            f"{cuda_dir}/bin/nvcc": (NVCC.format(cuda=CUDA_VERSION, full=CUDA_FULL), 0o755),
+            f"{cuda_dir}/version.json":
+                (json.dumps({"cuda": {"name": "CUDA SDK", "version": CUDA_FULL}}), 0o644),
+        },
+        links={"/usr/local/cuda": f"cuda-{CUDA_VERSION}"}))
+    major, minor, patch = NCCL_VERSION.split(".")
+    lib = "/usr/lib/x86_64-linux-gnu"
+    debs.append(Deb(
+        "libnccl2", NCCL_DEB, "NVIDIA Collective Communication Library (NCCL) runtime",
+        files={f"{lib}/libnccl.so.{NCCL_VERSION}": ("stand-in\n", 0o644)},
+        links={f"{lib}/libnccl.so.2": f"libnccl.so.{NCCL_VERSION}"}))
+    debs.append(Deb(
+        "libnccl-dev", NCCL_DEB, "NCCL development files",
+        files={"/usr/include/nccl.h": (NCCL_H.format(major=major, minor=minor, patch=patch), 0o644)},
+        links={f"{lib}/libnccl.so": f"libnccl.so.{NCCL_VERSION}"},
+        depends=f"libnccl2 (= {NCCL_DEB})"))
+    debs.append(Deb(
+        "cuda-keyring", "1.1-1", "GPG keyring for the CUDA repository",
+        files={f"/usr/share/keyrings/{KEYRING_NAME}": (keyring, 0o644)}))
+    return debs
+
+
+def _control(d: Deb) -> str:
+    lines = [f"Package: {d.name}", f"Version: {d.version}", "Architecture: "
+             + ("all" if d.name == "cuda-keyring" else "amd64"),
+             "Maintainer: torchrig testbed <testbed@torchrig.invalid>",
+             f"Description: {STANDIN} {d.summary}",
+             " Built by torchrig's testbed so provision can be tested without NVIDIA hardware."]
+    if d.depends:
+        lines.insert(3, f"Depends: {d.depends}")
+    return "\n".join(lines) + "\n"
+
+
+def _build_deb(d: Deb, out: Path) -> Path:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "DEBIAN").mkdir()
+        (root / "DEBIAN/control").write_text(_control(d))
+        if d.postinst:
+            (root / "DEBIAN/postinst").write_text(d.postinst)
+            (root / "DEBIAN/postinst").chmod(0o755)
+        for path, (data, mode) in d.files.items():
+            p = root / path.lstrip("/")
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(data if isinstance(data, bytes) else data.encode())
+            p.chmod(mode)
+        for path, target in d.links.items():
+            p = root / path.lstrip("/")
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.symlink_to(target)
+        arch = "all" if d.name == "cuda-keyring" else "amd64"
+        deb = out / f"{d.name}_{d.version.replace(':', '%3a')}_{arch}.deb"
+        _run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(deb)])
+    return deb
+
+
+def _run(argv: list[str], **kw) -> subprocess.CompletedProcess:
+    r = subprocess.run(argv, capture_output=True, **kw)
+    if r.returncode != 0:
+        err = r.stderr.decode(errors="replace") if isinstance(r.stderr, bytes) else r.stderr
+        raise TorchrigError(f"{argv[0]} failed: {err.strip()[-800:]}")
+    return r
+
+
+def _gpg(home: Path, *args: str) -> subprocess.CompletedProcess:
+    return _run(["gpg", "--homedir", str(home), "--batch", "--yes", *args])
+
+
+def signing_key() -> tuple[Path, bytes]:
+    """The testbed's own repository signing key (made once, kept in the cache)."""
+    home = CACHE / "gnupg"
+    if not (home / "pubring.kbx").exists() or not _gpg(home, "--list-secret-keys").stdout:
+        shutil.rmtree(home, ignore_errors=True)
+        home.mkdir(parents=True, mode=0o700)
+        _gpg(home, "--passphrase", "", "--quick-gen-key",
+             "torchrig testbed repository (TESTBED ONLY) <testbed@torchrig.invalid>",
+             "ed25519", "sign", "never")
+    return home, _gpg(home, "--export").stdout
+
+
+def ensure_repo() -> Path:
+    """Build (or reuse from the cache) the signed flat repository; returns its directory."""
+    for tool in ("dpkg-deb", "apt-ftparchive", "gpg"):
+        if not shutil.which(tool):
+            raise TorchrigError(f"{tool} is not installed; run `make deps` as root")
+    home, keyring = signing_key()
+    debs = packages(keyring)
+    recipe = hashlib.sha256(repr([(d.name, d.version, _control(d), sorted(d.files.items()),
+                                   d.links, d.postinst) for d in debs]).encode()).hexdigest()[:12]
+    repo = CACHE / f"apt-{recipe}"
+    if (repo / "InRelease").exists():
+        return repo
+    tmp = repo.with_name(repo.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for d in debs:
+        _build_deb(d, tmp)
+    packages_txt = _run(["apt-ftparchive", "packages", "."], cwd=tmp, text=True).stdout
+    (tmp / "Packages").write_text(packages_txt)
+    _run(["gzip", "-k9n", "Packages"], cwd=tmp)
+    release = _run(["apt-ftparchive", "-o", "APT::FTPArchive::Release::Origin=torchrig-testbed",
+                    "-o", "APT::FTPArchive::Release::Label=TESTBED STAND-IN for NVIDIA CUDA",
+                    "release", "."], cwd=tmp, text=True).stdout
+    (tmp / "Release").write_text(release)
+    _gpg(home, "--clearsign", "-o", str(tmp / "InRelease"), str(tmp / "Release"))
+    _gpg(home, "-abs", "-o", str(tmp / "Release.gpg"), str(tmp / "Release"))
+    (tmp / KEYRING_NAME).write_bytes(keyring)
+    shutil.rmtree(repo, ignore_errors=True)
+    tmp.rename(repo)
+    for old in CACHE.glob("apt-*"):
+        if old != repo:
+            shutil.rmtree(old, ignore_errors=True)
+    return repo

@@ -1,0 +1,152 @@
+"""One testbed host: an overlay root over the base image, booted under the supervisor."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..errors import TorchrigError
+from . import gpu_profiles
+from .paths import host_dir, netns
+
+SIM_NOTE = ("This host is a torchrig TESTBED SIMULATION (systemd-nspawn container).\n"
+            "Its GPUs are described by gpu-profile.json and answered by a stand-in nvidia-smi;\n"
+            "no NVIDIA hardware or software is present.\n")
+
+
+def root_of(name: str) -> Path:
+    return host_dir(name) / "root"
+
+
+def is_mounted(path: Path) -> bool:
+    return os.path.ismount(path)
+
+
+def mount(name: str, base: Path) -> Path:
+    d = host_dir(name)
+    for sub in ("upper", "work", "root"):
+        (d / sub).mkdir(parents=True, exist_ok=True)
+    root = d / "root"
+    if not is_mounted(root):
+        # nspawn's own --overlay does not work here; a plain overlay mount does.
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                        f"lowerdir={base},upperdir={d / 'upper'},workdir={d / 'work'}", str(root)],
+                       check=True, capture_output=True)
+    return root
+
+
+def unmount(name: str) -> None:
+    root = root_of(name)
+    if is_mounted(root):
+        subprocess.run(["umount", str(root)], check=True, capture_output=True)
+
+
+def configure(name: str, ip: str, peers: dict[str, str], pubkey: str, profile: str) -> None:
+    """Identity of a host: hostname, /etc/hosts for every peer, its own SSH host keys (kept
+    across reboots in the overlay), the operator's key for root and admin, its GPU profile."""
+    root = root_of(name)
+    (root / "etc/hostname").write_text(name + "\n")
+    hosts = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
+    hosts += [f"{pip} {pname}" for pname, pip in peers.items()]
+    (root / "etc/hosts").write_text("\n".join(hosts) + "\n")
+    if not list((root / "etc/ssh").glob("ssh_host_*_key")):
+        subprocess.run(["ssh-keygen", "-A", "-f", str(root)], check=True, capture_output=True)
+    for home, owner in (("root", "root"), ("home/admin", "admin")):
+        ssh = root / home / ".ssh"
+        ssh.mkdir(mode=0o700, exist_ok=True)
+        (ssh / "authorized_keys").write_text(pubkey)
+        subprocess.run(["chroot", str(root), "chown", "-R", f"{owner}:{owner}", f"/{home}/.ssh"],
+                       check=True, capture_output=True)
+    sim = root / "etc/torchrig-testbed"
+    sim.mkdir(exist_ok=True)
+    (sim / "README").write_text(SIM_NOTE)
+    (sim / "gpu-profile.json").write_text(gpu_profiles.to_json(profile))
+    (sim / "profile-name").write_text(profile + "\n")
+
+
+def host_keys(name: str) -> list[str]:
+    """'type base64' of each host key, read from the host's disk (the trust anchor, as a
+    cloud console would print them), never from the network."""
+    out = []
+    for pub in sorted((root_of(name) / "etc/ssh").glob("ssh_host_*_key.pub")):
+        parts = pub.read_text().split()
+        out.append(f"{parts[0]} {parts[1]}")
+    return out
+
+
+def _pidfile(name: str) -> Path:
+    return host_dir(name) / "supervisor.pid"
+
+
+def supervisor_pid(name: str) -> int | None:
+    try:
+        pid = int(_pidfile(name).read_text())
+        os.kill(pid, 0)
+        return pid
+    except (OSError, ValueError):
+        return None
+
+
+def start(name: str) -> None:
+    if supervisor_pid(name):
+        return
+    log = open(host_dir(name) / "console.log", "ab")
+    p = subprocess.Popen(
+        [sys.executable, "-m", "torchrig.testbed.supervisor", name, str(root_of(name)),
+         f"/run/netns/{netns(name)}"],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        cwd="/", env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    _pidfile(name).write_text(str(p.pid))
+
+
+def stop(name: str, timeout: float = 60) -> None:
+    """Clean poweroff through the supervisor; SIGKILL the whole session if it hangs."""
+    pid = supervisor_pid(name)
+    if pid:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.2)
+        if _alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+            time.sleep(0.5)
+    _pidfile(name).unlink(missing_ok=True)
+    # An nspawn left over from a crashed supervisor would pin the mount.
+    subprocess.run(["pkill", "-KILL", "-f", f"--machine={name} "], capture_output=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)  # reap if it is our child (same process started it)
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie that is not ours still counts as gone
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def wait_ssh(ip: str, timeout: float = 60) -> None:
+    """Until sshd on the host sends its banner."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((ip, 22), timeout=2) as s:
+                s.settimeout(2)
+                if s.recv(64).startswith(b"SSH-"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise TorchrigError(f"testbed host at {ip} did not answer on SSH within {timeout:.0f}s; "
+                        "see its console.log under the testbed state directory")

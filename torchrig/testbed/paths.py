@@ -1,0 +1,42 @@
+"""Where the testbed keeps things, and its private network. Overridable for parallel runs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# Survives testbed.down: the debootstrapped base image, wheels, the stand-in apt repo.
+CACHE = Path(os.environ.get("TORCHRIG_TESTBED_CACHE", "/var/cache/torchrig-testbed"))
+# Lives from testbed.up to testbed.down: host overlays, keys, the served web root.
+STATE = Path(os.environ.get("TORCHRIG_TESTBED_STATE", "/var/lib/torchrig-testbed"))
+
+BRIDGE = os.environ.get("TORCHRIG_TESTBED_BRIDGE", "trb0")
+SUBNET = os.environ.get("TORCHRIG_TESTBED_SUBNET", "10.213.0")  # a /24, no route out
+GATEWAY_IP = f"{SUBNET}.1"   # the operator side of the bridge: serves apt and pip
+HTTP_PORT = 8080
+MAX_HOSTS = 32
+
+
+def host_ip(index: int) -> str:
+    """gpu1 -> .11, gpu2 -> .12, ..."""
+    return f"{SUBNET}.{10 + index}"
+
+
+def host_dir(name: str) -> Path:
+    return STATE / "hosts" / name
+
+
+def netns(name: str) -> str:
+    return f"torchrig-{name}"
+
+
+def veth(name: str) -> str:
+    return f"trv-{name}"[:15]  # IFNAMSIZ
+
+
+def www() -> Path:
+    return STATE / "www"
+
+
+def base_url() -> str:
+    return f"http://{GATEWAY_IP}:{HTTP_PORT}"
