@@ -95,7 +95,8 @@ class LocalConnection:
     def __init__(self, host: Host):
         self.host = "localhost"
         self.user = getpass.getuser()
-        self._ctx = invoke.Context()
+        self._ctx = invoke.Context(invoke.Config(overrides={"run": {"hide": True,
+                                                                    "in_stream": False}}))
 
     def run(self, command: str, **kwargs):
         return self._ctx.run(command, **kwargs)
@@ -115,7 +116,7 @@ def _jump(inv: Inventory, spec: str, accept_new: bool) -> Connection:
 
 
 def _config() -> Config:
-    return Config(overrides={"timeouts": {"connect": CONNECT_TIMEOUT}, "run": {"hide": True}})
+    return Config(overrides={"timeouts": {"connect": CONNECT_TIMEOUT}, "run": {"hide": True, "in_stream": False}})
 
 
 def connect(host: Host, inv: Inventory, accept_new: bool = False):

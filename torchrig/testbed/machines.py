@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from ..errors import TorchrigError
@@ -54,6 +55,9 @@ def configure(name: str, ip: str, peers: dict[str, str], pubkey: str, profile: s
     hosts = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
     hosts += [f"{pip} {pname}" for pname, pip in peers.items()]
     (root / "etc/hosts").write_text("\n".join(hosts) + "\n")
+    mid = root / "etc/machine-id"
+    if not mid.read_text().strip():  # its own identity, kept across reboots
+        mid.write_text(uuid.uuid4().hex + "\n")
     if not list((root / "etc/ssh").glob("ssh_host_*_key")):
         subprocess.run(["ssh-keygen", "-A", "-f", str(root)], check=True, capture_output=True)
     for home, owner in (("root", "root"), ("home/admin", "admin")):

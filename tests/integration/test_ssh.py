@@ -1,0 +1,150 @@
+"""The SSH layer against real sshd on testbed hosts: host keys, fan-out, quoting, jump hosts."""
+
+import copy
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+from conftest import invoke, write_inventory
+from torchrig import inventory
+from torchrig.remote import connect, run_priv, sh, with_env
+
+
+def test_exec_on_all_hosts_verified(testbed):
+    r = invoke("exec", "--inventory", str(testbed), "--host", "gpu1,gpu2",
+               "systemctl is-system-running; hostname")
+    assert r.returncode == 0, r.stderr
+    for h in ("gpu1", "gpu2"):
+        state = re.search(rf"^{h} \| (\w+)$", r.stdout, re.M)
+        assert state and state.group(1) in ("running", "degraded"), r.stdout
+        assert re.search(rf"^{h} \| {h}$", r.stdout, re.M)
+    assert "gpu3 |" not in r.stdout
+
+
+def test_exec_group_selection_and_sudo(testbed):
+    r = invoke("exec", "-i", str(testbed), "-h", "testbed", "--sudo", "id -un && id -un")
+    assert r.returncode == 0, r.stderr
+    for h in ("gpu1", "gpu2", "gpu3"):
+        assert r.stdout.count(f"{h} | root") == 2, r.stdout  # both halves of && ran as root
+
+
+def test_exec_nonzero_exit_reported(testbed):
+    r = invoke("exec", "-i", str(testbed), "-h", "gpu1,gpu2",
+               "test $(hostname) = gpu1 || exit 3")
+    assert r.returncode == 1
+    assert "gpu2: exit status 3" in r.stderr and "gpu1:" not in r.stderr
+
+
+def test_unknown_host_key_refused_then_accepted(testbed, inventory_doc, tmp_path):
+    doc = copy.deepcopy(inventory_doc)
+    kh = tmp_path / "known_hosts"
+    doc["known_hosts"] = str(kh)
+    inv = write_inventory(tmp_path, doc)
+    r = invoke("exec", "-i", str(inv), "-h", "gpu1", "true")
+    assert r.returncode == 1
+    assert "unknown host key" in r.stderr and "SHA256:" in r.stderr
+    assert "--accept-new-host-keys" in r.stderr and "Traceback" not in r.stderr
+    assert not kh.exists() or kh.read_text() == ""
+    # The fingerprint shown is the host's real one (as ssh-keygen computes it from the key
+    # testbed.up read off the host's disk).
+    fp = re.search(r"(SHA256:[A-Za-z0-9+/]+)", r.stderr).group(1)
+    ip = doc["hosts"][0]["address"]
+    real = subprocess.run(["ssh-keygen", "-lf", inventory_doc["known_hosts"]],
+                          capture_output=True, text=True, check=True).stdout
+    assert re.search(rf"{re.escape(fp)} {re.escape(ip)} ", real), (fp, real)
+    r = invoke("exec", "-i", str(inv), "-h", "gpu1", "--accept-new-host-keys", "echo hi")
+    assert r.returncode == 0, r.stderr
+    assert re.search(rf"^{re.escape(ip)} ssh-ed25519 ", kh.read_text(), re.M)
+    r = invoke("exec", "-i", str(inv), "-h", "gpu1", "echo again")
+    assert r.returncode == 0 and "gpu1 | again" in r.stdout
+
+
+def test_changed_host_key_always_refused(testbed, inventory_doc, tmp_path):
+    real = open(inventory_doc["known_hosts"]).read().splitlines()
+    ip1, ip2 = (h["address"] for h in inventory_doc["hosts"][:2])
+    # gpu1's address now "presents" gpu2's keys in our known_hosts: as after a MITM or reinstall
+    forged = [line.replace(ip2, ip1, 1) for line in real if line.startswith(ip2 + " ")]
+    kh = tmp_path / "known_hosts"
+    kh.write_text("\n".join(forged) + "\n")
+    doc = copy.deepcopy(inventory_doc)
+    doc["known_hosts"] = str(kh)
+    inv = write_inventory(tmp_path, doc)
+    for extra in ([], ["--accept-new-host-keys"]):
+        r = invoke("exec", "-i", str(inv), "-h", "gpu1", *extra, "touch /tmp/should-not-run")
+        assert r.returncode == 1
+        assert "HOST KEY CHANGED" in r.stderr, r.stderr
+    assert kh.read_text() == "\n".join(forged) + "\n"
+
+
+def test_one_host_down_others_succeed(testbed, inventory_doc, tmp_path):
+    doc = copy.deepcopy(inventory_doc)
+    subnet = doc["hosts"][0]["address"].rsplit(".", 1)[0]
+    doc["hosts"].append({"name": "gpu-dead", "address": f"{subnet}.250", "groups": ["testbed"]})
+    inv = write_inventory(tmp_path, doc)
+    t0 = time.monotonic()
+    r = invoke("exec", "-i", str(inv), "uname -n", timeout=120)
+    took = time.monotonic() - t0
+    assert r.returncode == 1
+    for h in ("gpu1", "gpu2", "gpu3"):
+        assert re.search(rf"^{h} +\| {h}$", r.stdout, re.M), r.stdout
+    assert re.search(r"gpu-dead: (connection timed out|cannot connect|network error)", r.stderr), r.stderr
+    assert "1 of 4 host(s)" in r.stderr
+    assert took < 90, f"a dead host held the run for {took:.0f}s"
+
+
+QUOTING_EVIL = ["; touch /tmp/pwned", "$(touch /tmp/pwned)", "`touch /tmp/pwned`", "a'b\"c $(id)"]
+
+
+@pytest.mark.parametrize("user", ["admin", "root"])
+def test_quoting_on_real_host(testbed, inventory_doc, tmp_path, user):
+    doc = copy.deepcopy(inventory_doc)
+    doc["defaults"]["user"] = user
+    doc["hosts"][0]["vars"]["evil"] = QUOTING_EVIL[0]
+    inv = inventory.load(write_inventory(tmp_path, doc))
+    h = inv.host("gpu1")
+    cxn = connect(h, inv)
+    try:
+        run_priv(cxn, "rm -f /tmp/pwned")
+        for evil in QUOTING_EVIL + [h.vars["evil"]]:
+            out = run_priv(cxn, sh("printf", "%s", evil) + " && " + sh("printf", "|%s", evil)).stdout
+            assert out == f"{evil}|{evil}"
+            out = cxn.run(with_env('printf %s "$JOB_ARG"', {"JOB_ARG": evil})).stdout
+            assert out == evil
+        assert run_priv(cxn, "test -e /tmp/pwned", warn=True).exited == 1, "injection ran"
+        assert run_priv(cxn, "id -u").stdout.strip() == "0"
+    finally:
+        cxn.close()
+
+
+def test_proxyjump_through_bastion(testbed, inventory_doc, tmp_path):
+    doc = copy.deepcopy(inventory_doc)
+    ip1 = doc["hosts"][0]["address"]
+    doc["hosts"][1]["jump"] = "gpu1"  # an inventory host as the bastion
+    inv = write_inventory(tmp_path, doc)
+    r = invoke("exec", "-i", str(inv), "-h", "gpu2", 'echo "from=${SSH_CONNECTION%% *}"')
+    assert r.returncode == 0, r.stderr
+    assert f"gpu2 | from={ip1}" in r.stdout  # the connection came from the bastion
+
+
+def test_ssh_config_is_honoured(testbed, inventory_doc, tmp_path):
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    h3 = inventory_doc["hosts"][2]
+    (home / ".ssh/config").write_text(
+        f"Host bench-box\n  HostName {h3['address']}\n  User root\n"
+        f"  IdentityFile {inventory_doc['defaults']['identity_file']}\n")
+    doc = {"known_hosts": inventory_doc["known_hosts"], "hosts": [{"name": "bench-box"}]}
+    inv = write_inventory(tmp_path, doc)
+    r = invoke("exec", "-i", str(inv), "id -un; hostname", env={"HOME": str(home)})
+    assert r.returncode == 0, r.stderr
+    assert "bench-box | root" in r.stdout and "bench-box | gpu3" in r.stdout
+
+
+def test_local_connection(tmp_path):
+    inv = write_inventory(tmp_path, {"hosts": [{"name": "head", "connection": "local"}]})
+    r = invoke("exec", "-i", str(inv), "--sudo", "echo local-$(id -u) && hostname")
+    assert r.returncode == 0, r.stderr
+    assert "head | local-0" in r.stdout and f"head | {os.uname().nodename}" in r.stdout

@@ -1,0 +1,248 @@
+"""nccl-tests output (``all_reduce_perf`` and friends).
+
+Pure: ``command(...)`` builds an argv, ``parse(text)`` reads the output.
+
+Layouts handled:
+
+* current (>= 2.10-ish): ``size count type redop root`` then, for out-of-place
+  and in-place, ``time algbw busbw #wrong``; ``#wrong`` may be ``N/A`` (in-place
+  of sendrecv/alltoall, or with ``-c 0``);
+* older: no ``root`` column and an ``error`` column holding a max error float
+  (``1e-06``) instead of ``#wrong``;
+* device lines with or without ``Group``, bus ids as ``[0000:0f:00]`` or ``[0x07]``;
+* NCCL INFO/WARN lines interleaved with the table (ignored).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from torchrig.facts._text import lines as _lines
+from torchrig.facts.busbw import canonical_op
+
+
+def command(
+    op: str = "all_reduce",
+    *,
+    min_bytes: str = "8",
+    max_bytes: str = "8G",
+    factor: int = 2,
+    gpus: int = 1,
+    iters: int | None = None,
+    check: int | None = None,
+    binary_dir: str | None = None,
+) -> list[str]:
+    """argv for ``<op>_perf -b MIN -e MAX -f FACTOR -g GPUS [-n ITERS] [-c CHECK]``."""
+    name = f"{canonical_op(op)}_perf"
+    exe = f"{binary_dir.rstrip('/')}/{name}" if binary_dir else name
+    argv = [exe, "-b", str(min_bytes), "-e", str(max_bytes), "-f", str(factor), "-g", str(gpus)]
+    if iters is not None:
+        argv += ["-n", str(iters)]
+    if check is not None:
+        argv += ["-c", str(check)]
+    return argv
+
+
+@dataclass(frozen=True)
+class Params:
+    n_threads: int | None
+    n_gpus: int | None
+    min_bytes: int | None
+    max_bytes: int | None
+    step: int | None
+    step_kind: str | None  # "factor" or "bytes"
+    warmup_iters: int | None
+    iters: int | None
+    agg_iters: int | None
+    validation: int | None
+    graph: int | None
+
+
+@dataclass(frozen=True)
+class Device:
+    rank: int
+    group: int | None  # absent in old output
+    pid: int
+    host: str
+    device: int
+    bus_id: str  # "0000:0f:00" or "0x07", as printed
+    name: str
+
+
+@dataclass(frozen=True)
+class Half:
+    """One of the out-of-place / in-place halves of a row."""
+
+    time_us: float
+    algbw_gbs: float
+    busbw_gbs: float
+    wrong: int | None  # #wrong; None if "N/A" or the old layout
+    error: float | None  # old layout's max error; None in the current layout
+    time_text: str  # as printed, to know its precision
+
+
+@dataclass(frozen=True)
+class Row:
+    size: int  # bytes
+    count: int  # elements
+    type: str
+    redop: str
+    root: int | None  # None in the old layout
+    out_of_place: Half
+    in_place: Half
+
+
+@dataclass(frozen=True)
+class Result:
+    params: Params | None
+    devices: tuple[Device, ...]
+    rows: tuple[Row, ...]
+    avg_busbw_gbs: float | None
+    out_of_bounds: int | None  # "# Out of bounds values : 0 OK" -> 0
+    out_of_bounds_ok: bool | None
+    collective: str | None  # from "# Collective test starting: all_reduce_perf" when present
+
+    @property
+    def nranks(self) -> int | None:
+        """Ranks in the communicator: device lines if printed, else nThread * nGpus."""
+        if self.devices:
+            return len(self.devices)
+        if self.params and self.params.n_gpus is not None:
+            return self.params.n_gpus * (self.params.n_threads or 1)
+        return None
+
+    @property
+    def max_busbw_gbs(self) -> float | None:
+        vals = [h.busbw_gbs for r in self.rows for h in (r.out_of_place, r.in_place)]
+        return max(vals) if vals else None
+
+    @property
+    def any_wrong(self) -> bool:
+        return any((h.wrong or 0) > 0 for r in self.rows for h in (r.out_of_place, r.in_place))
+
+
+def _int(pattern: str, line: str) -> int | None:
+    m = re.search(pattern, line)
+    return int(m.group(1)) if m else None
+
+
+def _parse_params(line: str) -> Params:
+    step = re.search(r"step:\s*(\d+)\((\w+)\)", line)
+    return Params(
+        n_threads=_int(r"nThread\s+(\d+)", line),
+        n_gpus=_int(r"nGpus\s+(\d+)", line),
+        min_bytes=_int(r"minBytes\s+(\d+)", line),
+        max_bytes=_int(r"maxBytes\s+(\d+)", line),
+        step=int(step.group(1)) if step else None,
+        step_kind=step.group(2) if step else None,
+        warmup_iters=_int(r"warmup iters:\s*(\d+)", line),
+        iters=_int(r"(?<!warmup )(?<!agg )iters:\s*(\d+)", line),
+        agg_iters=_int(r"agg iters:\s*(\d+)", line),
+        validation=_int(r"validation:\s*(\d+)", line),
+        graph=_int(r"graph:\s*(\d+)", line),
+    )
+
+
+_DEVICE = re.compile(
+    r"^#\s*Rank\s+(\d+)\s+(?:Group\s+(\d+)\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[([^\]]*)\]\s*(.*?)\s*$"
+)
+_NUM = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$")
+
+
+def _wrong(tok: str) -> int | None:
+    return int(tok) if re.fullmatch(r"\d+", tok) else None
+
+
+def _half(toks: list[str], old: bool) -> Half:
+    time_s, alg, bus, last = toks
+    return Half(
+        time_us=float(time_s),
+        algbw_gbs=float(alg),
+        busbw_gbs=float(bus),
+        wrong=None if old else _wrong(last),
+        error=(float(last) if _NUM.match(last) else None) if old else None,
+        time_text=time_s,
+    )
+
+
+def _parse_row(toks: list[str], layout: str | None) -> Row | None:
+    if not toks or not re.fullmatch(r"\d+", toks[0]):
+        return None
+    if len(toks) == 13 and layout != "old":
+        old = False
+        size, count, dtype, redop, root = toks[:5]
+        rest = toks[5:]
+    elif len(toks) == 12 and layout != "new":
+        old = True
+        size, count, dtype, redop = toks[:4]
+        root = None
+        rest = toks[4:]
+    else:
+        return None
+    if not re.fullmatch(r"\d+", count):
+        return None
+    try:
+        return Row(
+            size=int(size),
+            count=int(count),
+            type=dtype,
+            redop=redop,
+            root=int(root) if root is not None else None,
+            out_of_place=_half(rest[:4], old),
+            in_place=_half(rest[4:], old),
+        )
+    except ValueError:
+        return None
+
+
+def parse(text: str) -> Result:
+    params = None
+    devices: list[Device] = []
+    rows: list[Row] = []
+    avg = None
+    oob = None
+    oob_ok = None
+    collective = None
+    layout: str | None = None  # "new" (root + #wrong) / "old" (no root, error) from the header
+    for line in _lines(text):
+        s = line.strip()
+        if not s:
+            continue
+        if s.startswith("#"):
+            if "nThread" in s and params is None:
+                params = _parse_params(s)
+            elif m := _DEVICE.match(s):
+                dev = Device(
+                    rank=int(m.group(1)),
+                    group=int(m.group(2)) if m.group(2) is not None else None,
+                    pid=int(m.group(3)),
+                    host=m.group(4),
+                    device=int(m.group(5)),
+                    bus_id=m.group(6),
+                    name=m.group(7),
+                )
+                if all(d.rank != dev.rank for d in devices):
+                    devices.append(dev)
+            elif re.search(r"\bsize\b.*\bcount\b.*\btype\b", s):
+                layout = "new" if re.search(r"\broot\b", s) else "old"
+            elif m := re.search(r"Avg bus bandwidth\s*:\s*([0-9.eE+-]+)", s):
+                avg = float(m.group(1))
+            elif m := re.search(r"Out of bounds values\s*:\s*(\d+)\s*(\w+)?", s):
+                oob = int(m.group(1))
+                oob_ok = (m.group(2) == "OK") if m.group(2) else None
+            elif m := re.search(r"Collective test starting:\s*(\S+)", s):
+                collective = m.group(1)
+            continue
+        row = _parse_row(s.split(), layout)
+        if row is not None:
+            rows.append(row)
+    return Result(
+        params=params,
+        devices=tuple(devices),
+        rows=tuple(rows),
+        avg_busbw_gbs=avg,
+        out_of_bounds=oob,
+        out_of_bounds_ok=oob_ok,
+        collective=collective,
+    )
