@@ -72,6 +72,59 @@ def exec_(c, command, inventory=None, host=None, sudo=False, timeout=None, paral
                    code=1)
 
 
+@task(help={"inventory": INVENTORY_HELP, "host": HOST_HELP,
+            "dry_run": "print the per-host plan (files as diffs) and change nothing",
+            "yes": "apply without asking (needed when there is no terminal to ask on)",
+            "reboot": "reboot hosts whose new driver needs it, wait for SSH, and continue",
+            "json": "print the results as JSON",
+            "accept_new_host_keys": "record unknown host keys (OpenSSH accept-new)"})
+@user_errors
+def provision(c, inventory=None, host=None, dry_run=False, yes=False, reboot=False, json_=False,
+              accept_new_host_keys=False):
+    """Install the NVIDIA driver, CUDA, NCCL, a torch venv and nccl-tests; plan first, idempotent."""
+    from torchrig import report
+    from torchrig.provision.apply import HostReport, apply_host, plan_host
+    from torchrig.remote import fan_out
+    inv = _inventory(c, inventory)
+    chosen = inv.select(host)
+    par = int(c.config.torchrig.parallel)
+    gathered = fan_out(chosen, lambda h: plan_host(inv, h, accept_new_host_keys), parallel=par)
+    planned = [r.value for r in gathered if r.ok and r.value.report.ok]
+    failed = [HostReport(r.host, ok=False, error=r.error) for r in gathered if not r.ok]
+    failed += [r.value.report for r in gathered if r.ok and not r.value.report.ok]
+    todo = [p for p in planned if any(s.status == "planned" for s in p.report.steps)]
+    if dry_run or (todo and not yes):
+        if json_ and dry_run:
+            print(json.dumps([p.report.as_dict() for p in planned] +
+                             [f.as_dict() for f in failed], indent=2))
+        else:
+            report.provision_plan([p.report for p in planned] + failed)
+        if dry_run:
+            _exit_if_failed(failed, "provision (dry run)")
+            return
+        if not sys.stdin.isatty():
+            raise Exit("error: provision would change the hosts above; rerun with --yes to "
+                       "apply, or --dry-run to only look", code=1)
+        if input(f"apply to {len(todo)} host(s)? [y/N] ").strip().lower() not in ("y", "yes"):
+            raise Exit("nothing changed", code=1)
+    log = (lambda h, m: None) if json_ else (lambda h, m: print(f"{h} | {m}", file=sys.stderr))
+    applied = fan_out(planned, lambda p: apply_host(inv, p, reboot, accept_new_host_keys, log),
+                      parallel=par, name=lambda p: p.host.name)
+    reports = [r.value if r.ok else HostReport(r.host, ok=False, error=r.error) for r in applied]
+    reports += failed
+    if json_:
+        print(json.dumps([r.as_dict() for r in reports], indent=2))
+    else:
+        report.provision_table(reports)
+    _exit_if_failed([r for r in reports if not r.ok], "provision")
+
+
+def _exit_if_failed(reports, what: str) -> None:
+    if reports:
+        raise Exit(f"error: {what} failed on " + "; ".join(f"{r.host}: {r.error}" for r in reports),
+                   code=1)
+
+
 @task(help={"hosts": "number of simulated servers, named gpu1..gpuN (default 2)",
             "profile": "GPU profile for all hosts, and/or per host: "
                        "'h100-nvswitch-8' or 'v100s-nvlink-2,gpu2=pcie-sys-4'",
@@ -126,7 +179,7 @@ def demo(c, hosts=2):
 
 testbed = Collection("testbed", up, down, status)
 
-ns = Collection(hosts, exec_, demo, testbed)
+ns = Collection(hosts, exec_, provision, demo, testbed)
 ns.configure({
     "torchrig": {
         "inventory": "inventory/hosts.yml",  # override in invoke.yaml or INVOKE_TORCHRIG_INVENTORY

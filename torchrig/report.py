@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 from rich.table import Table
 
@@ -9,7 +11,8 @@ from .inventory import Host, Inventory
 from .remote import Result
 from .secrets import redact
 
-console = Console(highlight=False)
+# Not a terminal (CI logs, pipes): wide enough that tables do not wrap every cell.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 def hosts_table(inv: Inventory, hosts: list[Host]) -> None:
@@ -53,3 +56,45 @@ def testbed_table(st: dict) -> None:
         t.add_row(name, h["ip"], h["profile"], yn[h["running"]], yn[h["ssh"]], yn[h["mounted"]])
     console.print(t)
     console.print(f"inventory: {st['inventory']}")
+
+
+STATUS_STYLE = {"changed": "yellow", "ok": "green", "skipped": "cyan", "failed": "red",
+                "planned": "yellow"}
+
+
+def provision_plan(reports, diffs: bool = True) -> None:
+    """The per-host plan: each step with what it would change, files as unified diffs."""
+    for rep in reports:
+        console.rule(f"[bold]{rep.host}[/] plan")
+        for st in rep.steps:
+            style = STATUS_STYLE.get(st.status, "")
+            label = {"planned": "will change", "ok": "ok (no change)"}.get(st.status, st.status)
+            console.print(f"[{style}]{st.name:16}[/] {label}" + (f"  ({st.error})" if st.error else ""),
+                          soft_wrap=True)
+            for ch in st.changes:
+                console.print(f"    - {ch}", soft_wrap=True)
+            if diffs:
+                for d in st.diffs:
+                    console.print(d.rstrip("\n"), markup=False, highlight=False, soft_wrap=True)
+
+
+def provision_table(reports) -> None:
+    t = Table(title="provision")
+    for col in ("host", "step", "status", "seconds", "detail"):
+        t.add_column(col, overflow="fold")
+    for rep in reports:
+        for st in rep.steps:
+            style = STATUS_STYLE.get(st.status, "")
+            detail = st.error or (st.changes[0] + (f" (+{len(st.changes) - 1} more)"
+                                                   if len(st.changes) > 1 else "")
+                                  if st.changes else "")
+            t.add_row(rep.host, st.name, f"[{style}]{st.status}[/]",
+                      f"{st.seconds:.1f}" if st.seconds else "", detail)
+        if rep.error and not rep.steps:
+            t.add_row(rep.host, "-", "[red]failed[/]", "", rep.error)
+    console.print(t)
+    for rep in reports:
+        n = {k: sum(1 for s in rep.steps if s.status == k) for k in STATUS_STYLE}
+        extra = " (rebooted)" if rep.rebooted else ""
+        console.print(f"{rep.host}: {n['changed']} changed, {n['ok']} ok, {n['skipped']} skipped, "
+                      f"{n['failed']} failed in {rep.seconds:.1f}s{extra}")

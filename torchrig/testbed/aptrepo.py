@@ -111,6 +111,7 @@ class Deb:
     files: dict[str, tuple[str | bytes, int]] = field(default_factory=dict)  # path: (data, mode)
     links: dict[str, str] = field(default_factory=dict)                      # path: target
     depends: str = ""
+    conflicts: str = ""
     postinst: str = ""
 
 
@@ -120,8 +121,24 @@ def packages(keyring: bytes) -> list[Deb]:
     debs: list[Deb] = []
     for v in DRIVER_VERSIONS:
         branch = v.split(".")[0]
+        # open kernel modules (Turing and newer) or proprietary ones (e.g. V100): same stand-in
+        for name, other, summary in (
+                ("nvidia-open", "cuda-drivers", "NVIDIA driver metapackage (open kernel modules)"),
+                ("cuda-drivers", "nvidia-open", "NVIDIA driver metapackage (proprietary modules)")):
+            debs.append(_driver_deb(name, other, summary, v, smi))
         debs.append(Deb(
-            "nvidia-open", f"{v}-1", "NVIDIA driver metapackage (open kernel modules)",
+            f"nvidia-fabricmanager-{branch}", f"{v}-1", "NVIDIA fabric manager (NVSwitch)",
+            files={
+                "/usr/bin/nv-fabricmanager": (FABRICMANAGER, 0o755),
+                "/usr/share/nvidia-standin/fabricmanager-version": (v + "\n", 0o644),
+                "/lib/systemd/system/nvidia-fabricmanager.service": (FABRICMANAGER_UNIT, 0o644),
+            }))
+    return debs + _cuda_nccl_keyring(keyring)
+
+
+def _driver_deb(name: str, other: str, summary: str, v: str, smi: str) -> Deb:
+    return Deb(
+            name, f"{v}-1", summary, conflicts=other,
             files={
                 "/usr/bin/nvidia-smi": (smi, 0o755),
                 "/usr/share/nvidia-standin/driver-version": (v + "\n", 0o644),
@@ -132,14 +149,11 @@ def packages(keyring: bytes) -> list[Deb]:
             # Enabled for the next boot, not started: like a DKMS install, the new module
             # is only in use after a reboot.
             postinst="#!/bin/sh\nset -e\nsystemctl enable nvidia-standin-module.service "
-                     ">/dev/null 2>&1 || true\n"))
-        debs.append(Deb(
-            f"nvidia-fabricmanager-{branch}", f"{v}-1", "NVIDIA fabric manager (NVSwitch)",
-            files={
-                "/usr/bin/nv-fabricmanager": (FABRICMANAGER, 0o755),
-                "/usr/share/nvidia-standin/fabricmanager-version": (v + "\n", 0o644),
-                "/lib/systemd/system/nvidia-fabricmanager.service": (FABRICMANAGER_UNIT, 0o644),
-            }))
+                     ">/dev/null 2>&1 || true\n")
+
+
+def _cuda_nccl_keyring(keyring: bytes) -> list[Deb]:
+    debs: list[Deb] = []
     cuda_dir = f"/usr/local/cuda-{CUDA_VERSION}"
     debs.append(Deb(
         f"cuda-toolkit-{CUDA_VERSION.replace('.', '-')}", f"{CUDA_FULL}-1", "CUDA toolkit",
@@ -174,6 +188,8 @@ def _control(d: Deb) -> str:
              " Built by torchrig's testbed so provision can be tested without NVIDIA hardware."]
     if d.depends:
         lines.insert(3, f"Depends: {d.depends}")
+    if d.conflicts:
+        lines.insert(3, f"Conflicts: {d.conflicts}")
     return "\n".join(lines) + "\n"
 
 
@@ -232,7 +248,7 @@ def ensure_repo() -> Path:
     home, keyring = signing_key()
     debs = packages(keyring)
     recipe = hashlib.sha256(repr([(d.name, d.version, _control(d), sorted(d.files.items()),
-                                   d.links, d.postinst) for d in debs]).encode()).hexdigest()[:12]
+                                   d.links, d.postinst, d.conflicts) for d in debs]).encode()).hexdigest()[:12]
     repo = CACHE / f"apt-{recipe}"
     if (repo / "InRelease").exists():
         return repo

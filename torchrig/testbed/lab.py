@@ -155,6 +155,8 @@ def write_inventory(path: str, names: list[str], peers: dict[str, str],
             "cuda_repo_url": f"{base_url()}/cuda/repos",
             "pip_index_url": f"{base_url()}/pypi/simple",
             "pip_trusted_host": GATEWAY_IP,
+            # the stand-in CUDA cannot compile nccl-tests (and the hosts have no compiler)
+            "nccl_tests": False,
         },
         "groups": {"testbed": {"description": "simulated GPU servers (torchrig testbed)"}},
         "hosts": [{"name": n, "address": peers[n], "gpus": len(gpu_profiles.load(profiles[n])["gpus"]),

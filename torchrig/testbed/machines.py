@@ -71,6 +71,31 @@ def configure(name: str, ip: str, peers: dict[str, str], pubkey: str, profile: s
     (sim / "README").write_text(SIM_NOTE)
     (sim / "gpu-profile.json").write_text(gpu_profiles.to_json(profile))
     (sim / "profile-name").write_text(profile + "\n")
+    lspci = root / "usr/local/bin/lspci"
+    lspci.write_text(lspci_standin(gpu_profiles.load(profile)))
+    lspci.chmod(0o755)
+
+
+# PCI identity of the simulated GPUs, by marketing name: (chip, device id).
+PCI_CHIPS = {"V100": ("GV100GL", "1df6"), "H100": ("GH100", "2330"), "A100": ("GA100", "20b0"),
+             "A6000": ("GA102GL", "2230"), "2080": ("TU102", "1e07"), "L4": ("AD104GL", "27b8")}
+
+
+def lspci_standin(profile: dict) -> str:
+    """The simulated PCI bus: NVIDIA devices of the profile (GPUs, NVSwitches) first, then
+    the container's real lspci. Hardware simulation, installed by the testbed, not a package."""
+    lines = []
+    for g in profile["gpus"]:
+        chip, dev = next((v for k, v in PCI_CHIPS.items() if k in g["name"]), ("GPU", "ffff"))
+        bus = g["pci_bus_id"].split(":", 1)[1].lower()
+        lines.append(f"{bus} 3D controller [0302]: NVIDIA Corporation {chip} [{g['name']}] "
+                     f"[10de:{dev}] (rev a1)")
+    if profile.get("nvswitch"):
+        lines += [f"{0x80 + i:02x}:00.0 Bridge [0680]: NVIDIA Corporation GH100 [H100 NVSwitch] "
+                  f"[10de:22a3] (rev a1)" for i in range(4)]
+    body = "\n".join(lines)
+    return ("#!/bin/sh\n# torchrig TESTBED STAND-IN: simulated NVIDIA PCI devices, then the real bus.\n"
+            f"cat <<'EOF'\n{body}\nEOF\nexec /usr/bin/lspci \"$@\"\n")
 
 
 def host_keys(name: str) -> list[str]:

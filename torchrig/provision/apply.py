@@ -1,0 +1,253 @@
+"""provision's effects: gather facts (one round trip), plan, apply step by step, reboot."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..errors import TorchrigError
+from ..inventory import Host, Inventory
+from ..remote import connect, login_user, privileged, run_input, sh
+from .changes import SCRIPTS, FileChange, preamble
+from .desired import Settings, settings_for
+from .steps import STEPS, Ctx, driver_state, fact_request, preflight
+
+PAYLOAD_REQUIREMENTS = Path(__file__).resolve().parents[2] / "payload" / "requirements.txt"
+
+
+def payload_requirements() -> list[str]:
+    try:
+        lines = PAYLOAD_REQUIREMENTS.read_text().splitlines()
+    except OSError:
+        return []
+    return [ln.split("#")[0].strip() for ln in lines if ln.split("#")[0].strip()]
+
+
+def run_root_script(cxn, script: str, timeout: int = 3600):
+    """A bash script run as root, sent on stdin: nothing of it (file contents, credentials)
+    appears in any process's command line on the host."""
+    return run_input(cxn, privileged("bash -s", login_user(cxn)), script, timeout)
+
+
+def gather(cxn, s: Settings) -> dict:
+    req = json.dumps(fact_request(s))
+    r = run_input(cxn, privileged("python3 - " + sh(req), login_user(cxn)),
+                  (SCRIPTS / "gather_facts.py").read_text(), timeout=120)
+    if r.exited != 0:
+        err = (r.stderr or r.stdout).strip()
+        if "password is required" in err or "sudo:" in err:
+            raise TorchrigError(f"cannot become root ({err.splitlines()[-1]}): log in as root "
+                                "or give the user passwordless sudo")
+        raise TorchrigError(f"gathering facts failed (exit {r.exited}): {err[-500:]}")
+    return json.loads(r.stdout)
+
+
+@dataclass
+class StepResult:
+    name: str
+    status: str                      # changed | ok | skipped | failed | planned
+    seconds: float = 0.0
+    changes: list[str] = field(default_factory=list)
+    diffs: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class HostReport:
+    host: str
+    ok: bool = True
+    steps: list[StepResult] = field(default_factory=list)
+    error: str | None = None
+    reboot_required: bool = False
+    rebooted: bool = False
+    seconds: float = 0.0
+
+    @property
+    def changed(self) -> int:
+        return sum(1 for s in self.steps if s.status == "changed")
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"changed": self.changed}
+
+
+@dataclass
+class Planned:
+    """Phase 1 for one host: facts and the plan, nothing changed yet."""
+    host: Host
+    settings: Settings
+    ctx: Ctx
+    report: HostReport
+
+
+def plan_host(inv: Inventory, host: Host, accept_new: bool = False) -> Planned:
+    s = settings_for(host.name, host.vars, inv.path)
+    cxn = connect(host, inv, accept_new=accept_new)
+    try:
+        facts = gather(cxn, s)
+    finally:
+        cxn.close()
+    ctx = Ctx(facts, s, host.name, payload_requirements())
+    return Planned(host, s, ctx, make_plan(ctx))
+
+
+def make_plan(ctx: Ctx) -> HostReport:
+    rep = HostReport(ctx.host)
+    problems = preflight(ctx)
+    if problems:
+        rep.ok = False
+        rep.error = "preflight: " + "; ".join(problems)
+        rep.steps.append(StepResult("preflight", "failed", error="; ".join(problems)))
+        return rep
+    rep.steps.append(StepResult("preflight", "ok"))
+    state, _ = driver_state(ctx.facts)
+    for step in STEPS:
+        skip = step.enabled(ctx)
+        if skip:
+            rep.steps.append(StepResult(step.name, "skipped", error=skip))
+            continue
+        changes = step.plan(ctx)
+        rep.steps.append(StepResult(
+            step.name, "planned" if changes else "ok",
+            changes=[c.describe() for c in changes],
+            diffs=[c.diff() for c in changes if isinstance(c, FileChange)]))
+        if step.needs_driver and state != "ok" and changes:
+            rep.steps[-1].error = f"needs the driver loaded (now: {state}); a reboot may be needed"
+    return rep
+
+
+def apply_host(inv: Inventory, p: Planned, reboot: bool, accept_new: bool = False,
+               log=lambda host, msg: None) -> HostReport:
+    """Apply the plan; reboot (with --reboot) when the driver needs it, then continue."""
+    t0 = time.monotonic()
+    host, s = p.host, p.settings
+    ctx, rep = p.ctx, HostReport(host.name)
+    cxn = connect(host, inv, accept_new=accept_new)
+    try:
+        first: list[StepResult] | None = None
+        for attempt in range(2):
+            rep.steps = [StepResult("preflight", "ok")]
+            pending_reboot = _apply_steps(cxn, ctx, s, rep, log)
+            if first is not None:
+                rep.steps = _merge(first, rep.steps)
+            if not pending_reboot or rep.rebooted:
+                break
+            first = rep.steps
+            if not reboot:
+                rep.reboot_required = True
+                break
+            log(host.name, "rebooting to load the new driver")
+            cxn.close()
+            _reboot_and_wait(inv, host, ctx.facts.get("boot_id", ""), s.reboot_timeout, accept_new)
+            rep.rebooted = True
+            cxn = connect(host, inv, accept_new=accept_new)
+            ctx = Ctx(gather(cxn, s), s, host.name, ctx.payload_requirements)
+    except TorchrigError as e:
+        rep.error = str(e)
+    finally:
+        cxn.close()
+    failed = [st for st in rep.steps if st.status == "failed"]
+    if failed and not rep.error:
+        rep.error = f"step {failed[0].name} failed: {failed[0].error}"
+    if rep.reboot_required:
+        rep.error = rep.error or ("the new NVIDIA driver needs a reboot: steps that need it were "
+                                  "skipped; rerun with --reboot (or reboot, then rerun)")
+    rep.ok = not rep.error
+    rep.seconds = round(time.monotonic() - t0, 2)
+    return rep
+
+
+def _apply_steps(cxn, ctx: Ctx, s: Settings, rep: HostReport, log) -> bool:
+    """Run each step's changes as one root script. True if a driver step had to wait."""
+    pre = preamble(s.apt_lock_timeout)
+    state, _ = driver_state(ctx.facts)
+    driver_changed, waiting = False, False
+    for step in STEPS:
+        skip = step.enabled(ctx)
+        if skip:
+            rep.steps.append(StepResult(step.name, "skipped", error=skip))
+            continue
+        if any(st.status == "failed" for st in rep.steps):
+            rep.steps.append(StepResult(step.name, "skipped", error="an earlier step failed"))
+            continue
+        if step.needs_driver:
+            if driver_changed:
+                state = _driver_now(cxn)
+            if state != "ok":
+                changes = step.plan(ctx)
+                if changes:
+                    waiting = True
+                    rep.steps.append(StepResult(step.name, "skipped",
+                                                changes=[c.describe() for c in changes],
+                                                error=f"driver not usable yet ({state}): reboot needed"))
+                    continue
+        changes = step.plan(ctx)
+        if not changes:
+            rep.steps.append(StepResult(step.name, "ok"))
+            continue
+        t = time.monotonic()
+        log(rep.host, f"{step.name}: " + "; ".join(c.describe() for c in changes))
+        if step.name == "nccl-tests" and s.nccl_tests_source.endswith((".tar.gz", ".tgz")):
+            cxn.put(s.nccl_tests_source, "/tmp/torchrig-nccl-tests.tgz")
+        r = run_root_script(cxn, pre + "\n".join(c.script for c in changes) + "\n")
+        res = StepResult(step.name, "changed" if r.exited == 0 else "failed",
+                         round(time.monotonic() - t, 2), [c.describe() for c in changes])
+        if r.exited != 0:
+            res.error = _last_lines(r.stderr or r.stdout) + f" (exit {r.exited})"
+        rep.steps.append(res)
+        if step.name == "driver" and r.exited == 0:
+            driver_changed = True
+    return waiting
+
+
+def _merge(before: list[StepResult], after: list[StepResult]) -> list[StepResult]:
+    """One row per step over a reboot: 'changed' if either pass changed it."""
+    prev = {st.name: st for st in before}
+    out = []
+    for st in after:
+        old = prev.get(st.name)
+        if old and old.status == "changed" and st.status in ("ok", "skipped"):
+            st = old
+        elif old and old.status == "changed" and st.status == "changed":
+            st = StepResult(st.name, "changed", round(old.seconds + st.seconds, 2),
+                            old.changes + st.changes)
+        out.append(st)
+    return out
+
+
+def _driver_now(cxn) -> str:
+    r = cxn.run("nvidia-smi --query-gpu=driver_version --format=csv,noheader", hide=True, warn=True)
+    return driver_state({"nvidia_smi": {"rc": r.exited, "output": (r.stdout + r.stderr).strip()}})[0]
+
+
+def _last_lines(text: str, n: int = 3) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return " | ".join(lines[-n:])[-600:]
+
+
+def _reboot_and_wait(inv: Inventory, host: Host, old_boot: str, timeout: int, accept_new: bool):
+    cxn = connect(host, inv, accept_new=accept_new)
+    try:
+        # a transient timer, so the SSH command returns before the host goes down
+        cxn.run(privileged("systemd-run --on-active=1 --timer-property=AccuracySec=100ms "
+                           "/bin/systemctl reboot", login_user(cxn)), hide=True, warn=True)
+    finally:
+        cxn.close()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(2)
+        try:
+            c = connect(host, inv, accept_new=accept_new)
+            try:
+                r = c.run("cat /proc/sys/kernel/random/boot_id; systemctl is-system-running --wait",
+                          hide=True, warn=True, timeout=120)
+            finally:
+                c.close()
+            boot = r.stdout.split()[0] if r.stdout.split() else ""
+            if boot and boot != old_boot:
+                return
+        except Exception:  # noqa: BLE001 - down while rebooting: keep polling until deadline
+            continue
+    raise TorchrigError(f"host did not come back over SSH within {timeout}s after the reboot "
+                        "(var reboot_timeout)")

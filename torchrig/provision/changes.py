@@ -1,0 +1,94 @@
+"""What a step may change on a host, as data: a root shell snippet or a whole file.
+Planners return these; the applier turns them into one root script per step."""
+
+from __future__ import annotations
+
+import base64
+import difflib
+import hashlib
+import posixpath
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..remote import sh
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+@dataclass(frozen=True)
+class Cmd:
+    summary: str   # what an operator reads in the plan
+    script: str    # bash, run as root with the preamble below
+
+    def describe(self) -> str:
+        return self.summary
+
+
+@dataclass(frozen=True)
+class FileChange:
+    path: str
+    content: str | None  # None: the file must not exist
+    mode: int = 0o644
+    owner: str = "root"
+    group: str = "root"
+    current: str | None = None  # what is there now (for the diff); None if absent or secret
+    secret: bool = False
+
+    def describe(self) -> str:
+        if self.content is None:
+            return f"remove {self.path}"
+        return f"write {self.path} (mode {self.mode:04o}, {self.owner}:{self.group})"
+
+    def diff(self) -> str:
+        if self.secret:
+            return f"--- {self.path}\n+++ {self.path}\n(secret file: contents not shown)\n"
+        old = (self.current or "").splitlines(keepends=True)
+        new = (self.content or "").splitlines(keepends=True)
+        return "".join(difflib.unified_diff(old, new, f"a{self.path}", f"b{self.path}"))
+
+    @property
+    def script(self) -> str:
+        if self.content is None:
+            return sh("rm", "-f", "--", self.path)
+        data = base64.b64encode(self.content.encode()).decode()
+        d = posixpath.dirname(self.path)
+        # temp file beside the target, then rename: readers never see a half-written file
+        return "\n".join([
+            sh("mkdir", "-p", "--", d),
+            f"tmp=$(mktemp {sh(self.path + '.torchrig.XXXXXX')})",
+            f"printf %s {sh(data)} | base64 -d > \"$tmp\"",
+            f"chmod {self.mode:04o} \"$tmp\"",
+            f"chown {sh(self.owner + ':' + self.group)} \"$tmp\"",
+            f"mv -f \"$tmp\" {sh(self.path)}",
+        ])
+
+
+def file_change(facts: dict, path: str, content: str | None, mode: int = 0o644,
+                owner: str = "root", group: str = "root", secret: bool = False) -> list[FileChange]:
+    """[] when the file on the host already matches (content hash, mode, owner), else one change."""
+    cur = facts.get("files", {}).get(path)
+    if content is None:
+        return [FileChange(path, None)] if cur else []
+    want = hashlib.sha256(content.encode()).hexdigest()
+    if cur and cur.get("sha256") == want and cur.get("mode") == mode \
+            and cur.get("owner") == owner and cur.get("group") == group:
+        return []
+    return [FileChange(path, content, mode, owner, group,
+                       current=None if secret or not cur else cur.get("content"), secret=secret)]
+
+
+def preamble(lock_timeout: int) -> str:
+    """Every apt-get and dpkg call goes through apt_get/dpkg_run: non-interactive, config files
+    kept, and first wait for the dpkg lock (naming its holder) up to lock_timeout."""
+    wait = (SCRIPTS / "apt_lock_wait.py").read_text()
+    opts = ("-o DPkg::Lock::Timeout={t} -o Dpkg::Options::=--force-confdef "
+            "-o Dpkg::Options::=--force-confold").format(t=int(lock_timeout))
+    return "\n".join([
+        "set -euo pipefail",
+        "export DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a",
+        f"TORCHRIG_APT_WAIT={sh(wait)}",
+        f"apt_wait() {{ python3 -c \"$TORCHRIG_APT_WAIT\" {int(lock_timeout)}; }}",
+        f"apt_get() {{ apt_wait; apt-get -q -y {opts} \"$@\"; }}",
+        "dpkg_run() { apt_wait; dpkg --force-confdef --force-confold \"$@\"; }",
+        "",
+    ])

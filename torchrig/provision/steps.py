@@ -1,0 +1,349 @@
+"""Provision's steps: each compares desired state (Settings) with the host's facts and returns
+the changes it would make, [] when nothing must change. Pure: no SSH, no commands run here,
+so an honest --dry-run and idempotency fall out of one code path."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..facts import os_release, smi_query
+from ..remote import sh
+from .changes import Cmd, FileChange, file_change
+from .desired import DISTROS, DRIVER_PACKAGE, RepoSource, Settings, driver_flavor, repo_source
+
+Change = Cmd | FileChange
+
+SOURCES_FILE = "/etc/apt/sources.list.d/torchrig-cuda.sources"
+AUTH_FILE = "/etc/apt/auth.conf.d/90-torchrig-cuda.conf"
+KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
+BLACKLIST_FILE = "/etc/modprobe.d/blacklist-nouveau.conf"
+UNATTENDED_FILE = "/etc/apt/apt.conf.d/51torchrig-nvidia-hold"
+CUDA_ENV_FILE = "/etc/torchrig/cuda.env"
+ETC_DIR = "/etc/torchrig"
+
+BLACKLIST = "# torchrig: the NVIDIA driver needs nouveau out of the way\nblacklist nouveau\noptions nouveau modeset=0\n"
+UNATTENDED = (
+    "// torchrig: unattended-upgrades must never touch the NVIDIA stack: upgrading the driver's\n"
+    "// libraries under a loaded kernel module gives \"Driver/library version mismatch\".\n"
+    "Unattended-Upgrade::Package-Blacklist {\n"
+    '    "nvidia-"; "libnvidia-"; "cuda-drivers"; "cuda-toolkit"; "libnccl"; "cuda-keyring";\n'
+    "};\n")
+
+
+@dataclass
+class Ctx:
+    """Everything a planner reads: the host's facts and its desired settings, plus what
+    earlier checks derived (distro, repo, whether the GPUs sit on an NVSwitch fabric)."""
+
+    facts: dict
+    s: Settings
+    host: str
+    payload_requirements: list[str] = field(default_factory=list)
+
+    @property
+    def osr(self) -> os_release.OsRelease:
+        return os_release.parse(self.facts.get("os_release", ""))
+
+    @property
+    def distro(self) -> str | None:
+        return os_release.supported(self.osr)
+
+    @property
+    def arch(self) -> str | None:
+        return os_release.cuda_repo_arch(self.facts.get("arch", ""))
+
+    @property
+    def repo(self) -> RepoSource:
+        return repo_source(self.s, self.distro or "", self.arch or "")
+
+    @property
+    def nvidia_pci(self) -> list[str]:
+        return [ln for ln in (self.facts.get("lspci") or "").splitlines() if "[10de:" in ln]
+
+    @property
+    def gpu_lines(self) -> list[str]:
+        return [ln for ln in self.nvidia_pci
+                if "3D controller" in ln or "VGA compatible controller" in ln]
+
+    @property
+    def nvswitch(self) -> bool:
+        return any("NVSwitch" in ln for ln in self.nvidia_pci)
+
+    @property
+    def driver_pkg(self) -> str:
+        return DRIVER_PACKAGE[driver_flavor(self.s, self.facts.get("lspci"))]
+
+    def pkg(self, name: str) -> str | None:
+        return self.facts.get("packages", {}).get(name)
+
+    def held(self, name: str) -> bool:
+        return name in self.facts.get("held", [])
+
+
+def driver_state(facts: dict) -> tuple[str, str]:
+    """('ok', '') when the loaded driver answers; else a failure kind and what to do."""
+    smi = facts.get("nvidia_smi", {})
+    if smi.get("rc") == 0:
+        return "ok", ""
+    f = smi_query.detect_failure(smi.get("output", ""), smi.get("rc"))
+    return (f.kind, f.advice) if f else ("unknown", smi.get("output", ""))
+
+
+# --- preflight: nothing is changed on a host that fails it ----------------------------------
+
+def preflight(c: Ctx) -> list[str]:
+    """Problems that stop provision before it touches the host."""
+    problems = []
+    if c.distro not in DISTROS:
+        problems.append(f"unsupported OS {c.osr.pretty_name or c.osr.id or 'unknown'!r} "
+                        "(supported: Ubuntu 22.04, Ubuntu 24.04, Debian 12)")
+    if c.arch is None:
+        problems.append(f"unsupported architecture {c.facts.get('arch')!r} (x86_64 or aarch64)")
+    if c.facts.get("euid") != 0:
+        problems.append("cannot become root: give the login user passwordless sudo")
+    free = c.facts.get("disk_free_gb", 0)
+    if free < c.s.min_free_gb:
+        problems.append(f"only {free} GB free on / (need {c.s.min_free_gb} GB; var min_free_gb)")
+    if c.facts.get("lspci") is None:
+        problems.append("lspci not found: install pciutils so the GPUs can be checked")
+    elif not c.gpu_lines:
+        problems.append("no NVIDIA GPU on the PCI bus (lspci -nn shows no [10de:] 3D/VGA device)")
+    installed_ok = c.pkg(c.driver_pkg) == c.s.driver_deb
+    if c.facts.get("secure_boot") and not installed_ok:
+        problems.append("Secure Boot is enabled: the NVIDIA kernel modules built by DKMS are "
+                        "unsigned and will not load. Disable Secure Boot in the firmware, or "
+                        "enroll a MOK key for DKMS signing (mokutil --import), then rerun")
+    return problems
+
+
+# --- steps ----------------------------------------------------------------------------------
+
+def apt_recover(c: Ctx) -> list[Change]:
+    if c.facts.get("dpkg_audit") or c.facts.get("dpkg_updates_pending"):
+        return [Cmd("finish an interrupted dpkg run (dpkg --configure -a)",
+                    "dpkg_run --configure -a\napt_get -f install")]
+    return []
+
+
+def _pinned(c: Ctx) -> dict[str, str]:
+    """Every apt package provision pins, with its version."""
+    s = c.s
+    pins = {c.driver_pkg: s.driver_deb, s.cuda_pkg: s.cuda_package_version,
+            "libnccl2": s.nccl_version, "libnccl-dev": s.nccl_version}
+    if c.nvswitch:
+        pins[s.fabricmanager_pkg] = s.driver_deb
+    return pins
+
+
+def cuda_repo(c: Ctx) -> list[Change]:
+    r = c.repo
+    out: list[Change] = []
+    if c.pkg("cuda-keyring") is None:
+        netrc = f"--netrc-file {sh(AUTH_FILE)} " if r.login else ""
+        deb = "/tmp/torchrig-cuda-keyring.deb"
+        if r.login:
+            out += _auth_file(c)
+        out.append(Cmd(f"install the repository signing key (cuda-keyring from {r.url})",
+                       f"curl -fsSL --retry 3 {netrc}-o {sh(deb)} {sh(r.url + 'cuda-keyring_1.1-1_all.deb')}\n"
+                       f"dpkg_run -i {sh(deb)}\nrm -f {sh(deb)}"))
+    elif r.login:
+        out += _auth_file(c)
+    source = (f"# torchrig: NVIDIA CUDA repository ({c.distro}/{c.arch})\n"
+              f"Types: deb\nURIs: {r.url}\nSuites: /\nSigned-By: {KEYRING}\n")
+    out += file_change(c.facts, SOURCES_FILE, source)
+    # cuda-keyring's own one-line source duplicates ours (apt then warns or refuses).
+    out += file_change(c.facts, f"/etc/apt/sources.list.d/cuda-{c.distro}-{c.arch}.list", None)
+    missing = [f"{p}={v}" for p, v in _pinned(c).items()
+               if c.pkg(p) != v and not c.facts.get("available", {}).get(f"{p}={v}")]
+    if out or missing:
+        why = "source changed" if out else "pinned versions not in the package lists: " + ", ".join(missing)
+        out.append(Cmd(f"apt-get update ({why})", "apt_get update"))
+    return out
+
+
+def _auth_file(c: Ctx) -> list[FileChange]:
+    r = c.repo
+    body = f"machine {r.host}\nlogin {r.login}\npassword {r.password or ''}\n"
+    return file_change(c.facts, AUTH_FILE, body, mode=0o600, secret=True)
+
+
+def _install(c: Ctx, pins: dict[str, str], what: str) -> list[Change]:
+    """apt-get install of the packages not at their pinned version, then hold them all."""
+    out: list[Change] = []
+    todo = {p: v for p, v in pins.items() if c.pkg(p) != v}
+    if todo:
+        specs = [f"{p}={v}" for p, v in todo.items()]
+        out.append(Cmd(f"install {what}: {', '.join(specs)}",
+                       "apt_get install --no-install-recommends --allow-downgrades "
+                       "--allow-change-held-packages " + sh(*specs)))
+    unheld = [p for p in pins if not c.held(p)]
+    if unheld:
+        out.append(Cmd(f"hold {', '.join(unheld)} (no upgrade behind provision's back)",
+                       "apt-mark hold " + sh(*unheld)))
+    return out
+
+
+def _unit_enabled(c: Ctx, unit: str) -> list[Change]:
+    state = c.facts.get("units", {}).get(unit, {}).get("enabled")
+    if state == "enabled":
+        return []
+    return [Cmd(f"enable {unit}", "systemctl enable " + sh(unit))]
+
+
+def driver(c: Ctx) -> list[Change]:
+    s = c.s
+    out: list[Change] = []
+    bl = file_change(c.facts, BLACKLIST_FILE, BLACKLIST)
+    out += bl
+    if bl:
+        out.append(Cmd("rebuild the initramfs without nouveau",
+                       "if command -v update-initramfs >/dev/null; then update-initramfs -u; fi"))
+    pins = {c.driver_pkg: s.driver_deb}
+    if c.nvswitch:
+        pins[s.fabricmanager_pkg] = s.driver_deb
+    out += _install(c, pins, f"NVIDIA driver {s.driver_version} ({c.driver_pkg})")
+    out += file_change(c.facts, UNATTENDED_FILE, UNATTENDED)
+    out += _unit_enabled(c, "nvidia-persistenced.service")
+    if c.nvswitch:
+        out += _unit_enabled(c, "nvidia-fabricmanager.service")
+    return out
+
+
+def driver_services(c: Ctx) -> list[Change]:
+    """Needs the driver loaded: persistence daemon, and the fabric manager on NVSwitch boxes
+    (without it CUDA init fails with error 802 while nvidia-smi looks fine)."""
+    units = ["nvidia-persistenced.service"] + (["nvidia-fabricmanager.service"] if c.nvswitch else [])
+    out: list[Change] = []
+    for u in units:
+        if c.facts.get("units", {}).get(u, {}).get("active") != "active":
+            out.append(Cmd(f"start {u}", "systemctl start " + sh(u)))
+    return out
+
+
+def cuda_toolkit(c: Ctx) -> list[Change]:
+    s = c.s
+    out = _install(c, {s.cuda_pkg: s.cuda_package_version}, f"CUDA toolkit {s.cuda_version}")
+    env = (f"# torchrig: CUDA {s.cuda_version} for services (EnvironmentFile=), not login shells\n"
+           f"CUDA_HOME={s.cuda_home}\n"
+           f"PATH={s.venv}/bin:{s.cuda_home}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+           f"LD_LIBRARY_PATH={s.cuda_home}/lib64\n")
+    out += file_change(c.facts, CUDA_ENV_FILE, env)
+    return out
+
+
+def nccl(c: Ctx) -> list[Change]:
+    v = c.s.nccl_version
+    return _install(c, {"libnccl2": v, "libnccl-dev": v}, f"NCCL {v}")
+
+
+def python_venv(c: Ctx) -> list[Change]:
+    s = c.s
+    venv = c.facts.get("venv", {})
+    out: list[Change] = []
+    if not venv.get("python"):
+        out.append(Cmd(f"create the venv {s.venv}", sh("python3", "-m", "venv", s.venv)))
+    dists = venv.get("dists", {})
+    reqs = [f"torch=={s.torch_version}"] + c.payload_requirements + list(s.extra_pip_packages)
+    missing = [r for r in reqs if not _satisfied(r, dists)]
+    if missing:
+        args = [f"{s.venv}/bin/pip", "install", "--quiet", "--disable-pip-version-check",
+                "--index-url", s.pip_index_url]
+        if s.pip_trusted_host:
+            args += ["--trusted-host", s.pip_trusted_host]
+        out.append(Cmd(f"pip install {' '.join(missing)} into {s.venv}",
+                       sh(*args, *missing)))
+    return out
+
+
+def _satisfied(req: str, dists: dict[str, str]) -> bool:
+    name, _, ver = req.partition("==")
+    have = dists.get(name.strip().lower().replace("_", "-"))
+    if have is None:
+        return False
+    return not ver or have.split("+")[0] == ver.strip().split("+")[0]
+
+
+def nccl_tests(c: Ctx) -> list[Change]:
+    s = c.s
+    binary = f"{s.prefix}/nccl-tests/build/all_reduce_perf"
+    if c.facts.get("paths", {}).get(binary):
+        return []
+    src = s.nccl_tests_source
+    build = (f"make -C {sh(s.prefix + '/nccl-tests')} -j\"$(nproc)\" MPI=0 "
+             f"CUDA_HOME={sh(s.cuda_home)} NCCL_HOME=/usr")
+    if src.endswith((".tar.gz", ".tgz")):
+        fetch = (f"rm -rf {sh(s.prefix + '/nccl-tests')} && mkdir -p {sh(s.prefix + '/nccl-tests')}\n"
+                 f"tar -xzf /tmp/torchrig-nccl-tests.tgz --strip-components=1 -C {sh(s.prefix + '/nccl-tests')}")
+        return [Cmd(f"build nccl-tests from {src} (pushed from the operator)",
+                    fetch + "\n" + build)]
+    fetch = (f"rm -rf {sh(s.prefix + '/nccl-tests')}\n"
+             f"git clone --quiet --depth 1 --branch {sh(s.nccl_tests_version)} {sh(src)} "
+             f"{sh(s.prefix + '/nccl-tests')}")
+    return [Cmd(f"build nccl-tests {s.nccl_tests_version} from {src}", fetch + "\n" + build)]
+
+
+def service_user(c: Ctx) -> list[Change]:
+    s = c.s
+    out: list[Change] = []
+    if not c.facts.get("users", {}).get(s.service_user):
+        out.append(Cmd(f"create the service user {s.service_user}",
+                       sh("useradd", "--system", "--user-group", "--home-dir", s.prefix,
+                          "--no-create-home", "--shell", "/usr/sbin/nologin", s.service_user)))
+    for path, mode, owner in dirs(s):
+        cur = c.facts.get("dirs", {}).get(path)
+        if not cur or cur.get("mode") != mode or cur.get("owner") != owner or cur.get("group") != owner:
+            out.append(Cmd(f"directory {path} ({mode:04o} {owner}:{owner})",
+                           f"install -d -m {mode:04o} -o {sh(owner)} -g {sh(owner)} {sh(path)}"))
+    return out
+
+
+def dirs(s: Settings) -> list[tuple[str, int, str]]:
+    u = s.service_user
+    return [(s.prefix, 0o755, "root"), (ETC_DIR, 0o755, "root"),
+            (s.data_dir, 0o750, u), (s.checkpoint_dir, 0o750, u), (s.log_dir, 0o750, u)]
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    plan: Callable[[Ctx], list[Change]]
+    needs_driver: bool = False   # runs only once the driver is loaded (else: reboot first)
+    needs_cuda: bool = False
+    enabled: Callable[[Ctx], str | None] = lambda c: None  # a reason to skip, or None
+
+
+STEPS = [
+    Step("apt-recover", apt_recover),
+    Step("cuda-repo", cuda_repo),
+    Step("driver", driver),
+    Step("driver-services", driver_services, needs_driver=True),
+    Step("cuda-toolkit", cuda_toolkit),
+    Step("nccl", nccl),
+    Step("python-venv", python_venv),
+    Step("nccl-tests", nccl_tests, needs_driver=True,
+         enabled=lambda c: None if c.s.nccl_tests else "disabled (var nccl_tests: false)"),
+    Step("service-user", service_user),
+]
+
+
+def fact_request(s: Settings, flavor_pkgs: list[str] | None = None) -> dict:
+    """What gather_facts.py must report for these settings (one round trip)."""
+    pkgs = sorted({*(flavor_pkgs or DRIVER_PACKAGE.values()), s.fabricmanager_pkg, s.cuda_pkg,
+                   "libnccl2", "libnccl-dev", "cuda-keyring"})
+    versions = {p: s.driver_deb for p in (*DRIVER_PACKAGE.values(), s.fabricmanager_pkg)}
+    versions.update({s.cuda_pkg: s.cuda_package_version, "libnccl2": s.nccl_version,
+                     "libnccl-dev": s.nccl_version})
+    return {
+        "packages": pkgs,
+        "available": [f"{p}={v}" for p, v in sorted(versions.items())],
+        "files": [SOURCES_FILE, BLACKLIST_FILE, UNATTENDED_FILE, CUDA_ENV_FILE]
+                 + [f"/etc/apt/sources.list.d/cuda-{d}-{a}.list" for d in sorted(DISTROS)
+                    for a in ("x86_64", "sbsa")],
+        "secret_files": [AUTH_FILE],
+        "dirs": [d for d, _, _ in dirs(s)],
+        "units": ["nvidia-persistenced.service", "nvidia-fabricmanager.service"],
+        "users": [s.service_user],
+        "venv": s.venv,
+        "paths": [f"{s.prefix}/nccl-tests/build/all_reduce_perf"],
+    }
