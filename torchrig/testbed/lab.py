@@ -216,11 +216,12 @@ def leftovers() -> list[str]:
     mounts = Path("/proc/mounts").read_text()
     out += [f"mount {line.split()[1]}" for line in mounts.splitlines() if str(STATE) in line]
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    out += [f"link {w}" for w in links.split() if w.rstrip(":").split("@")[0] == BRIDGE
-            or w.startswith("trv-")]
+    out += [f"link {w}" for w in links.split()
+            if w.rstrip(":").split("@")[0] == BRIDGE or w.startswith(f"{BRIDGE}-")]
     ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    out += [f"netns {line.split()[0]}" for line in ns.splitlines() if line.startswith("torchrig-")]
-    ps = subprocess.run(["pgrep", "-af", "torchrig.testbed.supervisor|systemd-nspawn"],
+    out += [f"netns {line.split()[0]}" for line in ns.splitlines()
+            if line.startswith(f"torchrig-{BRIDGE}-")]
+    ps = subprocess.run(["pgrep", "-af", f"supervisor {BRIDGE}-|--machine={BRIDGE}-"],
                         capture_output=True, text=True).stdout
     out += [f"process {line}" for line in ps.splitlines() if "pgrep" not in line]
     return out

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import TorchrigError
 from . import gpu_profiles
-from .paths import host_dir, netns
+from .paths import host_dir, machine, netns
 
 SIM_NOTE = ("This host is a torchrig TESTBED SIMULATION (systemd-nspawn container).\n"
             "Its GPUs are described by gpu-profile.json and answered by a stand-in nvidia-smi;\n"
@@ -126,7 +126,7 @@ def start(name: str) -> None:
         return
     log = open(host_dir(name) / "console.log", "ab")
     p = subprocess.Popen(
-        [sys.executable, "-m", "torchrig.testbed.supervisor", name, str(root_of(name)),
+        [sys.executable, "-m", "torchrig.testbed.supervisor", machine(name), str(root_of(name)),
          f"/run/netns/{netns(name)}"],
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         cwd="/", env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
@@ -146,7 +146,7 @@ def stop(name: str, timeout: float = 60) -> None:
             time.sleep(0.5)
     _pidfile(name).unlink(missing_ok=True)
     # An nspawn left over from a crashed supervisor would pin the mount.
-    subprocess.run(["pkill", "-KILL", "-f", f"--machine={name} "], capture_output=True)
+    subprocess.run(["pkill", "-KILL", "-f", f"--machine={machine(name)} "], capture_output=True)
 
 
 def _alive(pid: int) -> bool:

@@ -26,12 +26,21 @@ def host_dir(name: str) -> Path:
     return STATE / "hosts" / name
 
 
+# Names on this machine carry the bridge name, so two testbeds (a user's and the tests')
+# never share a namespace, an interface or an nspawn machine name.
 def netns(name: str) -> str:
-    return f"torchrig-{name}"
+    return f"torchrig-{BRIDGE}-{name}"
 
 
 def veth(name: str) -> str:
-    return f"trv-{name}"[:15]  # IFNAMSIZ
+    v = f"{BRIDGE}-{name}"
+    if len(v) > 15:  # IFNAMSIZ
+        raise ValueError(f"interface name {v!r} too long: use a shorter bridge name")
+    return v
+
+
+def machine(name: str) -> str:
+    return f"{BRIDGE}-{name}"
 
 
 def www() -> Path:

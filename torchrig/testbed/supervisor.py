@@ -2,7 +2,7 @@
 host reboots itself (`systemctl reboot` makes nspawn exit 133). SIGTERM halts the host cleanly
 and ends the supervisor. Started detached by testbed.up:
 
-    python -m torchrig.testbed.supervisor NAME ROOT NETNS_PATH
+    python -m torchrig.testbed.supervisor MACHINE ROOT NETNS_PATH
 """
 
 from __future__ import annotations

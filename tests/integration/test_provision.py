@@ -1,0 +1,179 @@
+"""provision on real testbed hosts: real apt, dpkg and systemd; stand-in NVIDIA packages.
+Tests run in file order and build on each other per host (fresh -> provisioned)."""
+
+import copy
+import json
+import re
+import time
+
+import pytest
+
+from conftest import invoke, write_inventory
+
+
+def sh(inv, host, cmd, sudo=True, check=True):
+    """A command on a host through the toolkit; returns its output lines (prefix removed)."""
+    r = invoke("exec", "-i", str(inv), "-h", host, *(["--sudo"] if sudo else []), cmd)
+    if check and r.returncode != 0:
+        raise AssertionError(f"{cmd!r} on {host} failed:\n{r.stdout}\n{r.stderr}")
+    return "\n".join(m for m in re.findall(rf"^{host} +\| ?(.*)$", r.stdout, re.M))
+
+
+def provision(inv, host, *flags, timeout=900):
+    r = invoke("provision", "-i", str(inv), "-h", host, "--json", *flags, timeout=timeout)
+    try:
+        data = json.loads(r.stdout)
+    except ValueError:
+        data = None
+    return r, data
+
+
+def steps_of(data, host):
+    rep = next(d for d in data if d["host"] == host)
+    return rep, {s["name"]: s for s in rep["steps"]}
+
+
+SNAPSHOT = ("find /etc -xdev -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum; "
+            "dpkg-query -W -f='${Package} ${Version} ${db:Status-Abbrev}\\n' | sha256sum; "
+            "ls -la /opt /srv 2>&1 | sha256sum")
+
+
+def test_unsupported_os_refused_nothing_changed(testbed):
+    sh(testbed, "gpu3", "cp --remove-destination /usr/lib/os-release /etc/os-release.torchrig-test && "
+                        "printf 'ID=centos\\nVERSION_ID=\"7\"\\nPRETTY_NAME=\"CentOS Linux 7 (Core)\"\\n' "
+                        "> /etc/os-release.new && mv /etc/os-release /etc/os-release.orig && "
+                        "mv /etc/os-release.new /etc/os-release")
+    try:
+        before = sh(testbed, "gpu3", SNAPSHOT)
+        r, data = provision(testbed, "gpu3", "--yes")
+        assert r.returncode == 1
+        assert "gpu3: preflight: unsupported OS 'CentOS Linux 7 (Core)'" in r.stderr
+        assert sh(testbed, "gpu3", SNAPSHOT) == before
+    finally:
+        sh(testbed, "gpu3", "mv -f /etc/os-release.orig /etc/os-release && rm -f /etc/os-release.torchrig-test")
+
+
+def test_dry_run_changes_nothing(testbed):
+    before = sh(testbed, "gpu2", SNAPSHOT)
+    r = invoke("provision", "-i", str(testbed), "-h", "gpu2", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    # the plan names the changes and shows files as unified diffs
+    assert "install NVIDIA driver 570.172.08 (nvidia-open)" in r.stdout
+    assert "+++ b/etc/apt/sources.list.d/torchrig-cuda.sources" in r.stdout
+    assert "+Signed-By: /usr/share/keyrings/cuda-archive-keyring.gpg" in r.stdout
+    assert sh(testbed, "gpu2", SNAPSHOT) == before
+
+
+def test_without_yes_and_without_terminal_refuses(testbed):
+    before = sh(testbed, "gpu2", SNAPSHOT)
+    r = invoke("provision", "-i", str(testbed), "-h", "gpu2")
+    assert r.returncode == 1 and "rerun with --yes" in r.stderr
+    assert sh(testbed, "gpu2", SNAPSHOT) == before
+
+
+def hold_lock(inv, host, seconds, unit):
+    """Another process holds the dpkg frontend lock, as unattended-upgrades does after boot."""
+    sh(inv, host, f"systemd-run --unit={unit} --collect python3 -c "
+                  "\"import fcntl,time; f=open('/var/lib/dpkg/lock-frontend','w'); "
+                  f"fcntl.lockf(f, fcntl.LOCK_EX); time.sleep({seconds})\"")
+    time.sleep(1)
+
+
+def test_dpkg_lock_held_past_timeout_names_holder(testbed, tmp_path):
+    doc = json.loads(json.dumps(__import__("yaml").safe_load(testbed.read_text())))
+    doc["vars"]["apt_lock_timeout"] = 4
+    inv = write_inventory(tmp_path, doc)
+    hold_lock(testbed, "gpu2", 120, "torchrig-test-lockholder")
+    try:
+        r, data = provision(inv, "gpu2", "--yes")
+        assert r.returncode == 1
+        assert re.search(r"gpu2: step cuda-repo failed: .*dpkg lock /var/lib/dpkg/lock-frontend still "
+                         r"held after 4s by pid \d+ \(\S*python3 -c import fcntl", r.stderr), r.stderr
+    finally:
+        sh(testbed, "gpu2", "systemctl stop torchrig-test-lockholder", check=False)
+
+
+def test_fresh_provision_waits_for_lock_reboots_and_converges(testbed):
+    hold_lock(testbed, "gpu2", 20, "torchrig-test-lockholder2")
+    t0 = time.monotonic()
+    r, data = provision(testbed, "gpu2", "--yes", "--reboot")
+    assert r.returncode == 0, r.stderr + r.stdout
+    rep, st = steps_of(data, "gpu2")
+    assert rep["rebooted"] is True
+    # the first apt step waited for the 20 s holder instead of failing
+    assert st["cuda-repo"]["status"] == "changed" and st["cuda-repo"]["seconds"] >= 12
+    assert time.monotonic() - t0 >= 18
+    for name in ("driver", "cuda-toolkit", "nccl", "python-venv", "service-user"):
+        assert st[name]["status"] == "changed", st[name]
+    assert st["driver-services"]["status"] in ("changed", "ok")
+
+    pkgs = sh(testbed, "gpu2", "dpkg-query -W -f='${Package}=${Version}\\n' nvidia-open "
+                              "nvidia-fabricmanager-570 cuda-toolkit-12-8 libnccl2 libnccl-dev")
+    assert pkgs.split() == ["cuda-toolkit-12-8=12.8.93-1", "libnccl-dev=2.26.2-1+cuda12.8",
+                            "libnccl2=2.26.2-1+cuda12.8", "nvidia-fabricmanager-570=570.172.08-1",
+                            "nvidia-open=570.172.08-1"]
+    held = sh(testbed, "gpu2", "apt-mark showhold").split()
+    assert {"nvidia-open", "nvidia-fabricmanager-570", "cuda-toolkit-12-8", "libnccl2",
+            "libnccl-dev"} <= set(held)
+    assert sh(testbed, "gpu2", "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u") \
+        == "570.172.08"
+    assert sh(testbed, "gpu2", "systemctl is-active nvidia-fabricmanager nvidia-persistenced").split() \
+        == ["active", "active"]
+    assert sh(testbed, "gpu2", "/opt/torchrig/venv/bin/python -c 'import torch; print(torch.__version__)'",
+              sudo=False).splitlines()[-1] == "2.13.0+cpu"
+    modes = sh(testbed, "gpu2", "stat -c '%n %a %U:%G' /opt/torchrig /etc/torchrig /srv/torchrig/data "
+                                "/srv/torchrig/checkpoints /var/log/torchrig")
+    assert modes.splitlines() == ["/opt/torchrig 755 root:root", "/etc/torchrig 755 root:root",
+                                  "/srv/torchrig/data 750 torchrig:torchrig",
+                                  "/srv/torchrig/checkpoints 750 torchrig:torchrig",
+                                  "/var/log/torchrig 750 torchrig:torchrig"]
+    src = sh(testbed, "gpu2", "cat /etc/apt/sources.list.d/torchrig-cuda.sources")
+    assert "Suites: /" in src and "Signed-By: /usr/share/keyrings/cuda-archive-keyring.gpg" in src
+
+
+STAMPS = ("sha256sum /var/log/dpkg.log /var/log/apt/history.log; "
+          "systemctl show -p ActiveEnterTimestampMonotonic -p InvocationID "
+          "nvidia-persistenced nvidia-fabricmanager")
+
+
+def test_second_run_changes_nothing(testbed):
+    before = sh(testbed, "gpu2", STAMPS)
+    r, data = provision(testbed, "gpu2", "--yes")
+    assert r.returncode == 0, r.stderr
+    rep, st = steps_of(data, "gpu2")
+    assert rep["changed"] == 0 and not rep["rebooted"]
+    assert {s["status"] for s in st.values()} <= {"ok", "skipped"}
+    # no apt-get install ran (dpkg and apt logs unchanged), no unit was (re)started
+    assert sh(testbed, "gpu2", STAMPS) == before
+
+
+def test_reboot_needed_is_reported_then_reboot_path(testbed):
+    r, data = provision(testbed, "gpu1", "--yes")
+    assert r.returncode == 1
+    assert "gpu1: the new NVIDIA driver needs a reboot" in r.stderr and "--reboot" in r.stderr
+    rep, st = steps_of(data, "gpu1")
+    assert rep["reboot_required"] and st["driver"]["status"] == "changed"
+    assert st["driver-services"]["status"] == "skipped"
+    assert "cuda-drivers=570.172.08-1" in " ".join(st["driver"]["changes"])  # V100: proprietary
+    r, data = provision(testbed, "gpu1", "--yes", "--reboot")
+    assert r.returncode == 0, r.stderr
+    rep, st = steps_of(data, "gpu1")
+    assert rep["rebooted"] and st["driver-services"]["status"] in ("changed", "ok")  # enabled: starts at boot
+    assert sh(testbed, "gpu1", "systemctl is-active nvidia-persistenced") == "active"
+
+
+def test_interrupted_dpkg_converges(testbed):
+    """A dpkg run killed between unpack and configure leaves the package half-installed
+    ('iU', reported by dpkg --audit); `dpkg --unpack` leaves exactly that state."""
+    sh(testbed, "gpu1", "apt-mark unhold libnccl-dev >/dev/null && dpkg -r libnccl-dev >/dev/null && "
+                        "cd /tmp && apt-get download -q libnccl-dev=2.26.2-1+cuda12.8 >/dev/null && "
+                        "dpkg --unpack /tmp/libnccl-dev_*.deb >/dev/null 2>&1")
+    assert "libnccl-dev" in sh(testbed, "gpu1", "dpkg --audit")
+    r, data = provision(testbed, "gpu1", "--yes")
+    assert r.returncode == 0, r.stderr
+    rep, st = steps_of(data, "gpu1")
+    assert st["apt-recover"]["status"] == "changed"
+    assert sh(testbed, "gpu1", "dpkg --audit") == ""
+    assert "libnccl-dev" in sh(testbed, "gpu1", "apt-mark showhold").split()
+    r, data = provision(testbed, "gpu1", "--yes")
+    assert steps_of(data, "gpu1")[0]["changed"] == 0

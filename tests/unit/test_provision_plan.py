@@ -1,0 +1,184 @@
+"""provision's planners against fact tables: which changes each step yields (pure, no SSH)."""
+
+import hashlib
+
+import pytest
+
+from torchrig.provision import steps
+from torchrig.provision.apply import make_plan
+from torchrig.provision.changes import FileChange
+from torchrig.provision.desired import DEFAULTS, settings_for
+from torchrig.errors import TorchrigError
+
+DEBIAN = open("tests/fixtures/osrelease_03_debian_12.txt").read()
+UBUNTU = open("tests/fixtures/osrelease_02_ubuntu_24.04.4.txt").read()
+V100 = "3b:00.0 3D controller [0302]: NVIDIA Corporation GV100GL [Tesla V100S PCIe 32GB] [10de:1df6] (rev a1)\n"
+H100 = ("18:00.0 3D controller [0302]: NVIDIA Corporation GH100 [H100 SXM5 80GB] [10de:2330] (rev a1)\n"
+        "80:00.0 Bridge [0680]: NVIDIA Corporation GH100 [H100 NVSwitch] [10de:22a3] (rev a1)\n")
+
+
+def fresh(**over):
+    f = {"os_release": DEBIAN, "arch": "x86_64", "euid": 0, "disk_free_gb": 100.0, "lspci": V100,
+         "secure_boot": False, "packages": {}, "held": [], "available": {}, "dpkg_audit": "",
+         "dpkg_updates_pending": False, "files": {}, "dirs": {}, "paths": {}, "users": {},
+         "units": {}, "nvidia_smi": {"rc": 127, "output": "nvidia-smi: command not found"},
+         "venv": {"python": None, "dists": {}}, "boot_id": "b1"}
+    f.update(over)
+    return f
+
+
+def ctx(facts, **vars_):
+    return steps.Ctx(facts, settings_for("h", vars_, "inv.yml"), "h", [])
+
+
+def sha(text):
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def converged(c: steps.Ctx) -> dict:
+    """Facts of a host where every step already ran (built from the planners' own output)."""
+    f = dict(c.facts)
+    files = {}
+    for step in steps.STEPS:
+        for ch in step.plan(c):
+            if isinstance(ch, FileChange) and ch.content is not None:
+                files[ch.path] = {"sha256": sha(ch.content), "mode": ch.mode, "owner": ch.owner,
+                                  "group": ch.group, "content": ch.content}
+    pins = steps._pinned(c)
+    s = c.s
+    f.update(files=files, packages={**pins, "cuda-keyring": "1.1-1"}, held=sorted(pins),
+             units={u: {"enabled": "enabled", "active": "active"}
+                    for u in ("nvidia-persistenced.service", "nvidia-fabricmanager.service")},
+             users={s.service_user: {"uid": 999}},
+             dirs={p: {"mode": m, "owner": o, "group": o} for p, m, o in steps.dirs(s)},
+             venv={"python": "3.11.2", "dists": {"torch": "2.13.0+cu128", "numpy": "2.3.0"}},
+             paths={f"{s.prefix}/nccl-tests/build/all_reduce_perf": True},
+             nvidia_smi={"rc": 0, "output": "0, Tesla V100S-PCIE-32GB, 570.172.08"})
+    return f
+
+
+def describe(changes):
+    return [c.describe() for c in changes]
+
+
+def test_fresh_host_plans_every_step():
+    c = ctx(fresh())
+    assert steps.preflight(c) == []
+    plan = {s.name: describe(s.plan(c)) for s in steps.STEPS}
+    assert plan["apt-recover"] == []
+    assert any("cuda-keyring" in d for d in plan["cuda-repo"])
+    assert plan["cuda-repo"][-1].startswith("apt-get update")
+    assert "install NVIDIA driver 570.172.08 (cuda-drivers): cuda-drivers=570.172.08-1" in plan["driver"]
+    assert "hold cuda-drivers (no upgrade behind provision's back)" in plan["driver"]
+    assert not any("fabricmanager" in d for d in plan["driver"])  # no NVSwitch on this box
+    assert any("cuda-toolkit-12-8=12.8.93-1" in d for d in plan["cuda-toolkit"])
+    assert any("libnccl2=2.26.2-1+cuda12.8" in d for d in plan["nccl"])
+    assert plan["python-venv"][0] == "create the venv /opt/torchrig/venv"
+    assert any(d.startswith("directory /srv/torchrig/checkpoints (0750 torchrig") for d in plan["service-user"])
+
+
+def test_converged_host_plans_nothing():
+    for lspci in (V100, H100):
+        c = ctx(fresh(lspci=lspci))
+        done = ctx(converged(c))
+        assert {s.name: describe(s.plan(done)) for s in steps.STEPS} == \
+            {s.name: [] for s in steps.STEPS}
+        rep = make_plan(done)
+        assert [st.status for st in rep.steps] == ["ok"] * (1 + len(steps.STEPS))
+
+
+def test_drift_is_detected_per_item():
+    c = ctx(fresh())
+    f = converged(c)
+    f["held"] = [p for p in f["held"] if p != "libnccl2"]
+    f["files"][steps.SOURCES_FILE]["mode"] = 0o666
+    f["dirs"]["/srv/torchrig/data"]["owner"] = "root"
+    f["packages"]["cuda-toolkit-12-8"] = "12.8.61-1"
+    d = ctx(f)
+    assert describe(steps.nccl(d)) == ["hold libnccl2 (no upgrade behind provision's back)"]
+    assert describe(steps.cuda_repo(d))[0].startswith("write /etc/apt/sources.list.d/torchrig-cuda.sources")
+    assert describe(steps.service_user(d)) == ["directory /srv/torchrig/data (0750 torchrig:torchrig)"]
+    assert describe(steps.cuda_toolkit(d))[0] == "install CUDA toolkit 12.8: cuda-toolkit-12-8=12.8.93-1"
+
+
+def test_open_modules_for_turing_and_newer_with_fabricmanager_on_nvswitch():
+    c = ctx(fresh(lspci=H100))
+    assert c.driver_pkg == "nvidia-open" and c.nvswitch
+    plan = describe(steps.driver(c))
+    assert any("nvidia-open=570.172.08-1, nvidia-fabricmanager-570=570.172.08-1" in d for d in plan)
+    assert "enable nvidia-fabricmanager.service" in plan
+    assert describe(steps.driver_services(c)) == ["start nvidia-persistenced.service",
+                                                  "start nvidia-fabricmanager.service"]
+    assert ctx(fresh(lspci=H100), driver_flavor="proprietary").driver_pkg == "cuda-drivers"
+
+
+@pytest.mark.parametrize("over,needle", [
+    ({"os_release": 'ID=centos\nVERSION_ID="7"\nPRETTY_NAME="CentOS Linux 7"\n'}, "unsupported OS 'CentOS Linux 7'"),
+    ({"os_release": UBUNTU.replace('VERSION_ID="24.04"', 'VERSION_ID="20.04"')}, "unsupported OS"),
+    ({"arch": "ppc64le"}, "unsupported architecture 'ppc64le'"),
+    ({"euid": 1000}, "cannot become root"),
+    ({"disk_free_gb": 3.2}, "only 3.2 GB free on /"),
+    ({"lspci": "00:02.0 VGA compatible controller [0300]: Intel Corporation [8086:3e92]\n"}, "no NVIDIA GPU"),
+    ({"lspci": None}, "lspci not found"),
+    ({"secure_boot": True}, "Secure Boot is enabled"),
+])
+def test_preflight_refusals(over, needle):
+    problems = steps.preflight(ctx(fresh(**over)))
+    assert any(needle in p for p in problems), problems
+    rep = make_plan(ctx(fresh(**over)))
+    assert not rep.ok and [s.name for s in rep.steps] == ["preflight"]
+
+
+def test_ubuntu_and_arm_repo_paths():
+    c = ctx(fresh(os_release=UBUNTU, arch="aarch64"))
+    assert steps.preflight(c) == []
+    assert c.repo.url == DEFAULTS["cuda_repo_url"] + "/ubuntu2404/sbsa/"
+
+
+def test_interrupted_dpkg_is_recovered_first():
+    c = ctx(fresh(dpkg_audit="The following packages are only half configured: libnccl2"))
+    assert describe(steps.apt_recover(c)) == ["finish an interrupted dpkg run (dpkg --configure -a)"]
+
+
+def test_mirror_credentials_never_in_urls_plans_or_diffs():
+    c = ctx(fresh(), cuda_repo_url="https://bob:hunter2@mirror.internal/cuda/repos")
+    changes = steps.cuda_repo(c)
+    text = "\n".join(describe(changes) + [ch.diff() for ch in changes if isinstance(ch, FileChange)])
+    assert "hunter2" not in text and "bob:" not in text
+    assert c.repo.url == "https://mirror.internal/cuda/repos/debian12/x86_64/"
+    auth = [ch for ch in changes if isinstance(ch, FileChange) and ch.path == steps.AUTH_FILE][0]
+    assert auth.mode == 0o600 and auth.secret and "password hunter2" in auth.content
+    assert "--netrc-file" in changes[-3].script  # the keyring download authenticates from the file
+
+
+def test_venv_pins_torch_and_uses_configured_index():
+    c = ctx(fresh(venv={"python": "3.11.2", "dists": {"torch": "2.12.0", "numpy": "2.3.0"}}),
+            pip_index_url="http://10.0.0.1:8080/simple", pip_trusted_host="10.0.0.1")
+    (cmd,) = steps.python_venv(c)
+    assert cmd.describe() == "pip install torch==2.13.0 into /opt/torchrig/venv"
+    assert "--index-url http://10.0.0.1:8080/simple --trusted-host 10.0.0.1" in cmd.script
+
+
+def test_driver_needs_reboot_states():
+    assert steps.driver_state({"nvidia_smi": {"rc": 0, "output": "0, x, 570"}})[0] == "ok"
+    kind, advice = steps.driver_state({"nvidia_smi": {"rc": 18, "output":
+        "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 570.172"}})
+    assert kind == "driver-library-mismatch" and "reboot" in advice.lower()
+    rep = make_plan(ctx(fresh(lspci=H100)))
+    ds = [s for s in rep.steps if s.name == "driver-services"][0]
+    assert ds.status == "planned" and "needs the driver loaded" in ds.error
+
+
+def test_bad_var_is_a_clear_error():
+    with pytest.raises(TorchrigError, match=r"inv.yml: host 'h': var 'driver_flavor'"):
+        settings_for("h", {"driver_flavor": "nouveau"}, "inv.yml")
+
+
+def test_file_change_script_is_atomic_and_quoted(tmp_path):
+    import subprocess
+    target = tmp_path / "we ird; $(touch pwned)" / "f.conf"
+    ch = FileChange(str(target), "a 'b' $c\n", mode=0o640, owner="root", group="root")
+    subprocess.run(["bash", "-ec", ch.script], check=True, cwd=tmp_path)
+    assert target.read_text() == "a 'b' $c\n" and oct(target.stat().st_mode & 0o777) == "0o640"
+    assert not (tmp_path / "pwned").exists()
+    assert list(target.parent.iterdir()) == [target]  # no temp file left beside it
