@@ -119,6 +119,34 @@ def provision(c, inventory=None, host=None, dry_run=False, yes=False, reboot=Fal
     _exit_if_failed([r for r in reports if not r.ok], "provision")
 
 
+@task(help={"inventory": INVENTORY_HELP, "host": HOST_HELP,
+            "bandwidth": "also measure all-reduce busbw (torchrun in each node and across nodes; "
+                         "nccl-tests where built) against the expected minimum",
+            "json": "print the report as JSON",
+            "accept_new_host_keys": "record unknown host keys (OpenSSH accept-new)"})
+@user_errors
+def verify(c, inventory=None, host=None, bandwidth=False, json_=False, accept_new_host_keys=False):
+    """GPUs, topology, driver health, one version gate across nodes, network; PASS or FAIL."""
+    from torchrig import report
+    from torchrig.verify.run import verify as run_verify
+    inv = _inventory(c, inventory)
+    rep = run_verify(inv, inv.select(host), bandwidth=bandwidth, accept_new=accept_new_host_keys,
+                     parallel=int(c.config.torchrig.parallel))
+    if json_:
+        print(json.dumps(rep.as_dict(), indent=2, default=str))
+    else:
+        report.verify_report(rep)
+    if rep.status != "PASS":
+        bad = [f"{v.host}: " + "; ".join(f"{ch.name} {ch.status}" for ch in v.checks
+                                         if ch.status in ("FAIL", "NOT RUN"))
+               for v in rep.hosts if v.status != "PASS"]
+        bad += [f"{h}: unreachable ({e})" for h, e in rep.unreachable.items()]
+        bad += rep.gate[2]
+        bad += [f"{b['scope']} bandwidth {b['check'].status}: {b['check'].detail}"
+                for b in rep.bandwidth if b["check"].status != "PASS"]
+        raise Exit("error: verify " + rep.status + ": " + "; ".join(bad), code=1)
+
+
 def _exit_if_failed(reports, what: str) -> None:
     if reports:
         raise Exit(f"error: {what} failed on " + "; ".join(f"{r.host}: {r.error}" for r in reports),
@@ -179,7 +207,7 @@ def demo(c, hosts=2):
 
 testbed = Collection("testbed", up, down, status)
 
-ns = Collection(hosts, exec_, provision, demo, testbed)
+ns = Collection(hosts, exec_, provision, verify, demo, testbed)
 ns.configure({
     "torchrig": {
         "inventory": "inventory/hosts.yml",  # override in invoke.yaml or INVOKE_TORCHRIG_INVENTORY

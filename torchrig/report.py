@@ -98,3 +98,46 @@ def provision_table(reports) -> None:
         extra = " (rebooted)" if rep.rebooted else ""
         console.print(f"{rep.host}: {n['changed']} changed, {n['ok']} ok, {n['skipped']} skipped, "
                       f"{n['failed']} failed in {rep.seconds:.1f}s{extra}")
+
+
+VERDICT_STYLE = {"PASS": "green", "FAIL": "red", "WARN": "yellow", "NOT RUN": "magenta"}
+
+
+def _v(status: str) -> str:
+    return f"[{VERDICT_STYLE.get(status, '')}]{status}[/]"
+
+
+def verify_report(rep) -> None:
+    for v in rep.hosts:
+        t = Table(title=f"{v.host}: {v.status}" + (f"  ({v.topology})" if v.topology else ""))
+        for col in ("check", "status", "detail"):
+            t.add_column(col, overflow="fold")
+        for c in v.checks:
+            t.add_row(c.name, _v(c.status), c.detail)
+        console.print(t)
+        for a in v.advice:
+            console.print(f"  advice: {a}", soft_wrap=True)
+    for host, err in rep.unreachable.items():
+        console.print(f"{host}: {_v('FAIL')} unreachable: {err}", soft_wrap=True)
+    status, table, reasons = rep.gate
+    if table:
+        hosts = [v.host for v in rep.hosts]
+        t = Table(title=f"version gate: {status}")
+        t.add_column("")
+        for h in hosts:
+            t.add_column(h)
+        for key, by_host in table.items():
+            common = max(set(map(str, by_host.values())), key=list(map(str, by_host.values())).count)
+            t.add_row(key, *[(str(by_host[h]) if str(by_host[h]) == common
+                              else f"[red]{by_host[h]}[/]") for h in hosts])
+        console.print(t)
+        for r in reasons:
+            console.print(f"  {r}", soft_wrap=True)
+    if rep.bandwidth:
+        t = Table(title="all-reduce bandwidth")
+        for col in ("scope", "hosts", "status", "detail"):
+            t.add_column(col, overflow="fold")
+        for b in rep.bandwidth:
+            t.add_row(b["scope"], ",".join(b["hosts"]), _v(b["check"].status), b["check"].detail)
+        console.print(t)
+    console.print(f"verify: {_v(rep.status)}")

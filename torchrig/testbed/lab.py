@@ -157,6 +157,8 @@ def write_inventory(path: str, names: list[str], peers: dict[str, str],
             "pip_trusted_host": GATEWAY_IP,
             # the stand-in CUDA cannot compile nccl-tests (and the hosts have no compiler)
             "nccl_tests": False,
+            # CPU torch and gloo: the stand-in GPUs cannot run CUDA
+            "accelerator": "cpu",
         },
         "groups": {"testbed": {"description": "simulated GPU servers (torchrig testbed)"}},
         "hosts": [{"name": n, "address": peers[n], "gpus": len(gpu_profiles.load(profiles[n])["gpus"]),
