@@ -34,7 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "nccl_tests_version": "v2.16.4",
     "nccl_tests_source": "https://github.com/NVIDIA/nccl-tests",  # git URL, or a tarball path on the operator
     "reboot_timeout": 600,
-    "extra_pip_packages": ["numpy"],  # torch warns at import without it
+    "extra_pip_packages": [],
 }
 
 # Package names by distro, as data (NVIDIA's CUDA repo uses the same names on these).

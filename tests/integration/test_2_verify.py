@@ -1,0 +1,110 @@
+"""verify on real testbed hosts provisioned by test_1_provision (gpu1: 2x V100S NVLink,
+gpu2: 8x H100 NVSwitch) plus gpu3 (4 GPUs across two sockets), provisioned here."""
+
+import json
+import re
+
+from conftest import invoke
+
+
+def verify(inv, hosts, *flags, timeout=600):
+    r = invoke("verify", "-i", str(inv), "-h", hosts, "--json", *flags, timeout=timeout)
+    return r, json.loads(r.stdout) if r.stdout.strip().startswith("{") else None
+
+
+def host(data, name):
+    return next(h for h in data["hosts"] if h["host"] == name)
+
+
+def checks(h):
+    return {c["name"]: c for c in h["checks"]}
+
+
+def sh(inv, h, cmd):
+    r = invoke("exec", "-i", str(inv), "-h", h, "--sudo", cmd)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_provision_the_pcie_box(testbed):
+    r = invoke("provision", "-i", str(testbed), "-h", "gpu3", "--yes", "--reboot", timeout=900)
+    assert r.returncode == 0, r.stderr
+
+
+def test_classification_and_advice_per_profile(testbed):
+    r, data = verify(testbed, "gpu1,gpu2,gpu3")
+    assert data is not None, r.stderr
+    assert (host(data, "gpu1")["topology"], host(data, "gpu2")["topology"],
+            host(data, "gpu3")["topology"]) == ("nvlink", "nvswitch", "cpu")
+    assert any("accumulation" in a for a in host(data, "gpu3")["advice"])
+    assert any("fabricmanager" in a for a in host(data, "gpu2")["advice"])
+    assert checks(host(data, "gpu2"))["gpu-count"]["detail"] == "8 x NVIDIA H100 80GB HBM3"
+    # the GPU counts differ across these boxes: the version gate says so and fails
+    assert data["version_gate"]["status"] == "FAIL"
+    assert data["version_gate"]["table"]["gpus"] == {"gpu1": 2, "gpu2": 8, "gpu3": 4}
+    assert r.returncode == 1
+    # the network check from the other nodes to gpu1's rendezvous port, with the interface
+    net = checks(host(data, "gpu2"))["network"]
+    assert net["status"] == "PASS" and "NCCL_SOCKET_IFNAME=eth0" in net["detail"]
+
+
+def test_each_box_passes_alone(testbed):
+    for h in ("gpu1", "gpu2", "gpu3"):
+        r, data = verify(testbed, h)
+        assert r.returncode == 0 and data["status"] == "PASS", (h, r.stdout, r.stderr)
+
+
+def test_version_gate_names_the_odd_torch(testbed):
+    meta = "/opt/torchrig/venv/lib/python3.11/site-packages/torch-2.13.0+cpu.dist-info/METADATA"
+    # a torch that differs on one host (as after a manual pip install there)
+    sh(testbed, "gpu3", f"sed -i 's/^Version: 2.13.0+cpu$/Version: 2.12.1+cpu/' {meta}")
+    try:
+        r, data = verify(testbed, "gpu1,gpu2,gpu3")
+        assert r.returncode == 1
+        assert "torch differs: most hosts have 2.13.0+cpu; gpu3 has 2.12.1+cpu" in \
+            data["version_gate"]["reasons"]
+        assert data["version_gate"]["table"]["torch"] == \
+            {"gpu1": "2.13.0+cpu", "gpu2": "2.13.0+cpu", "gpu3": "2.12.1+cpu"}
+        assert "gpu3 has 2.12.1+cpu" in r.stderr
+    finally:
+        sh(testbed, "gpu3", f"sed -i 's/^Version: 2.12.1+cpu$/Version: 2.13.0+cpu/' {meta}")
+
+
+def test_driver_library_mismatch_reported(testbed):
+    sh(testbed, "gpu1", "echo driver-library-mismatch > /etc/torchrig-testbed/fault")
+    try:
+        r, data = verify(testbed, "gpu1")
+        assert r.returncode == 1
+        drv = checks(host(data, "gpu1"))["driver"]
+        assert drv["status"] == "FAIL" and "Driver/library version mismatch" in drv["detail"]
+        assert "reboot" in drv["detail"].lower()
+        assert checks(host(data, "gpu1"))["topology"]["status"] == "NOT RUN"
+        assert "driver FAIL" in r.stderr
+    finally:
+        sh(testbed, "gpu1", "rm -f /etc/torchrig-testbed/fault")
+
+
+def test_nvswitch_without_fabric_manager_fails(testbed):
+    sh(testbed, "gpu2", "systemctl stop nvidia-fabricmanager")
+    try:
+        r, data = verify(testbed, "gpu2")
+        assert r.returncode == 1
+        topo = checks(host(data, "gpu2"))["topology"]
+        assert topo["status"] == "FAIL" and "nvidia-fabricmanager" in topo["detail"]
+        assert "error 802" in topo["detail"]
+    finally:
+        sh(testbed, "gpu2", "systemctl start nvidia-fabricmanager")
+
+
+def test_bandwidth_across_two_nodes(testbed):
+    r, data = verify(testbed, "gpu1,gpu2", "--bandwidth", timeout=900)
+    bw = {b["scope"] + ":" + ",".join(b["hosts"]): b for b in data["bandwidth"]}
+    cluster = bw["cluster:gpu1,gpu2"]
+    assert cluster["status"] == "PASS", cluster
+    res = cluster["result"]
+    assert res["world_size"] == 4 and res["nnodes"] == 2 and res["wrong_total"] == 0
+    assert sorted(set(res["hosts"])) == ["gpu1", "gpu2"]
+    assert all(row["busbw_gbs"] > 0 for row in res["rows"])
+    assert re.search(r"busbw [0-9.]+ GB/s .* over 4 ranks \(min 0.05 for cpu-gloo", cluster["detail"])
+    assert bw["node:gpu1"]["status"] == "PASS" and bw["node:gpu2"]["status"] == "PASS"
+    # 2 vs 8 GPUs: the gate fails (and so does verify), yet every measurement was still made
+    assert data["version_gate"]["status"] == "FAIL" and r.returncode == 1
