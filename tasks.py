@@ -147,6 +147,96 @@ def verify(c, inventory=None, host=None, bandwidth=False, json_=False, accept_ne
         raise Exit("error: verify " + rep.status + ": " + "; ".join(bad), code=1)
 
 
+def _nodes(inv, host, nodes):
+    chosen = inv.select(host)
+    if nodes:
+        if int(nodes) > len(chosen):
+            raise Exit(f"error: --nodes {nodes}: only {len(chosen)} host(s) selected "
+                       f"({', '.join(h.name for h in chosen)})", code=1)
+        chosen = chosen[:int(nodes)]
+    return chosen
+
+
+def _latest_job(c, inv, hosts) -> str:
+    """The newest job on the first selected host (the one whose env file was written last)."""
+    from torchrig.remote import connect
+    cxn = connect(hosts[0], inv)
+    try:
+        r = cxn.run("ls -t /etc/torchrig/jobs/ 2>/dev/null | sed -n 's/\\.env$//p' | head -1",
+                    hide=True, warn=True)
+    finally:
+        cxn.close()
+    if not r.stdout.strip():
+        raise Exit(f"error: no torchrig job found on {hosts[0].name}; pass --job NAME", code=1)
+    return r.stdout.strip()
+
+
+@task(iterable=["env"],
+      help={"inventory": INVENTORY_HELP, "host": HOST_HELP,
+            "nodes": "use the first N selected hosts (the first one hosts the rendezvous)",
+            "nproc_per_node": "processes per node: a number, or 'gpu' = one per GPU "
+                              "(2 on hosts with var accelerator: cpu)",
+            "script": "the training script, a path inside payload/ (default train.py)",
+            "args": "arguments for the script, quoted as in a shell",
+            "job": "job name (default job-YYYYmmdd-HHMMSS); names the unit and log directory",
+            "max_restarts": "torchrun restarts of the worker group after a failure (default 3)",
+            "env": "KEY=VALUE for the job's environment (repeatable); secret-looking names "
+                   "and the inventory's secret_env are redacted everywhere they are shown",
+            "dry_run": "print the rendered env file and unit per node; change nothing",
+            "follow": "after starting, stream every rank's log lines until the job ends",
+            "start_timeout": "seconds to wait for every node's workers (default 180)",
+            "accept_new_host_keys": "record unknown host keys (OpenSSH accept-new)"})
+@user_errors
+def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", script="train.py",
+           args="", job=None, max_restarts=3, env=None, dry_run=False, follow=False,
+           start_timeout=180, accept_new_host_keys=False):
+    """Run a torchrun DDP job under systemd on the nodes: everywhere or nowhere."""
+    import time as _time
+    from torchrig.launch.run import LaunchOptions, launch as run_launch
+    inv = _inventory(c, inventory)
+    chosen = _nodes(inv, host, nodes)
+    o = LaunchOptions(job=job or _time.strftime("job-%Y%m%d-%H%M%S"), script=script, args=args,
+                      env=list(env or []), nproc=str(nproc_per_node), max_restarts=int(max_restarts),
+                      dry_run=dry_run, start_timeout=int(start_timeout),
+                      accept_new=accept_new_host_keys, parallel=int(c.config.torchrig.parallel))
+    res = run_launch(inv, chosen, o, log=lambda m: print(m, file=sys.stderr))
+    if dry_run:
+        for hname, files in res.rendered.items():
+            for path, text in files.items():
+                print(f"--- {hname}:{path}\n{text}")
+        print("dry run: nothing changed")
+        return
+    j = res.job
+    sel = ",".join(n.host for n in j.nodes)
+    inv_flag = f" -i {inventory}" if inventory else ""
+    print(f"job {j.name} started on {sel} ({j.nnodes} node(s) x {j.nodes[0].nproc} process(es)) "
+          f"in {res.seconds:.1f}s")
+    print(f"  follow:  invoke logs{inv_flag} -h {sel} --job {j.name} -f")
+    print(f"  status:  invoke status{inv_flag} -h {sel} --job {j.name}")
+    print(f"  stop:    invoke stop{inv_flag} -h {sel} --job {j.name}")
+    if follow:
+        logs(c, inventory=inventory, host=sel, job=j.name, follow=True)
+
+
+@task(help={"inventory": INVENTORY_HELP, "host": HOST_HELP,
+            "job": "job name (default: the newest job on the first host)",
+            "accept_new_host_keys": "record unknown host keys (OpenSSH accept-new)"})
+@user_errors
+def stop(c, inventory=None, host=None, job=None, accept_new_host_keys=False):
+    """Stop a job on every node: all ranks gone within TimeoutStopSec; logs and checkpoints stay."""
+    from torchrig.launch.run import stop as run_stop
+    inv = _inventory(c, inventory)
+    chosen = inv.select(host)
+    job = job or _latest_job(c, inv, chosen)
+    res = run_stop(inv, chosen, job, accept_new_host_keys, int(c.config.torchrig.parallel))
+    for r in res:
+        print(f"{r.host}: {'stopped' if r.ok else 'FAILED: ' + r.error}")
+    bad = [f"{r.host}: {r.error}" for r in res if not r.ok]
+    if bad:
+        raise Exit(f"error: stop of job {job} failed on " + "; ".join(bad), code=1)
+    print(f"job {job} stopped on {len(res)} node(s); logs and checkpoints are kept")
+
+
 def _exit_if_failed(reports, what: str) -> None:
     if reports:
         raise Exit(f"error: {what} failed on " + "; ".join(f"{r.host}: {r.error}" for r in reports),
@@ -207,7 +297,7 @@ def demo(c, hosts=2):
 
 testbed = Collection("testbed", up, down, status)
 
-ns = Collection(hosts, exec_, provision, verify, demo, testbed)
+ns = Collection(hosts, exec_, provision, verify, launch, stop, demo, testbed)
 ns.configure({
     "torchrig": {
         "inventory": "inventory/hosts.yml",  # override in invoke.yaml or INVOKE_TORCHRIG_INVENTORY

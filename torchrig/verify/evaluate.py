@@ -162,6 +162,9 @@ def _network(v: HostVerdict, facts: dict) -> None:
     net = facts.get("network")
     if not net:
         return
+    if "reachable" not in net and "resolve_error" not in net:  # route only: no probe made
+        v.interface = net.get("interface")
+        return
     where = f"{net['address']}:{net['port']}"
     if "resolve_error" in net:
         v.checks.append(Check("network", FAIL, f"cannot resolve {net['address']}: {net['resolve_error']}"))

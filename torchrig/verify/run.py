@@ -89,11 +89,12 @@ def verify(inv: Inventory, hosts: list[Host], *, bandwidth: bool = False, full: 
     """full=False is launch's fast gate: versions from package metadata, no torch import."""
     opts = {h.name: host_opts(inv, h) for h in hosts}
     first = hosts[0]
-    peer = {"address": first.address, "port": opts[first.name].rdzv_port} if len(hosts) > 1 else None
+    peer = ({"address": first.address, "port": opts[first.name].rdzv_port, "probe": full}
+            if len(hosts) > 1 else None)
     listener = _listen(inv, first, opts[first.name].rdzv_port, accept_new) if peer and full else None
     try:
         results = fan_out(hosts, lambda h: gather(
-            inv, h, opts[h.name], peer if (h is not first and full) else None, full, accept_new),
+            inv, h, opts[h.name], peer if h is not first else None, full, accept_new),
             parallel=parallel)
     finally:
         if listener:

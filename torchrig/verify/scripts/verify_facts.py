@@ -92,14 +92,15 @@ if peer:
             net["interface"], net["source"] = route.get("dev"), route.get("prefsrc")
         except (ValueError, IndexError):
             net["route_error"] = (r["err"] or r["out"]).strip()
-        t0 = time.monotonic()
-        try:
-            with socket.create_connection((ip, peer["port"]), timeout=5):
-                net["reachable"] = True
-                net["connect_ms"] = round((time.monotonic() - t0) * 1000, 2)
-        except OSError as e:
-            net["reachable"] = False
-            net["connect_error"] = str(e)
+        if peer.get("probe", True):  # launch's fast gate wants the route only
+            t0 = time.monotonic()
+            try:
+                with socket.create_connection((ip, peer["port"]), timeout=5):
+                    net["reachable"] = True
+                    net["connect_ms"] = round((time.monotonic() - t0) * 1000, 2)
+            except OSError as e:
+                net["reachable"] = False
+                net["connect_error"] = str(e)
     out["network"] = net
 
 print(json.dumps(out))

@@ -1,0 +1,154 @@
+"""A job, rendered per node: the torchrun command line, its env file and its systemd unit.
+Pure: nothing here connects or runs anything."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from ..errors import TorchrigError
+from ..render import env_quote, render, systemd_quote
+from ..secrets import MASK, is_secret
+
+JOB_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")
+TORCHRUN_GRACE = 30          # torchrun: SIGTERM to workers, then SIGKILL after this long
+FINAL_CHECKPOINT_S = 90      # room for one more step and a checkpoint write
+
+
+def check_job_name(job: str) -> str:
+    if not JOB_RE.match(job):
+        raise TorchrigError(f"--job {job!r}: use 1-48 lowercase letters, digits, '-' or '_' "
+                            "(it names a systemd unit and a log directory)")
+    return job
+
+
+def unit_name(job: str) -> str:
+    return f"torchrig-{job}.service"
+
+
+def job_port(job: str, base: int) -> int:
+    """A c10d port per job, so two jobs on the same nodes never share a rendezvous store."""
+    return base + int(hashlib.sha256(job.encode()).hexdigest(), 16) % 500
+
+
+def parse_env(items: list[str]) -> dict[str, str]:
+    env = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            raise TorchrigError(f"--env {item!r}: expected KEY=VALUE with a valid variable name")
+        env[key] = value
+    return env
+
+
+def redact_env(env: dict[str, str], secret_keys: set[str]) -> dict[str, str]:
+    return {k: (MASK if k in secret_keys or is_secret(k) else v) for k, v in env.items()}
+
+
+@dataclass
+class Node:
+    host: str
+    address: str
+    node_rank: int
+    venv: str
+    user: str
+    log_dir: str
+    checkpoint_dir: str
+    data_dir: str
+    nproc: int
+    interface: str | None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Job:
+    name: str
+    script: str                      # path relative to the payload directory
+    args: list[str]
+    max_restarts: int
+    rdzv_port: int
+    nodes: list[Node]
+    release: str                     # payload release directory on every node
+    env: dict[str, str] = field(default_factory=dict)
+    secret_keys: set[str] = field(default_factory=set)
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def rdzv_host(self) -> Node:
+        return self.nodes[0]
+
+
+def torchrun_argv(job: Job, n: Node) -> list[str]:
+    log_dir = f"{n.log_dir}/{job.name}"
+    argv = [f"{n.venv}/bin/python", "-m", "torch.distributed.run"]
+    if job.nnodes == 1:
+        argv += ["--standalone"]
+    else:
+        first = job.rdzv_host
+        argv += ["--nnodes", str(job.nnodes), "--rdzv-backend", "c10d",
+                 "--rdzv-endpoint", f"{first.address}:{job.rdzv_port}", "--rdzv-id", job.name,
+                 # torchrun decides who hosts the c10d store by resolving its own hostname,
+                 # which on Debian/Ubuntu is 127.0.1.1: say it explicitly instead.
+                 "--rdzv-conf", f"is_host={'true' if n is first else 'false'}",
+                 "--local-addr", n.address]
+    argv += ["--nproc-per-node", str(n.nproc), "--max-restarts", str(job.max_restarts),
+             "--log-dir", log_dir, "--redirects", "3", "--tee", "3",
+             job.script, *job.args]
+    return argv
+
+
+def node_env(job: Job, n: Node) -> dict[str, str]:
+    env = {
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": n.env.get("OMP_NUM_THREADS", "1"),
+        # a dead peer must fail the collective fast, not after NCCL's 10-minute default
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCH_NCCL_BLOCKING_WAIT": "0",
+        "NCCL_DEBUG": "WARN",
+        "TORCHRIG_JOB": job.name,
+        "TORCHRIG_CKPT_DIR": f"{n.checkpoint_dir}/{job.name}",
+        "TORCHRIG_DATA_DIR": n.data_dir,
+    }
+    if n.interface:
+        env["NCCL_SOCKET_IFNAME"] = n.interface
+        env["GLOO_SOCKET_IFNAME"] = n.interface
+    env.update(n.env)
+    env.update(job.env)
+    return env
+
+
+def render_env(job: Job, n: Node, redact: bool = False) -> str:
+    env = node_env(job, n)
+    if redact:
+        env = redact_env(env, job.secret_keys)
+    return render("etc/torchrig/jobs/JOB.env.j2", job=job.name, host=n.host,
+                  env=[(k, env_quote(v)) for k, v in env.items()])
+
+
+def render_unit(job: Job, n: Node) -> str:
+    return render("etc/systemd/system/torchrig-JOB.service.j2",
+                  job=job.name, host=n.host, node_rank=n.node_rank, nnodes=job.nnodes,
+                  user=n.user, workdir=job.release, env_file=env_path(job.name),
+                  exec_start=" ".join(systemd_quote(a) for a in torchrun_argv(job, n)),
+                  stop_timeout=TORCHRUN_GRACE + FINAL_CHECKPOINT_S,
+                  max_restarts=job.max_restarts, start_limit_interval=600)
+
+
+def env_path(job: str) -> str:
+    return f"/etc/torchrig/jobs/{job}.env"
+
+
+def unit_path(job: str) -> str:
+    return f"/etc/systemd/system/{unit_name(job)}"
+
+
+def split_args(args: str) -> list[str]:
+    try:
+        return shlex.split(args)
+    except ValueError as e:
+        raise TorchrigError(f"--args {args!r}: {e} (quote it as you would in a shell)") from None

@@ -1,0 +1,119 @@
+"""Push the payload directory to a node: content-hashed releases, only changed files sent,
+switched into place atomically, so an interrupted push leaves the previous payload in use.
+
+Layout on the node:  {prefix}/payload/releases/<tree hash>/   (complete, read-only)
+                     {prefix}/payload/current -> releases/<tree hash>
+A job's unit points at its own release, so a later push never changes a running job's code.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import tarfile
+from pathlib import Path
+
+from ..errors import TorchrigError
+from ..remote import connect, login_user, privileged, run_input, sh
+
+SKIP_DIRS = {"__pycache__", ".git", ".pytest_cache"}
+
+
+def manifest(root: Path) -> dict[str, str]:
+    """{relative path: sha256} of every payload file (no caches)."""
+    if not root.is_dir():
+        raise TorchrigError(f"payload directory {root} not found")
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root)
+        if p.is_file() and not SKIP_DIRS & set(rel.parts) and p.suffix != ".pyc":
+            out[rel.as_posix()] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def tree_hash(m: dict[str, str]) -> str:
+    return hashlib.sha256("".join(f"{k}\0{v}\n" for k, v in sorted(m.items())).encode()).hexdigest()[:16]
+
+
+def _tar(root: Path, files: list[str]) -> str:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for rel in files:
+            info = tar.gettarinfo(str(root / rel), arcname=rel)
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            with open(root / rel, "rb") as f:
+                tar.addfile(info, f)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+PROBE = """set -e
+base={base}
+if [ -f "$base/releases/{h}/.complete" ]; then echo HAVE; exit 0; fi
+if [ -f "$base/current/.manifest.json" ]; then cat "$base/current/.manifest.json"; else echo '{{}}'; fi
+"""
+
+INSTALL = """set -euo pipefail
+base={base}
+mkdir -p "$base/releases"
+tmp=$(mktemp -d "$base/releases/.incoming-XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+if [ -d "$base/current/" ]; then cp -a "$base/current/." "$tmp/"; fi
+rm -f "$tmp/.complete" "$tmp/.manifest.json"
+for f in {remove}; do rm -f -- "$tmp/$f"; done
+base64 -d | tar -xz --no-same-owner -C "$tmp"
+printf %s {manifest} > "$tmp/.manifest.json"
+chown -R root:root "$tmp" && chmod -R go-w,a+rX "$tmp"
+touch "$tmp/.complete"
+rm -rf "$base/releases/{h}"
+mv -T "$tmp" "$base/releases/{h}"
+trap - EXIT
+"""
+
+SWITCH = """set -e
+base={base}
+ln -sfn "releases/{h}" "$base/.current.new" && mv -T "$base/.current.new" "$base/current"
+# keep the 5 newest releases (and any a unit still points at)
+cd "$base/releases" && ls -1t | tail -n +6 | while read -r old; do
+  grep -qs "$base/releases/$old" /etc/systemd/system/torchrig-*.service || rm -rf -- "$old"
+done
+"""
+
+
+def push(cxn, root: Path, prefix: str) -> tuple[str, int]:
+    """Make `root` the node's current payload. Returns (release dir, files sent)."""
+    m = manifest(root)
+    h = tree_hash(m)
+    base = f"{prefix}/payload"
+    user = login_user(cxn)
+    r = cxn.run(privileged(PROBE.format(base=sh(base), h=h), user), hide=True, warn=True)
+    if r.exited != 0:
+        raise TorchrigError(f"payload probe failed: {r.stderr.strip()[-300:]}")
+    sent = 0
+    if r.stdout.strip() != "HAVE":
+        try:
+            remote = json.loads(r.stdout)
+        except ValueError:
+            remote = {}
+        changed = [f for f, digest in m.items() if remote.get(f) != digest]
+        removed = [f for f in remote if f not in m]
+        script = INSTALL.format(base=sh(base), h=h, manifest=sh(json.dumps(m, sort_keys=True)),
+                                remove=" ".join(sh(f) for f in removed))
+        r = run_input(cxn, privileged(script, user), _tar(root, changed), timeout=600)
+        if r.exited != 0:
+            raise TorchrigError(f"payload push failed: {r.stderr.strip()[-300:]}")
+        sent = len(changed)
+    r = cxn.run(privileged(SWITCH.format(base=sh(base), h=h), user), hide=True, warn=True)
+    if r.exited != 0:
+        raise TorchrigError(f"payload switch failed: {r.stderr.strip()[-300:]}")
+    return f"{base}/releases/{h}", sent
+
+
+def push_to(host, inv, root: Path, prefix: str, accept_new: bool = False) -> tuple[str, int]:
+    cxn = connect(host, inv, accept_new=accept_new)
+    try:
+        return push(cxn, root, prefix)
+    finally:
+        cxn.close()

@@ -1,0 +1,318 @@
+"""launch / stop: a torchrun job under systemd on every node, started everywhere or nowhere."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import TorchrigError
+from ..inventory import Host, Inventory
+from ..provision.desired import settings_for
+from ..remote import connect, fan_out, login_user, privileged, run_input, sh
+from ..verify.run import verify
+from .plan import (Job, Node, check_job_name, env_path, job_port, node_env, parse_env, redact_env,
+                   render_env, render_unit, split_args, unit_name, unit_path)
+from .push import push_to
+
+PAYLOAD = Path(__file__).resolve().parents[2] / "payload"
+JOBS_DIR = "/etc/torchrig/jobs"
+
+
+@dataclass
+class LaunchOptions:
+    job: str
+    script: str = "train.py"
+    args: str = ""
+    env: list[str] = field(default_factory=list)
+    nproc: str = "gpu"
+    max_restarts: int = 3
+    dry_run: bool = False
+    start_timeout: int = 180
+    accept_new: bool = False
+    parallel: int = 16
+
+
+def _node(inv: Inventory, h: Host, rank: int, nproc: str, interface: str | None) -> Node:
+    s = settings_for(h.name, h.vars, inv.path)
+    acc = h.vars.get("accelerator", "cuda")
+    if nproc == "gpu":
+        n = 2 if acc == "cpu" else (h.gpus or 0)
+        if n < 1:
+            raise TorchrigError(f"{h.name}: --nproc-per-node gpu, but the inventory gives no "
+                                "`gpus:` count for it; set it or pass a number")
+    else:
+        try:
+            n = int(nproc)
+            assert n >= 1
+        except (ValueError, AssertionError):
+            raise TorchrigError(f"--nproc-per-node {nproc!r}: a positive number or 'gpu'") from None
+    env = {str(k): str(v) for k, v in (h.vars.get("env") or {}).items()}
+    return Node(h.name, h.address, rank, s.venv, s.service_user, s.log_dir, s.checkpoint_dir,
+                s.data_dir, n, interface, env)
+
+
+def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
+             interfaces: dict[str, str | None]) -> Job:
+    check_job_name(o.job)
+    script = Path(o.script)
+    if script.is_absolute() or ".." in script.parts:
+        raise TorchrigError(f"--script {o.script!r}: a path inside payload/ (e.g. train.py)")
+    if not (PAYLOAD / script).is_file():
+        raise TorchrigError(f"--script {o.script!r}: no such file in {PAYLOAD}")
+    args = split_args(o.args)
+    first_vars = hosts[0].vars
+    secret_keys = set(first_vars.get("secret_env") or [])
+    nodes = [_node(inv, h, i, o.nproc, interfaces.get(h.name)) for i, h in enumerate(hosts)]
+    if o.script == "train.py" and not any(a.startswith("--ckpt-dir") for a in args):
+        args = ["--ckpt-dir", f"{nodes[0].checkpoint_dir}/{o.job}"] + args
+    port = job_port(o.job, int(first_vars.get("rdzv_port", 29400)))
+    return Job(o.job, o.script, args, o.max_restarts, port, nodes, release, parse_env(o.env),
+               secret_keys)
+
+
+@dataclass
+class Launched:
+    job: Job
+    rendered: dict[str, dict[str, str]]    # host -> {path: content (secrets redacted)}
+    started: bool = False
+    seconds: float = 0.0
+
+
+def _gate(inv: Inventory, hosts: list[Host], o: LaunchOptions) -> dict[str, str | None]:
+    """verify's fast version gate (one round trip per host); returns each node's interface."""
+    rep = verify(inv, hosts, full=False, accept_new=o.accept_new, parallel=o.parallel)
+    if rep.unreachable:
+        raise TorchrigError("nothing started: " + "; ".join(
+            f"{h}: {e}" for h, e in rep.unreachable.items()))
+    if rep.gate[0] != "PASS":
+        raise TorchrigError("nothing started: the version gate failed: " + "; ".join(rep.gate[2])
+                            + " (run `invoke verify` for details, `invoke provision` to fix)")
+    bad = [f"{v.host}: {c.name}: {c.detail}" for v in rep.hosts for c in v.checks
+           if c.status == "FAIL" and c.name in ("driver", "torch")]
+    if bad:
+        raise TorchrigError("nothing started: " + "; ".join(bad))
+    first_iface = next((v.interface for v in rep.hosts if v.interface), None)
+    return {v.host: v.interface or first_iface for v in rep.hosts}
+
+
+def _active_jobs(inv, h: Host, accept_new) -> list[str]:
+    cxn = connect(h, inv, accept_new=accept_new)
+    try:
+        r = cxn.run("systemctl list-units 'torchrig-*.service' --state=active,activating "
+                    "--plain --no-legend", hide=True, warn=True)
+    finally:
+        cxn.close()
+    return [ln.split()[0][len("torchrig-"):-len(".service")] for ln in r.stdout.splitlines() if ln.strip()]
+
+
+def launch(inv: Inventory, hosts: list[Host], o: LaunchOptions, log=print) -> Launched:
+    t0 = time.monotonic()
+    if not hosts:
+        raise TorchrigError("no hosts selected")
+    check_job_name(o.job)
+    parse_env(o.env)
+    interfaces = _gate(inv, hosts, o)
+    busy = fan_out(hosts, lambda h: _active_jobs(inv, h, o.accept_new), parallel=o.parallel)
+    for r in busy:
+        if not r.ok:
+            raise TorchrigError(f"nothing started: {r.host}: {r.error}")
+        if o.job in r.value:
+            raise TorchrigError(f"nothing started: job {o.job!r} is already running on {r.host}; "
+                                f"`invoke stop --job {o.job}` first, or pick another --job")
+        h = next(x for x in hosts if x.name == r.host)
+        if r.value and h.vars.get("accelerator", "cuda") == "cuda":
+            raise TorchrigError(f"nothing started: {r.host} already runs job(s) "
+                                f"{', '.join(r.value)} on its GPUs; two jobs would share them. "
+                                "Stop it or choose other hosts")
+    prefix = settings_for(hosts[0].name, hosts[0].vars, inv.path).prefix
+    if o.dry_run:
+        from .push import manifest, tree_hash
+        release = f"{prefix}/payload/releases/{tree_hash(manifest(PAYLOAD))}"
+    else:
+        pushed = fan_out(hosts, lambda h: push_to(h, inv, PAYLOAD, prefix, o.accept_new),
+                         parallel=o.parallel)
+        bad = [f"{r.host}: {r.error}" for r in pushed if not r.ok]
+        if bad:
+            raise TorchrigError("nothing started: payload push failed: " + "; ".join(bad))
+        releases = {r.value[0] for r in pushed}
+        release = releases.pop()
+        log(f"payload {release} on {len(hosts)} node(s) "
+            f"({sum(r.value[1] for r in pushed)} file(s) sent)")
+    job = plan_job(inv, hosts, o, release, interfaces)
+    rendered = {n.host: {env_path(job.name): render_env(job, n, redact=True),
+                         unit_path(job.name): render_unit(job, n)} for n in job.nodes}
+    out = Launched(job, rendered)
+    if o.dry_run:
+        return out
+    by_name = {h.name: h for h in hosts}
+    installed = fan_out(job.nodes, lambda n: _install(inv, by_name[n.host], job, n, o.accept_new),
+                        parallel=o.parallel, name=lambda n: n.host)
+    bad = [f"{r.host}: {r.error}" for r in installed if not r.ok]
+    if bad:
+        _stop_all(inv, hosts, job.name, o, remove=True)
+        raise TorchrigError("nothing started: installing the job failed: " + "; ".join(bad))
+    started = fan_out(hosts, lambda h: _start(inv, h, job.name, o.accept_new), parallel=o.parallel)
+    problems = [f"{r.host}: {r.error}" for r in started if not r.ok]
+    if not problems:
+        problems = _confirm(inv, hosts, job, o)
+    if problems:
+        _stop_all(inv, hosts, job.name, o, remove=False)
+        raise TorchrigError(f"job {job.name} did not start on every node, so it was stopped on "
+                            "all of them: " + "; ".join(problems))
+    out.started = True
+    out.seconds = round(time.monotonic() - t0, 2)
+    return out
+
+
+INSTALL = """set -euo pipefail
+install -d -m 0755 {jobs}
+install -d -m 0750 -o {user} -g {user} {logdir} {ckptdir}
+umask 077
+tmp=$(mktemp {env}.XXXXXX); base64 -d > "$tmp" <<'EOF'
+{env_b64}
+EOF
+chmod 0600 "$tmp"; mv -f "$tmp" {env}
+umask 022
+tmp=$(mktemp {unit}.XXXXXX); base64 -d > "$tmp" <<'EOF'
+{unit_b64}
+EOF
+chmod 0644 "$tmp"; mv -f "$tmp" {unit}
+systemctl daemon-reload
+systemctl reset-failed {name} 2>/dev/null || true
+"""
+
+
+def _install(inv, h: Host, job: Job, n: Node, accept_new) -> None:
+    """Env file (0600, may hold secrets: sent on stdin, never in a command line) and unit."""
+    import base64
+    b64 = lambda s: base64.b64encode(s.encode()).decode()  # noqa: E731
+    script = INSTALL.format(
+        jobs=sh(JOBS_DIR), user=sh(n.user), logdir=sh(f"{n.log_dir}/{job.name}"),
+        ckptdir=sh(f"{n.checkpoint_dir}/{job.name}"), env=sh(env_path(job.name)),
+        unit=sh(unit_path(job.name)), name=sh(unit_name(job.name)),
+        env_b64=b64(render_env(job, n)), unit_b64=b64(render_unit(job, n)))
+    cxn = connect(h, inv, accept_new=accept_new)
+    try:
+        r = run_input(cxn, privileged("bash -s", login_user(cxn)), script, timeout=120)
+    finally:
+        cxn.close()
+    if r.exited != 0:
+        raise TorchrigError(f"writing the unit failed: {r.stderr.strip()[-300:]}")
+
+
+def _start(inv, h: Host, job: str, accept_new) -> None:
+    cxn = connect(h, inv, accept_new=accept_new)
+    try:
+        r = cxn.run(privileged(sh("systemctl", "start", unit_name(job)), login_user(cxn)),
+                    hide=True, warn=True, timeout=60)
+    finally:
+        cxn.close()
+    if r.exited != 0:
+        raise TorchrigError(f"systemctl start failed: {r.stderr.strip()[-300:]}")
+
+
+PROBE = """u={unit}; d={logdir}
+state=$(systemctl show -p ActiveState --value "$u"); result=$(systemctl show -p Result --value "$u")
+workers=$(ls -d "$d"/*/attempt_*/[0-9]* 2>/dev/null | wc -l)
+echo "$state $result $workers"
+"""
+
+
+def _confirm(inv, hosts: list[Host], job: Job, o: LaunchOptions) -> list[str]:
+    """Every node active (or already finished cleanly) with its workers spawned, which
+    torchrun does only after the rendezvous completed."""
+    by_name = {n.host: n for n in job.nodes}
+    deadline = time.monotonic() + o.start_timeout
+    pending = {h.name for h in hosts}
+    while pending and time.monotonic() < deadline:
+        def probe(h: Host):
+            n = by_name[h.name]
+            cxn = connect(h, inv, accept_new=o.accept_new)
+            try:
+                r = cxn.run(privileged(PROBE.format(unit=sh(unit_name(job.name)),
+                                                    logdir=sh(f"{n.log_dir}/{job.name}")),
+                                       login_user(cxn)), hide=True, warn=True, timeout=30)
+            finally:
+                cxn.close()
+            state, result, workers = (r.stdout.split() + ["", "", "0"])[:3]
+            return state, result, int(workers or 0)
+        results = fan_out([h for h in hosts if h.name in pending], probe, parallel=o.parallel)
+        for r in results:
+            if not r.ok:
+                return [f"{r.host}: {r.error}"]
+            state, result, workers = r.value
+            if state == "failed" or (state == "inactive" and result not in ("success", "")):
+                return [f"{r.host}: unit {state} ({result}): " + _journal(inv, r.host, hosts, job.name, o)]
+            if workers >= by_name[r.host].nproc or (state == "inactive" and workers):
+                pending.discard(r.host)
+        if pending:
+            time.sleep(1)
+    return [f"{h}: workers not started within {o.start_timeout}s (rendezvous incomplete?): "
+            + _journal(inv, h, hosts, job.name, o) for h in sorted(pending)]
+
+
+def _journal(inv, name: str, hosts: list[Host], job: str, o: LaunchOptions) -> str:
+    h = next(x for x in hosts if x.name == name)
+    try:
+        cxn = connect(h, inv, accept_new=o.accept_new)
+        try:
+            r = cxn.run(privileged(sh("journalctl", "-u", unit_name(job), "-n", "5", "-o", "cat",
+                                      "--no-pager"), login_user(cxn)), hide=True, warn=True, timeout=30)
+        finally:
+            cxn.close()
+        return " | ".join(ln for ln in r.stdout.strip().splitlines()[-5:]) or "(no journal lines)"
+    except Exception as e:  # noqa: BLE001 - diagnostics only
+        return f"(journal unavailable: {e})"
+
+
+def _stop_all(inv, hosts: list[Host], job: str, o: LaunchOptions, remove: bool) -> list:
+    def one(h: Host):
+        cxn = connect(h, inv, accept_new=o.accept_new)
+        try:
+            cmd = sh("systemctl", "stop", unit_name(job))
+            if remove:
+                cmd += " ; " + sh("rm", "-f", unit_path(job), env_path(job)) + " ; systemctl daemon-reload"
+            r = cxn.run(privileged(cmd, login_user(cxn)), hide=True, warn=True, timeout=300)
+            return r.exited
+        finally:
+            cxn.close()
+    return fan_out(hosts, one, parallel=o.parallel)
+
+
+STOP_CHECK = """u={unit}
+systemctl stop "$u"
+cg=$(systemctl show -p ControlGroup --value "$u")
+left=0
+if [ -n "$cg" ] && [ -f "/sys/fs/cgroup$cg/cgroup.procs" ]; then left=$(wc -l < "/sys/fs/cgroup$cg/cgroup.procs"); fi
+echo "$(systemctl show -p ActiveState --value "$u") $left"
+"""
+
+
+def stop(inv, hosts: list[Host], job: str, accept_new=False, parallel=16) -> list:
+    """Stop the job everywhere; report per node the final state and processes left."""
+    check_job_name(job)
+
+    def one(h: Host):
+        cxn = connect(h, inv, accept_new=accept_new)
+        try:
+            r = cxn.run(privileged(STOP_CHECK.format(unit=sh(unit_name(job))), login_user(cxn)),
+                        hide=True, warn=True, timeout=600)
+        finally:
+            cxn.close()
+        state, left = (r.stdout.split() + ["unknown", "0"])[:2]
+        if state not in ("inactive", "failed") or left != "0":
+            raise TorchrigError(f"job still {state} with {left} process(es) left")
+        return state
+    return fan_out(hosts, one, parallel=parallel)
+
+
+def describe(job: Job) -> dict:
+    return {"job": job.name, "nodes": [n.host for n in job.nodes], "rdzv_port": job.rdzv_port,
+            "release": job.release, "args": job.args,
+            "env": redact_env(job.env, job.secret_keys)}
+
+
+def job_json(job: Job) -> str:
+    return json.dumps(describe(job))
