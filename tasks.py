@@ -220,6 +220,37 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", scrip
 
 @task(help={"inventory": INVENTORY_HELP, "host": HOST_HELP,
             "job": "job name (default: the newest job on the first host)",
+            "json": "print the status as JSON",
+            "watch": "refresh every N seconds until interrupted (0: once)",
+            "accept_new_host_keys": "record unknown host keys (OpenSSH accept-new)"})
+@user_errors
+def status(c, inventory=None, host=None, job=None, json_=False, watch=0, accept_new_host_keys=False):
+    """Per node: unit state, restarts, attempt, uptime, latest progress, GPU use; idle GPUs flagged."""
+    import time as _time
+    from torchrig import report
+    from torchrig.launch.run import status as run_status
+    inv = _inventory(c, inventory)
+    chosen = inv.select(host)
+    job = job or _latest_job(c, inv, chosen)
+    while True:
+        res = run_status(inv, chosen, job, accept_new_host_keys, int(c.config.torchrig.parallel))
+        if json_:
+            print(json.dumps({"job": job, "nodes": {r.host: (r.value if r.ok else {"error": r.error})
+                                                     for r in res}}, indent=2))
+        else:
+            report.status_table(job, res)
+        if not float(watch):
+            break
+        _time.sleep(float(watch))
+    bad = [f"{r.host}: {r.error}" for r in res if not r.ok]
+    failed = [r.host for r in res if r.ok and r.value["unit"].get("ActiveState") == "failed"]
+    if bad or failed:
+        raise Exit(f"error: job {job}: " + "; ".join(bad + [f"{h}: unit failed" for h in failed]),
+                   code=1)
+
+
+@task(help={"inventory": INVENTORY_HELP, "host": HOST_HELP,
+            "job": "job name (default: the newest job on the first host)",
             "accept_new_host_keys": "record unknown host keys (OpenSSH accept-new)"})
 @user_errors
 def stop(c, inventory=None, host=None, job=None, accept_new_host_keys=False):
@@ -248,7 +279,7 @@ def _exit_if_failed(reports, what: str) -> None:
                        "'h100-nvswitch-8' or 'v100s-nvlink-2,gpu2=pcie-sys-4'",
             "inventory": "where to write the testbed's inventory (default inventory/testbed.yml)"})
 @user_errors
-def up(c, hosts=2, profile=None, inventory="inventory/testbed.yml"):
+def testbed_up(c, hosts=2, profile=None, inventory="inventory/testbed.yml"):
     """Start a local TESTBED of simulated GPU servers (root; systemd-nspawn containers)."""
     from torchrig.testbed import lab
     st = lab.up(int(hosts), profile, inventory, log=lambda m: print(m, file=sys.stderr))
@@ -259,9 +290,9 @@ def up(c, hosts=2, profile=None, inventory="inventory/testbed.yml"):
           "take it down with: invoke testbed.down")
 
 
-@task
+@task(name="down")
 @user_errors
-def down(c):
+def testbed_down(c):
     """Stop the testbed: hosts halted, mounts, interfaces and its server removed."""
     from torchrig.testbed import lab
     names = lab.down()
@@ -271,9 +302,9 @@ def down(c):
     print(f"testbed down ({len(names)} host(s) removed; base image cache kept)")
 
 
-@task(help={"json": "print the status as JSON"})
+@task(name="status", help={"json": "print the status as JSON"})
 @user_errors
-def status(c, json_=False):
+def testbed_status(c, json_=False):
     """Show the testbed's hosts: running, addressable, SSH answering."""
     from torchrig.testbed import lab
     from torchrig.report import testbed_table
@@ -288,16 +319,16 @@ def status(c, json_=False):
 @user_errors
 def demo(c, hosts=2):
     """Bring up a local testbed and show it working (the README's first command)."""
-    up(c, hosts=hosts)
+    testbed_up(c, hosts=hosts)
     exec_(c, "systemctl is-system-running; nvidia-smi -L || echo 'no driver yet: provision installs it'",
           inventory="inventory/testbed.yml")
     print("\ndemo: the testbed is up and answers over verified SSH. provision, verify and "
           "launch are not built yet, so the demo stops here. Take it down with: invoke testbed.down")
 
 
-testbed = Collection("testbed", up, down, status)
+testbed = Collection("testbed", testbed_up, testbed_down, testbed_status)
 
-ns = Collection(hosts, exec_, provision, verify, launch, stop, demo, testbed)
+ns = Collection(hosts, exec_, provision, verify, launch, status, stop, demo, testbed)
 ns.configure({
     "torchrig": {
         "inventory": "inventory/hosts.yml",  # override in invoke.yaml or INVOKE_TORCHRIG_INVENTORY

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .inventory import Host, Inventory
@@ -13,6 +14,11 @@ from .secrets import redact
 
 # Not a terminal (CI logs, pipes): wide enough that tables do not wrap every cell.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+
+def styled(text: str, style: str) -> str:
+    """Markup for `text` (escaped: remote text may hold '[...]') in `style`, if any."""
+    return f"[{style}]{escape(text)}[/]" if style else escape(text)
 
 
 def hosts_table(inv: Inventory, hosts: list[Host]) -> None:
@@ -36,7 +42,7 @@ def exec_summary(results: list[Result]) -> list[str]:
         code = r.value.code if r.ok else None
         ok = r.ok and code == 0
         t.add_row(r.host, "[green]ok[/]" if ok else "[red]FAILED[/]",
-                  "" if code is None else str(code), f"{r.seconds:.1f}", r.error or "")
+                  "" if code is None else str(code), f"{r.seconds:.1f}", escape(r.error or ""))
         if not ok:
             bad.append(f"{r.host}: " + (r.error or f"exit status {code}"))
     console.print(t)
@@ -88,10 +94,10 @@ def provision_table(reports) -> None:
             detail = st.error or (st.changes[0] + (f" (+{len(st.changes) - 1} more)"
                                                    if len(st.changes) > 1 else "")
                                   if st.changes else "")
-            t.add_row(rep.host, st.name, f"[{style}]{st.status}[/]",
-                      f"{st.seconds:.1f}" if st.seconds else "", detail)
+            t.add_row(rep.host, st.name, styled(st.status, style),
+                      f"{st.seconds:.1f}" if st.seconds else "", escape(detail))
         if rep.error and not rep.steps:
-            t.add_row(rep.host, "-", "[red]failed[/]", "", rep.error)
+            t.add_row(rep.host, "-", "[red]failed[/]", "", escape(rep.error))
     console.print(t)
     for rep in reports:
         n = {k: sum(1 for s in rep.steps if s.status == k) for k in STATUS_STYLE}
@@ -113,7 +119,7 @@ def verify_report(rep) -> None:
         for col in ("check", "status", "detail"):
             t.add_column(col, overflow="fold")
         for c in v.checks:
-            t.add_row(c.name, _v(c.status), c.detail)
+            t.add_row(c.name, _v(c.status), escape(c.detail))
         console.print(t)
         for a in v.advice:
             console.print(f"  advice: {a}", soft_wrap=True)
@@ -138,6 +144,29 @@ def verify_report(rep) -> None:
         for col in ("scope", "hosts", "status", "detail"):
             t.add_column(col, overflow="fold")
         for b in rep.bandwidth:
-            t.add_row(b["scope"], ",".join(b["hosts"]), _v(b["check"].status), b["check"].detail)
+            t.add_row(b["scope"], ",".join(b["hosts"]), _v(b["check"].status), escape(b["check"].detail))
         console.print(t)
     console.print(f"verify: {_v(rep.status)}")
+
+
+def status_table(job: str, results) -> None:
+    t = Table(title=f"job {job}")
+    for col in ("node", "state", "restarts", "attempt", "uptime", "progress", "GPUs (util%/mem MiB)"):
+        t.add_column(col, overflow="fold")
+    for r in results:
+        if not r.ok:
+            t.add_row(r.host, "[red]unreachable[/]", "", "", "", escape(r.error or ""), "")
+            continue
+        d = r.value
+        u = d["unit"]
+        state = f"{u.get('ActiveState')}/{u.get('SubState')}"
+        style = {"active": "green", "failed": "red"}.get(u.get("ActiveState"), "")
+        gpus = " ".join(f"{g['index']}:{g['util']}%/{g['mem_used']}" for g in d["gpus"])
+        up = f"{d['uptime_s']:.0f}s" if d.get("uptime_s") else ""
+        t.add_row(r.host, styled(state, style), u.get("NRestarts", ""),
+                  "" if d["attempt"] is None else str(d["attempt"]), up,
+                  escape(d.get("progress") or ""), gpus)
+    console.print(t)
+    for r in results:
+        if r.ok and r.value.get("low_util"):
+            console.print(f"[yellow]{r.host}: {r.value['low_util']}[/]", soft_wrap=True)

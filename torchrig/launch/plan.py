@@ -139,6 +139,27 @@ def render_unit(job: Job, n: Node) -> str:
                   max_restarts=job.max_restarts, start_limit_interval=600)
 
 
+GPU_SAMPLER = """#!/bin/sh
+# torchrig: append '<unix time>,<util % of each GPU>' to $1 (for `invoke status`)
+u=$(nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits 2>/dev/null | paste -sd, -)
+[ -n "$u" ] && echo "$(date +%s),$u" >> "$1"
+exit 0
+"""
+SAMPLER_PATH = "/usr/local/lib/torchrig/gpu-sample"
+
+
+def util_file(n: Node, job: str) -> str:
+    return f"{n.log_dir}/{job}/gpu_util.csv"
+
+
+def render_gpumon(job: Job, n: Node, interval: int) -> dict[str, str]:
+    base = f"/etc/systemd/system/torchrig-{job.name}-gpumon"
+    return {base + ".service": render("etc/systemd/system/torchrig-JOB-gpumon.service.j2",
+                                      job=job.name, util_file=util_file(n, job.name)),
+            base + ".timer": render("etc/systemd/system/torchrig-JOB-gpumon.timer.j2",
+                                    job=job.name, interval=interval)}
+
+
 def env_path(job: str) -> str:
     return f"/etc/torchrig/jobs/{job}.env"
 

@@ -12,12 +12,14 @@ from ..inventory import Host, Inventory
 from ..provision.desired import settings_for
 from ..remote import connect, fan_out, login_user, privileged, run_input, sh
 from ..verify.run import verify
-from .plan import (Job, Node, check_job_name, env_path, job_port, node_env, parse_env, redact_env,
-                   render_env, render_unit, split_args, unit_name, unit_path)
+from .plan import (GPU_SAMPLER, SAMPLER_PATH, Job, Node, check_job_name, env_path, job_port,
+                   parse_env, redact_env, render_env, render_gpumon, render_unit, split_args,
+                   unit_name, unit_path)
 from .push import push_to
 
 PAYLOAD = Path(__file__).resolve().parents[2] / "payload"
 JOBS_DIR = "/etc/torchrig/jobs"
+GPU_SAMPLE_S = 30  # seconds between GPU utilisation samples
 
 
 @dataclass
@@ -179,6 +181,9 @@ tmp=$(mktemp {unit}.XXXXXX); base64 -d > "$tmp" <<'EOF'
 {unit_b64}
 EOF
 chmod 0644 "$tmp"; mv -f "$tmp" {unit}
+install -d -m 0755 {sampler_dir}
+printf %s {sampler} | base64 -d > {sampler_path}.tmp && chmod 0755 {sampler_path}.tmp && mv -f {sampler_path}.tmp {sampler_path}
+{gpumon}
 systemctl daemon-reload
 systemctl reset-failed {name} 2>/dev/null || true
 """
@@ -188,7 +193,11 @@ def _install(inv, h: Host, job: Job, n: Node, accept_new) -> None:
     """Env file (0600, may hold secrets: sent on stdin, never in a command line) and unit."""
     import base64
     b64 = lambda s: base64.b64encode(s.encode()).decode()  # noqa: E731
+    gpumon = "\n".join(f"printf %s {sh(b64(text))} | base64 -d > {sh(path)}"
+                        for path, text in render_gpumon(job, n, GPU_SAMPLE_S).items())
     script = INSTALL.format(
+        sampler_dir=sh(SAMPLER_PATH.rsplit("/", 1)[0]), sampler=sh(b64(GPU_SAMPLER)),
+        sampler_path=sh(SAMPLER_PATH), gpumon=gpumon,
         jobs=sh(JOBS_DIR), user=sh(n.user), logdir=sh(f"{n.log_dir}/{job.name}"),
         ckptdir=sh(f"{n.checkpoint_dir}/{job.name}"), env=sh(env_path(job.name)),
         unit=sh(unit_path(job.name)), name=sh(unit_name(job.name)),
@@ -273,7 +282,10 @@ def _stop_all(inv, hosts: list[Host], job: str, o: LaunchOptions, remove: bool) 
         try:
             cmd = sh("systemctl", "stop", unit_name(job))
             if remove:
-                cmd += " ; " + sh("rm", "-f", unit_path(job), env_path(job)) + " ; systemctl daemon-reload"
+                cmd += " ; " + sh("rm", "-f", unit_path(job), env_path(job),
+                                  f"/etc/systemd/system/torchrig-{job}-gpumon.service",
+                                  f"/etc/systemd/system/torchrig-{job}-gpumon.timer") \
+                    + " ; systemctl daemon-reload"
             r = cxn.run(privileged(cmd, login_user(cxn)), hide=True, warn=True, timeout=300)
             return r.exited
         finally:
@@ -306,6 +318,48 @@ def stop(inv, hosts: list[Host], job: str, accept_new=False, parallel=16) -> lis
             raise TorchrigError(f"job still {state} with {left} process(es) left")
         return state
     return fan_out(hosts, one, parallel=parallel)
+
+
+STATUS_SCRIPT = Path(__file__).parent / "status_remote.py"
+
+
+def status(inv, hosts: list[Host], job: str, accept_new=False, parallel=16) -> list:
+    """Per node: unit state, restarts, attempt, uptime, latest progress, GPUs, util samples."""
+    check_job_name(job)
+
+    def one(h: Host) -> dict:
+        s = settings_for(h.name, h.vars, inv.path)
+        window = int(h.vars.get("low_util_minutes", 30)) * 60
+        args = {"unit": unit_name(job), "logdir": f"{s.log_dir}/{job}",
+                "util_file": f"{s.log_dir}/{job}/gpu_util.csv", "window_s": window}
+        cxn = connect(h, inv, accept_new=accept_new)
+        try:
+            r = run_input(cxn, privileged("python3 - " + sh(json.dumps(args)), login_user(cxn)),
+                          STATUS_SCRIPT.read_text(), timeout=60)
+        finally:
+            cxn.close()
+        if r.exited != 0:
+            raise TorchrigError(f"status failed: {r.stderr.strip()[-300:]}")
+        d = json.loads(r.stdout)
+        if d["unit"].get("LoadState") == "not-found":
+            raise TorchrigError(f"no job {job!r} on this host")
+        d["low_util"] = low_utilisation(d["util_samples"], window,
+                                        float(h.vars.get("low_util_percent", 20)))
+        return d
+    return fan_out(hosts, one, parallel=parallel)
+
+
+def low_utilisation(samples: list, window_s: int, threshold: float) -> str | None:
+    """A warning when every GPU sample over the last window_s seconds is below threshold %
+    (the guide: a job idling at 15% for a weekend wastes real money). None otherwise."""
+    recent = [(age, u) for age, u in samples if age <= window_s]
+    if not recent or max(age for age, _ in recent) < window_s * 0.9:
+        return None  # not enough history to judge
+    peak = max((max(u) if u else 0.0) for _, u in recent)
+    if peak < threshold:
+        return (f"GPU utilisation below {threshold:g}% (peak {peak:g}%) for the last "
+                f"{window_s // 60} min: check the input pipeline or batch size")
+    return None
 
 
 def describe(job: Job) -> dict:

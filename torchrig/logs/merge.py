@@ -1,0 +1,280 @@
+"""Operator side of log following: turn follow_remote.py's records into rank-labelled lines.
+
+Pure: no I/O. One Tracker per `logs` session, fed with every record from every node, and kept
+across reconnects: it remembers the byte offset reached in every file so that
+`Tracker.offsets_for(node)` can be handed back to follow_remote.py (no loss), and it drops
+records at or before a known offset (no repetition).
+
+Record format (see follow_remote.py): TAB-separated, one per line:
+    L relpath offset text | E relpath size json | T relpath 0 | H unix_time
+
+Display prefix (`prefix`):
+    [gpu2/r3]        node gpu2, global rank 3, stdout, attempt 0
+    [gpu2/l1]        global rank not known yet (no `start rank=` line seen): local rank 1
+    [gpu2/r3 a1]     attempt 1 (torchrun restarted the local worker group once)
+    [gpu2/r3!]       a "!" just before the closing bracket: the line came from stderr
+    [gpu2/r3 a1!]    both
+The run folder (<rdzv_id>_<random>, new on every torchrun start) is not shown; attempts
+restart at 0 in a new run, and the global rank is learned again from that run's start lines.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import re
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Pattern, Union
+
+STREAMS = {"stdout.log": "stdout", "stderr.log": "stderr", "error.json": "error"}
+
+# The payload's first stdout line on every rank (payload/train.py). An optional "[...]:" prefix
+# is allowed in case a launcher decorates lines; the line must otherwise start with it.
+START_RE = re.compile(r"^(?:\[[^\]]*\]:?\s*)?start rank=(\d+) local_rank=(\d+)(?:\s|$)")
+
+
+@dataclass(frozen=True)
+class PathInfo:
+    run: str
+    attempt: int
+    local_rank: int
+    stream: str  # "stdout" | "stderr" | "error"
+
+
+def parse_path(relpath: str) -> PathInfo:
+    """'<run>/attempt_<N>/<local_rank>/{stdout.log,stderr.log,error.json}' -> PathInfo.
+
+    Raises ValueError for anything else.
+    """
+    parts = relpath.split("/")
+    if len(parts) != 4:
+        raise ValueError(f"not a torchrun log path: {relpath!r}")
+    run, att, rank, name = parts
+    if (not run or not att.startswith("attempt_") or not att[8:].isdigit()
+            or not rank.isdigit() or name not in STREAMS):
+        raise ValueError(f"not a torchrun log path: {relpath!r}")
+    return PathInfo(run, int(att[8:]), int(rank), STREAMS[name])
+
+
+@dataclass(frozen=True)
+class Line:
+    node: str
+    run: str
+    attempt: int
+    local_rank: int
+    global_rank: int | None
+    stream: str  # "stdout" | "stderr"
+    text: str
+
+
+@dataclass(frozen=True)
+class ErrorReport:
+    """One rank's error.json (torch elastic's @record / ErrorHandler output)."""
+    node: str
+    run: str
+    attempt: int
+    local_rank: int
+    global_rank: int | None
+    message: str
+    traceback: str
+    timestamp: float | None  # unix seconds; None when missing or unreadable
+    relpath: str
+    raw: object = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    node: str
+    time: float
+
+
+@dataclass(frozen=True)
+class Truncated:
+    """A file shrank or was replaced; its lines start over (shown, e.g., as a notice)."""
+    node: str
+    relpath: str
+
+
+Event = Union[Line, ErrorReport, Heartbeat, Truncated]
+
+
+def _timestamp(v) -> float | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        s = v.strip()
+        try:
+            return float(s)
+        except ValueError:
+            pass
+        try:
+            t = _dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=_dt.timezone.utc)
+        return t.timestamp()
+    return None
+
+
+def parse_error_json(doc) -> tuple[str, str, float | None]:
+    """(message, traceback, timestamp) from an error.json document, tolerant of variants:
+    {"message": {"message": M, "extraInfo": {"py_callstack": TB, "timestamp": "1700000000"}}}
+    (torch elastic), "message" as a plain string, extraInfo/extra_info at either level,
+    "py_callstack"/"traceback", or {"torchrig_unparsed": text} from follow_remote."""
+    if not isinstance(doc, dict):
+        return (str(doc), "", None)
+    if "torchrig_unparsed" in doc:
+        return (str(doc["torchrig_unparsed"]).strip(), "", None)
+    outer = doc
+    msg = doc.get("message")
+    inner = msg if isinstance(msg, dict) else {}
+    extra = {}
+    for d in (inner, outer):
+        for k in ("extraInfo", "extra_info", "extrainfo"):
+            if isinstance(d.get(k), dict):
+                extra = {**d[k], **extra}
+    if isinstance(msg, dict):
+        message = msg.get("message")
+    else:
+        message = msg
+    if message is None:
+        message = outer.get("error") or ""
+
+    def pick(*keys):
+        for d in (extra, inner, outer):
+            for k in keys:
+                if d.get(k) not in (None, ""):
+                    return d[k]
+        return None
+
+    tb = pick("py_callstack", "traceback", "callstack")
+    return (str(message), "" if tb is None else str(tb), _timestamp(pick("timestamp", "time")))
+
+
+class Tracker:
+    """Offsets and learned global ranks across nodes, runs, attempts and reconnects."""
+
+    def __init__(self) -> None:
+        self._offsets: dict[str, dict[str, int]] = {}
+        self._ranks: dict[tuple[str, str, int, int], int] = {}
+        self.malformed: list[tuple[str, str]] = []  # (node, record) that could not be parsed
+
+    def offsets_for(self, node: str) -> dict[str, int]:
+        """{relpath: offset} to pass to follow_remote.py as "offsets" on (re)connect."""
+        return dict(self._offsets.get(node, {}))
+
+    def global_rank(self, node: str, run: str, attempt: int, local_rank: int) -> int | None:
+        return self._ranks.get((node, run, attempt, local_rank))
+
+    def _bad(self, node: str, raw: str) -> list:
+        if len(self.malformed) < 100:
+            self.malformed.append((node, raw))
+        return []
+
+    def feed(self, node: str, raw_line: str) -> list[Event]:
+        """One record line (trailing newline allowed) -> the events it yields (often one, or
+        none for a duplicate, a blank or a malformed record)."""
+        raw = raw_line[:-1] if raw_line.endswith("\n") else raw_line
+        if not raw:
+            return []
+        parts = raw.split("\t", 3)
+        kind = parts[0]
+        try:
+            if kind == "H" and len(parts) == 2:
+                return [Heartbeat(node, float(parts[1]))]
+            if kind in ("L", "E") and len(parts) == 4:
+                rel, off, payload = parts[1], int(parts[2]), parts[3]
+                info = parse_path(rel)
+            elif kind == "T" and len(parts) == 3:
+                rel, info = parts[1], parse_path(parts[1])
+            else:
+                return self._bad(node, raw)
+        except ValueError:
+            return self._bad(node, raw)
+
+        known = self._offsets.setdefault(node, {})
+        key = (node, info.run, info.attempt, info.local_rank)
+        if kind == "T":
+            known[rel] = 0
+            if info.stream == "stdout":
+                self._ranks.pop(key, None)  # the folder was reused: learn the rank again
+            return [Truncated(node, rel)]
+        if off <= known.get(rel, 0):
+            return []  # already seen (replayed after a reconnect)
+        known[rel] = off
+        if kind == "E":
+            try:
+                doc = json.loads(payload)
+            except ValueError:
+                doc = {"torchrig_unparsed": payload}
+            msg, tb, ts = parse_error_json(doc)
+            return [ErrorReport(node, info.run, info.attempt, info.local_rank,
+                                self._ranks.get(key), msg, tb, ts, rel, doc)]
+        if info.stream == "stdout" and key not in self._ranks:
+            m = START_RE.match(payload)
+            if m and int(m.group(2)) == info.local_rank:
+                self._ranks[key] = int(m.group(1))
+        return [Line(node, info.run, info.attempt, info.local_rank, self._ranks.get(key),
+                     info.stream, payload)]
+
+
+def rank_label(node: str, local_rank: int, global_rank: int | None, attempt: int,
+               stderr: bool = False) -> str:
+    who = f"r{global_rank}" if global_rank is not None else f"l{local_rank}"
+    att = f" a{attempt}" if attempt > 0 else ""
+    return f"[{node}/{who}{att}{'!' if stderr else ''}]"
+
+
+def prefix(item: Line | ErrorReport) -> str:
+    """'[gpu2/r3]', '[gpu2/l1]', '[gpu2/r3 a1]', '[gpu2/r3!]' (stderr): see the module doc."""
+    return rank_label(item.node, item.local_rank, item.global_rank, item.attempt,
+                      stderr=isinstance(item, Line) and item.stream == "stderr")
+
+
+@dataclass(frozen=True)
+class LineFilter:
+    """Which lines to show. rank: global rank (lines whose global rank is not known yet do not
+    match); pattern: regex searched in the text; node/stream: exact. None: no condition."""
+    rank: int | None = None
+    pattern: str | Pattern[str] | None = None
+    node: str | None = None
+    stream: str | None = None
+
+    def __call__(self, line: Line) -> bool:
+        if self.rank is not None and line.global_rank != self.rank:
+            return False
+        if self.node is not None and line.node != self.node:
+            return False
+        if self.stream is not None and line.stream != self.stream:
+            return False
+        if self.pattern is not None and not re.search(self.pattern, line.text):
+            return False
+        return True
+
+
+def filter_lines(items: Iterable[Event], *, rank: int | None = None,
+                 pattern: str | Pattern[str] | None = None, node: str | None = None,
+                 stream: str | None = None) -> list[Line]:
+    """The Lines among `items` that pass LineFilter(rank, pattern, node, stream)."""
+    f = LineFilter(rank, re.compile(pattern) if isinstance(pattern, str) else pattern,
+                   node, stream)
+    return [i for i in items if isinstance(i, Line) and f(i)]
+
+
+def first_failure(reports: Iterable[ErrorReport],
+                  tracker: Tracker | None = None) -> ErrorReport | None:
+    """The earliest failure by error.json timestamp (reports without one come last; ties keep
+    input order). With a tracker, a global rank learned after the report arrived is filled in."""
+    best, best_key = None, None
+    for i, r in enumerate(reports):
+        k = (r.timestamp is None, r.timestamp or 0.0, i)
+        if best_key is None or k < best_key:
+            best, best_key = r, k
+    if best is not None and best.global_rank is None and tracker is not None:
+        g = tracker.global_rank(best.node, best.run, best.attempt, best.local_rank)
+        if g is not None:
+            best = replace(best, global_rank=g)
+    return best
