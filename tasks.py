@@ -185,11 +185,13 @@ def _latest_job(c, inv, hosts) -> str:
             "dry_run": "print the rendered env file and unit per node; change nothing",
             "follow": "after starting, stream every rank's log lines until the job ends",
             "start_timeout": "seconds to wait for every node's workers (default 180)",
+            "rdzv_timeout": "seconds nodes wait for each other at (re)start; after a node is lost "
+                            "the survivors end after this (default 300)",
             "accept_new_host_keys": "record unknown host keys (OpenSSH accept-new)"})
 @user_errors
 def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", script="train.py",
            args="", job=None, max_restarts=3, env=None, dry_run=False, follow=False,
-           start_timeout=180, accept_new_host_keys=False):
+           start_timeout=180, rdzv_timeout=300, accept_new_host_keys=False):
     """Run a torchrun DDP job under systemd on the nodes: everywhere or nowhere."""
     import time as _time
     from torchrig.launch.run import LaunchOptions, launch as run_launch
@@ -198,6 +200,7 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", scrip
     o = LaunchOptions(job=job or _time.strftime("job-%Y%m%d-%H%M%S"), script=script, args=args,
                       env=list(env or []), nproc=str(nproc_per_node), max_restarts=int(max_restarts),
                       dry_run=dry_run, start_timeout=int(start_timeout),
+                      rdzv_timeout=int(rdzv_timeout),
                       accept_new=accept_new_host_keys, parallel=int(c.config.torchrig.parallel))
     res = run_launch(inv, chosen, o, log=lambda m: print(m, file=sys.stderr))
     if dry_run:
@@ -268,6 +271,58 @@ def stop(c, inventory=None, host=None, job=None, accept_new_host_keys=False):
     print(f"job {job} stopped on {len(res)} node(s); logs and checkpoints are kept")
 
 
+@task(help={"inventory": INVENTORY_HELP, "host": HOST_HELP,
+            "job": "job name (default: the newest job on the first host)",
+            "follow": "keep streaming until the job ends (across torchrun restarts and SSH drops)",
+            "rank": "only this global rank's lines",
+            "since": "only files written since: seconds ago (e.g. 600), or a unix time",
+            "grep": "only lines matching this regular expression",
+            "failures": "show the first failing rank and its error (error.json / traceback)",
+            "color": "colour the prefixes per rank (default: when stdout is a terminal)"})
+@user_errors
+def logs(c, inventory=None, host=None, job=None, follow=False, rank=None, since=None, grep=None,
+         failures=False, color=None):
+    """Every rank's stdout and stderr from every node, merged and prefixed [node/rank]."""
+    import re as _re
+    import time as _time
+    from torchrig.errors import TorchrigError
+    from torchrig.launch.plan import check_job_name, unit_name
+    from torchrig.logs.stream import Options, failure_report, follow as run_follow
+    from torchrig.provision.desired import settings_for
+    inv = _inventory(c, inventory)
+    chosen = inv.select(host)
+    job = check_job_name(job or _latest_job(c, inv, chosen))
+    if grep:
+        try:
+            _re.compile(grep)
+        except _re.error as e:
+            raise TorchrigError(f"--grep {grep!r}: not a regular expression ({e})")
+    when = None
+    if since:
+        try:
+            v = float(since)
+        except ValueError:
+            raise TorchrigError(f"--since {since!r}: seconds ago or a unix time") from None
+        when = v if v > 1e9 else _time.time() - v
+    o = Options(job, {h.name: f"{settings_for(h.name, h.vars, inv.path).log_dir}/{job}" for h in chosen},
+                unit_name(job), follow=follow and not failures,
+                rank=None if rank is None else int(rank), grep=grep, since=when,
+                color=sys.stdout.isatty() if color is None else color)
+    if failures:
+        res = run_follow(inv, chosen, o, printer=_NullPrinter())
+        text = failure_report(res.errors)
+        print(text or f"job {job}: no rank wrote an error.json (no failure recorded)")
+    else:
+        res = run_follow(inv, chosen, o)
+    if res.lost:
+        raise Exit("error: lost " + "; ".join(f"{h}: {w}" for h, w in res.lost.items()), code=1)
+
+
+class _NullPrinter:
+    def line(self, item):
+        pass
+
+
 def _exit_if_failed(reports, what: str) -> None:
     if reports:
         raise Exit(f"error: {what} failed on " + "; ".join(f"{r.host}: {r.error}" for r in reports),
@@ -328,7 +383,7 @@ def demo(c, hosts=2):
 
 testbed = Collection("testbed", testbed_up, testbed_down, testbed_status)
 
-ns = Collection(hosts, exec_, provision, verify, launch, status, stop, demo, testbed)
+ns = Collection(hosts, exec_, provision, verify, launch, logs, status, stop, demo, testbed)
 ns.configure({
     "torchrig": {
         "inventory": "inventory/hosts.yml",  # override in invoke.yaml or INVOKE_TORCHRIG_INVENTORY

@@ -22,7 +22,8 @@ if platform.system() != "Linux" or os.geteuid() != 0:
     pytest.skip("integration tests need Linux and root (systemd-nspawn, mounts, netns)",
                 allow_module_level=True)
 
-N_HOSTS = 3
+N_HOSTS = 4
+PROFILES = "v100s-nvlink-2,gpu2=h100-nvswitch-8,gpu3=pcie-sys-4"  # gpu4: a second V100S pair
 
 
 def invoke(*args, timeout=600, check=False, env=None) -> subprocess.CompletedProcess:
@@ -40,7 +41,7 @@ def testbed(tmp_path_factory):
     inv = tmp_path_factory.mktemp("testbed") / "testbed.yml"
     invoke("testbed.down", timeout=180)  # leftovers of an aborted earlier run
     invoke("testbed.up", "--hosts", str(N_HOSTS),
-           "--profile", "v100s-nvlink-2,gpu2=h100-nvswitch-8,gpu3=pcie-sys-4",
+           "--profile", PROFILES,
            "--inventory", str(inv), check=True, timeout=900)
     yield inv
     invoke("testbed.down", timeout=180)

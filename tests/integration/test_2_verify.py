@@ -25,8 +25,8 @@ def sh(inv, h, cmd):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_provision_the_pcie_box(testbed):
-    r = invoke("provision", "-i", str(testbed), "-h", "gpu3", "--yes", "--reboot", timeout=900)
+def test_provision_the_pcie_box_and_a_second_v100s(testbed):
+    r = invoke("provision", "-i", str(testbed), "-h", "gpu3,gpu4", "--yes", "--reboot", timeout=900)
     assert r.returncode == 0, r.stderr
 
 

@@ -72,6 +72,7 @@ class Job:
     nodes: list[Node]
     release: str                     # payload release directory on every node
     env: dict[str, str] = field(default_factory=dict)
+    rdzv_timeout: int = 300          # how long nodes wait for each other (then the job ends)
     secret_keys: set[str] = field(default_factory=set)
 
     @property
@@ -94,7 +95,8 @@ def torchrun_argv(job: Job, n: Node) -> list[str]:
                  "--rdzv-endpoint", f"{first.address}:{job.rdzv_port}", "--rdzv-id", job.name,
                  # torchrun decides who hosts the c10d store by resolving its own hostname,
                  # which on Debian/Ubuntu is 127.0.1.1: say it explicitly instead.
-                 "--rdzv-conf", f"is_host={'true' if n is first else 'false'}",
+                 "--rdzv-conf", f"is_host={'true' if n is first else 'false'},"
+                                f"join_timeout={job.rdzv_timeout}",
                  "--local-addr", n.address]
     argv += ["--nproc-per-node", str(n.nproc), "--max-restarts", str(job.max_restarts),
              "--log-dir", log_dir, "--redirects", "3", "--tee", "3",

@@ -32,6 +32,7 @@ class LaunchOptions:
     max_restarts: int = 3
     dry_run: bool = False
     start_timeout: int = 180
+    rdzv_timeout: int = 300
     accept_new: bool = False
     parallel: int = 16
 
@@ -71,7 +72,7 @@ def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
         args = ["--ckpt-dir", f"{nodes[0].checkpoint_dir}/{o.job}"] + args
     port = job_port(o.job, int(first_vars.get("rdzv_port", 29400)))
     return Job(o.job, o.script, args, o.max_restarts, port, nodes, release, parse_env(o.env),
-               secret_keys)
+               secret_keys, o.rdzv_timeout)
 
 
 @dataclass
@@ -115,7 +116,6 @@ def launch(inv: Inventory, hosts: list[Host], o: LaunchOptions, log=print) -> La
         raise TorchrigError("no hosts selected")
     check_job_name(o.job)
     parse_env(o.env)
-    interfaces = _gate(inv, hosts, o)
     busy = fan_out(hosts, lambda h: _active_jobs(inv, h, o.accept_new), parallel=o.parallel)
     for r in busy:
         if not r.ok:
@@ -128,6 +128,7 @@ def launch(inv: Inventory, hosts: list[Host], o: LaunchOptions, log=print) -> La
             raise TorchrigError(f"nothing started: {r.host} already runs job(s) "
                                 f"{', '.join(r.value)} on its GPUs; two jobs would share them. "
                                 "Stop it or choose other hosts")
+    interfaces = _gate(inv, hosts, o)
     prefix = settings_for(hosts[0].name, hosts[0].vars, inv.path).prefix
     if o.dry_run:
         from .push import manifest, tree_hash

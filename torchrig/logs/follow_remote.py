@@ -34,8 +34,9 @@ Records, one per line on stdout, fields separated by one TAB, UTF-8 (invalid byt
                                         reading restarts at 0; lines that follow are new
     H<TAB>unix_time                     heartbeat (follow mode), so a dead connection shows
 
-A line longer than MAX_LINE bytes without a newline is emitted in pieces of MAX_LINE bytes
-(memory stays bounded); files are read in CHUNK-sized pieces. Exit status 0 (2: bad arguments).
+A line longer than MAX_LINE bytes is emitted in pieces of MAX_LINE bytes, cut at multiples of
+MAX_LINE from the line's start, the last piece ending at the newline (memory stays bounded);
+files are read in CHUNK-sized pieces. Exit status 0 (2: bad arguments).
 """
 
 import json
@@ -120,15 +121,24 @@ class LogFile:
             nl = data.find(b"\n", start)
             if nl < 0:
                 break
-            self.offset += nl + 1 - start
-            out.record("L", self.rel, str(self.offset), text_of(data[start:nl]))
-            start = nl + 1
-        rest = data[start:]
-        while len(rest) >= MAX_LINE:  # no newline in sight: emit in bounded pieces
-            piece, rest = rest[:MAX_LINE], rest[MAX_LINE:]
+            start = self._emit(out, data, start, nl, 1)
+        # no newline in sight: keep at most MAX_LINE bytes back
+        self.pending = data[self._emit(out, data, start, len(data), 0, keep=True):]
+
+    def _emit(self, out, data, start, end, nl, keep=False):
+        """Emit data[start:end] (+ nl newline bytes) as records of at most MAX_LINE bytes of
+        text, cut at multiples of MAX_LINE from the line's start; return where emitting stopped.
+        keep: the line is unfinished, hold back its last (<= MAX_LINE) bytes."""
+        while end - start > MAX_LINE:
+            piece = data[start:start + MAX_LINE]
             self.offset += len(piece)
             out.record("L", self.rel, str(self.offset), text_of(piece))
-        self.pending = rest
+            start += MAX_LINE
+        if keep:
+            return start
+        self.offset += end - start + nl
+        out.record("L", self.rel, str(self.offset), text_of(data[start:end]))
+        return end + nl
 
     def flush_partial(self, out):
         if self.pending:
@@ -267,6 +277,9 @@ def main(argv):
     fol = Follower(root, args.get("offsets"), out)
     over = False  # the unit is known to have stopped
     if not follow:
+        if unit:
+            state = unit_state(unit)
+            over = state is not None and state not in RUNNING
         fol.one_pass(final=True)
     else:
         out.heartbeat()

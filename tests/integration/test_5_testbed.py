@@ -3,7 +3,7 @@
 import re
 import time
 
-from conftest import N_HOSTS, invoke
+from conftest import N_HOSTS, PROFILES, invoke
 
 
 def _exec(inv, host, cmd, **kw):
@@ -65,6 +65,6 @@ def test_down_leaves_nothing_then_up_again(testbed):
     assert lab.leftovers() == []
     assert not testbed.exists()
     r = invoke("testbed.up", "--hosts", str(N_HOSTS),
-               "--profile", "v100s-nvlink-2,gpu2=h100-nvswitch-8,gpu3=pcie-sys-4",
+               "--profile", PROFILES,
                "--inventory", str(testbed), check=True)
     assert testbed.exists()
