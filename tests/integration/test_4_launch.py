@@ -1,0 +1,219 @@
+"""launch, logs, status, stop on two testbed nodes (gpu1, gpu4: V100S pairs provisioned by
+the earlier files) with real systemd, real torchrun and gloo."""
+
+import copy
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ENV, REPO, invoke, write_inventory
+
+NODES = "gpu1,gpu4"
+SECRET = "supersecret-7f3a"
+
+
+def launch(inv, job, *args, hosts=NODES, timeout=400):
+    return invoke("launch", "-i", str(inv), "-h", hosts, "--job", job, *args, timeout=timeout)
+
+
+def logs(inv, job, *args, hosts=NODES, timeout=600):
+    return invoke("logs", "-i", str(inv), "-h", hosts, "--job", job, *args, timeout=timeout)
+
+
+def sh(inv, host, cmd, check=True):
+    r = invoke("exec", "-i", str(inv), "-h", host, "--sudo", cmd)
+    if check:
+        assert r.returncode == 0, r.stdout + r.stderr
+    return "\n".join(re.findall(rf"^{host} +\| ?(.*)$", r.stdout, re.M))
+
+
+def status(inv, job, hosts=NODES):
+    r = invoke("status", "-i", str(inv), "-h", hosts, "--job", job, "--json")
+    return r, (json.loads(r.stdout) if r.stdout.strip().startswith("{") else None)
+
+
+def wait_step(inv, job, step, timeout=240):
+    """Until rank 0 has logged a training step >= `step`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = logs(inv, job, "--rank", "0", "--grep", "^step=")
+        steps = [int(s) for s in re.findall(r"step=(\d+) ", r.stdout)]
+        if steps and max(steps) >= step:
+            return max(steps)
+        time.sleep(2)
+    raise AssertionError(f"job {job} did not reach step {step} in {timeout}s")
+
+
+def test_dry_run_shows_units_and_changes_nothing(testbed):
+    r = launch(testbed, "t-dry", "--dry-run", "--env", f"HF_TOKEN={SECRET}")
+    assert r.returncode == 0, r.stderr
+    assert "--- gpu1:/etc/systemd/system/torchrig-t-dry.service" in r.stdout
+    assert '"--rdzv-backend" "c10d"' in r.stdout and '"is_host=true,join_timeout=300"' in r.stdout
+    assert "KillMode=mixed" in r.stdout and "LimitMEMLOCK=infinity" in r.stdout
+    assert "HF_TOKEN='***'" in r.stdout and SECRET not in r.stdout + r.stderr
+    assert sh(testbed, "gpu1", "ls /etc/systemd/system/torchrig-t-dry.service 2>&1 || true").endswith(
+        "No such file or directory")
+
+
+def test_two_nodes_train_to_completion(testbed):
+    r = launch(testbed, "t-basic", "--args", "--max-steps 30 --log-every 5 --ckpt-every 10")
+    assert r.returncode == 0, r.stderr
+    assert "job t-basic started on gpu1,gpu4 (2 node(s) x 2 process(es))" in r.stdout
+    out = logs(testbed, "t-basic", "-f", timeout=300)   # returns when the job has ended
+    assert out.returncode == 0, out.stderr
+    starts = re.findall(r"^\[(gpu\d)/r(\d)\] start rank=(\d) ", out.stdout, re.M)
+    assert sorted(int(g) for _, g, _ in starts) == [0, 1, 2, 3]
+    assert {n for n, _, _ in starts} == {"gpu1", "gpu4"}
+    losses = [float(x) for x in re.findall(r"^\[gpu\d/r0\] step=\d+ loss=([0-9.]+)", out.stdout, re.M)]
+    assert len(losses) >= 5 and losses[-1] < losses[0], losses
+    assert re.search(r"^\[gpu\d/r0\] done step=30 ", out.stdout, re.M)
+    _, st = status(testbed, "t-basic")
+    assert {n["unit"]["ActiveState"] for n in st["nodes"].values()} == {"inactive"}
+    assert any((n["progress"] or "").startswith("done step=30") for n in st["nodes"].values())
+
+
+def test_args_and_env_verbatim_and_secret_never_shown(testbed):
+    weird_args = ["a b", "it's", 'say "hi"', "$(touch /tmp/pwned)", "; touch /tmp/pwned", "100%", "`id`", "\\n"]
+    weird_env = "a b 'c' \"d\" $(id) ; touch /tmp/pwned %h \\x `id`"
+    import shlex
+    r = launch(testbed, "t-args", "--script", "env_check.py", "--nproc-per-node", "1",
+               "--args", shlex.join(weird_args),
+               "--env", "TORCHRIG_SHOW_ENV=WEIRD", "--env", "TORCHRIG_HASH_ENV=HF_TOKEN",
+               "--env", f"WEIRD={weird_env}", "--env", f"HF_TOKEN={SECRET}")
+    assert r.returncode == 0, r.stderr
+    out = logs(testbed, "t-args", "-f", timeout=120)
+    st_r, st = status(testbed, "t-args")
+    checks = [json.loads(m) for m in re.findall(r"ENV_CHECK (.*)$", out.stdout, re.M)]
+    assert len(checks) == 2
+    import hashlib
+    for c in checks:
+        assert c["argv"] == weird_args
+        assert c["env"] == {"WEIRD": weird_env}
+        assert c["sha256"]["HF_TOKEN"] == hashlib.sha256(SECRET.encode()).hexdigest()
+    for text in (r.stdout, r.stderr, out.stdout, out.stderr, st_r.stdout, st_r.stderr):
+        assert SECRET not in text
+    for h in ("gpu1", "gpu4"):
+        assert sh(testbed, h, "test -e /tmp/pwned && echo PWNED || echo clean") == "clean"
+        # the only file holding the secret is the 0600 root env file
+        found = sh(testbed, h, f"grep -rls -- {SECRET} /etc /var/log /opt /srv /tmp /home /run || true")
+        assert found.split() == ["/etc/torchrig/jobs/t-args.env"]
+        assert sh(testbed, h, "stat -c '%a %U' /etc/torchrig/jobs/t-args.env") == "600 root"
+
+
+def test_killed_rank_restarts_group_and_resumes(testbed):
+    r = launch(testbed, "t-kill", "--max-restarts", "2",
+               "--args", "--max-steps 160 --log-every 5 --ckpt-every 20")
+    assert r.returncode == 0, r.stderr
+    # an operator's `logs -f` that dies does not take the job with it
+    follower = subprocess.Popen([sys.executable, "-m", "invoke", "logs", "-i", str(testbed), "-h", NODES,
+                                 "--job", "t-kill", "-f"], cwd=REPO, env={**os.environ, **ENV},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_step(testbed, "t-kill", 45)
+    follower.kill()
+    follower.wait()
+    _, st = status(testbed, "t-kill")
+    assert {n["unit"]["ActiveState"] for n in st["nodes"].values()} == {"active"}
+    # SIGKILL one worker on gpu4
+    pid = sh(testbed, "gpu4", "pgrep -f '^/opt/torchrig/venv/bin/python[0-9.]* -u train.py' | head -1")
+    assert pid.isdigit(), pid
+    sh(testbed, "gpu4", f"kill -9 {pid}")
+    out = logs(testbed, "t-kill", "-f", timeout=400)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert re.search(r"^\[gpu\d/r\d a1\] ", text, re.M), "no line from attempt 1"
+    resumed = re.search(r"^\[gpu\d/r0 a1\] resumed from .*ckpt_0*(\d+)\.pt", text, re.M)
+    assert resumed, text[-3000:]
+    first_a1 = int(re.search(r"^\[gpu\d/r0 a1\] step=(\d+) ", text, re.M).group(1))
+    assert first_a1 > int(resumed.group(1)) >= 20  # continues from the checkpoint, not from 0
+    assert re.search(r"^\[gpu\d/r0 a1\] done step=160 ", text, re.M)
+    # no gaps, no repeats: as many lines as the rank files on the hosts hold, and each file's
+    # lines in order
+    total = sum(int(sh(testbed, h, "cat /var/log/torchrig/t-kill/*/attempt_*/*/std*.log | wc -l"))
+                for h in ("gpu1", "gpu4"))
+    assert len(text.strip().splitlines()) == total
+    rank0 = [int(x) for x in re.findall(r"^\[gpu\d/r0 a1\] step=(\d+) ", text, re.M)]
+    assert rank0 == sorted(rank0) and len(rank0) == len(set(rank0))
+
+
+def test_stop_leaves_no_process_and_checkpoints(testbed):
+    r = launch(testbed, "t-stop", "--args", "--max-steps 100000 --log-every 5 --ckpt-every 1000")
+    assert r.returncode == 0, r.stderr
+    wait_step(testbed, "t-stop", 10)
+    r = invoke("stop", "-i", str(testbed), "-h", NODES, "--job", "t-stop", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for h in ("gpu1", "gpu4"):
+        assert sh(testbed, h, "pgrep -fc 'train.py|torch.distributed.run' || true") == "0"
+    # graceful SIGTERM: a checkpoint at the step where the job stopped
+    ck = sh(testbed, "gpu1", "ls /srv/torchrig/checkpoints/t-stop/ 2>/dev/null; "
+                             "ls /srv/torchrig/checkpoints/t-stop 2>/dev/null | wc -l") + \
+        sh(testbed, "gpu4", "ls /srv/torchrig/checkpoints/t-stop/ 2>/dev/null || true")
+    assert re.search(r"ckpt_\d+\.pt", ck), ck
+
+
+def test_down_host_means_nothing_started(testbed, inventory_doc, tmp_path):
+    doc = copy.deepcopy(inventory_doc)
+    subnet = doc["hosts"][0]["address"].rsplit(".", 1)[0]
+    doc["hosts"].append({"name": "gpu-dead", "address": f"{subnet}.251", "gpus": 2,
+                         "groups": ["testbed"]})
+    inv = write_inventory(tmp_path, doc)
+    r = launch(inv, "t-dead", hosts="gpu1,gpu4,gpu-dead", timeout=200)
+    assert r.returncode == 1
+    assert "nothing started" in r.stderr and "gpu-dead" in r.stderr
+    for h in ("gpu1", "gpu4"):
+        assert sh(testbed, h, "ls /etc/systemd/system/ | grep -c t-dead || true") == "0"
+
+
+def test_two_jobs_and_conflicts(testbed, inventory_doc, tmp_path):
+    a = launch(testbed, "t-one", "--args", "--max-steps 40 --log-every 10")
+    b = launch(testbed, "t-two", "--args", "--max-steps 40 --log-every 10")
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    again = launch(testbed, "t-one", "--args", "--max-steps 40")
+    assert again.returncode == 1 and "job 't-one' is already running on gpu1" in again.stderr
+    # on GPU hosts two jobs would share the GPUs: refused before anything is touched
+    doc = copy.deepcopy(inventory_doc)
+    doc["vars"]["accelerator"] = "cuda"
+    r = launch(write_inventory(tmp_path, doc), "t-three")
+    assert r.returncode == 1 and "already runs job(s)" in r.stderr and "share them" in r.stderr
+    for job in ("t-one", "t-two"):
+        out = logs(testbed, job, "-f", timeout=300)
+        assert re.search(r"^\[gpu\d/r0\] done step=40 ", out.stdout, re.M), (job, out.stdout[-2000:])
+
+
+def test_power_off_node_survivors_end_in_bounded_time(testbed):
+    from torchrig.testbed import machines
+    r = launch(testbed, "t-power", "--max-restarts", "1", "--rdzv-timeout", "30",
+               "--args", "--max-steps 100000 --log-every 5 --ckpt-every 50")
+    assert r.returncode == 0, r.stderr
+    wait_step(testbed, "t-power", 10)
+    pid = machines.supervisor_pid("gpu4")
+    os.killpg(pid, signal.SIGKILL)          # the power cord: no shutdown, no goodbye
+    subprocess.run(["pkill", "-KILL", "-f", f"--machine={ENV['TORCHRIG_TESTBED_BRIDGE']}-gpu4 "])
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < 240:
+            r = invoke("exec", "-i", str(testbed), "-h", "gpu1",
+                       "systemctl show -p ActiveState --value torchrig-t-power")
+            if re.search(r"^gpu1 +\| (failed|inactive)$", r.stdout, re.M):
+                break
+            time.sleep(3)
+        took = time.monotonic() - t0
+        assert took < 240, "the survivor did not end"
+        r, st = status(testbed, "t-power", hosts="gpu1,gpu4")
+        assert r.returncode == 1 and "gpu4" in r.stderr
+        assert "error" in st["nodes"]["gpu4"]
+        print(f"survivor ended {took:.0f}s after the power-off")
+    finally:
+        machines.stop("gpu4")
+        machines.start("gpu4")
+        machines.wait_ssh(testbed_ip(testbed, "gpu4"), timeout=120)
+
+
+def testbed_ip(inv, name):
+    import yaml
+    return next(h["address"] for h in yaml.safe_load(inv.read_text())["hosts"] if h["name"] == name)
