@@ -14,6 +14,8 @@ Arguments (one JSON object, argv[1]):
     poll          seconds between scans in follow mode (default 0.2)
     idle_exit     with follow: exit after this many seconds without new data (null: never)
     heartbeat     seconds between heartbeat records in follow mode (default 5)
+    since         unix time or null: files first seen with an older mtime are skipped
+                  (read from their end), so only runs written since then are shown
     flush_partial emit a final line that has no newline yet, at exit: true / false / null.
                   null (default): only when `unit` is given and known to be no longer running
                   (the run is over, so the line will never be completed)
@@ -210,8 +212,8 @@ def scan(root):
 
 
 class Follower:
-    def __init__(self, root, offsets, out):
-        self.root, self.out, self.files = root, out, {}
+    def __init__(self, root, offsets, out, since=None):
+        self.root, self.out, self.files, self.since = root, out, {}, since
         for rel, off in (offsets or {}).items():
             self.files[rel] = self._new(rel, int(off))
 
@@ -229,9 +231,17 @@ class Follower:
             for rel in scan(self.root):
                 seen.add(rel)
                 st = self.files.get(rel)
-                if st is None:
-                    st = self.files[rel] = self._new(rel, 0)
                 path = os.path.join(self.root, *rel.split("/"))
+                if st is None:
+                    start = 0
+                    if self.since is not None:  # --since: files last written before it are skipped
+                        try:
+                            info = os.stat(path)
+                            if info.st_mtime < self.since:
+                                start = info.st_size
+                        except OSError:
+                            pass
+                    st = self.files[rel] = self._new(rel, start)
                 if isinstance(st, ErrorFile):
                     st.read(path, self.out, final)
                 elif st.read(path, self.out) >= PASS_BUDGET:
@@ -274,7 +284,7 @@ def main(argv):
     flush_partial = args.get("flush_partial")
 
     out = Out()
-    fol = Follower(root, args.get("offsets"), out)
+    fol = Follower(root, args.get("offsets"), out, args.get("since"))
     over = False  # the unit is known to have stopped
     if not follow:
         if unit:
