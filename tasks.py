@@ -329,7 +329,7 @@ def _exit_if_failed(reports, what: str) -> None:
                    code=1)
 
 
-@task(help={"hosts": "number of simulated servers, named gpu1..gpuN (default 2)",
+@task(name="up", help={"hosts": "number of simulated servers, named gpu1..gpuN (default 2)",
             "profile": "GPU profile for all hosts, and/or per host: "
                        "'h100-nvswitch-8' or 'v100s-nvlink-2,gpu2=pcie-sys-4'",
             "inventory": "where to write the testbed's inventory (default inventory/testbed.yml)"})
@@ -370,15 +370,59 @@ def testbed_status(c, json_=False):
         testbed_table(st)
 
 
-@task(help={"hosts": "number of testbed hosts (default 2)"})
+@task(help={"steps": "training steps for the demo job (default 60)"})
 @user_errors
-def demo(c, hosts=2):
-    """Bring up a local testbed and show it working (the README's first command)."""
-    testbed_up(c, hosts=hosts)
-    exec_(c, "systemctl is-system-running; nvidia-smi -L || echo 'no driver yet: provision installs it'",
-          inventory="inventory/testbed.yml")
-    print("\ndemo: the testbed is up and answers over verified SSH. provision, verify and "
-          "launch are not built yet, so the demo stops here. Take it down with: invoke testbed.down")
+def demo(c, steps=60):
+    """The whole path on a local testbed: 2 hosts up, provision, verify, a 2-node x 2-process
+    DDP job (gloo on CPU) followed to the end, and a summary. Leaves the testbed up."""
+    import re as _re
+    import time as _time
+    t0 = _time.monotonic()
+    inv_path = "inventory/testbed.yml"
+
+    def stage(msg):
+        print(f"\n=== {msg} ({_time.monotonic() - t0:.0f}s) ===", flush=True)
+
+    stage("testbed: 2 simulated GPU servers (systemd-nspawn)")
+    testbed_up(c, hosts=2)
+    stage("provision: driver, CUDA, NCCL (testbed stand-ins), venv with torch")
+    provision(c, inventory=inv_path, yes=True, reboot=True)
+    stage("verify: GPUs, topology, versions, network, all-reduce bandwidth")
+    verify(c, inventory=inv_path, bandwidth=True)
+    stage("launch: 2 nodes x 2 processes, c10d rendezvous, gloo")
+    job = _time.strftime("demo-%Y%m%d-%H%M%S")
+    launch(c, inventory=inv_path, nodes=2, job=job, nproc_per_node="2",
+           args=f"--max-steps {int(steps)} --log-every 10 --ckpt-every 20")
+    stage("logs: every rank, followed until the job ends")
+    from torchrig import inventory as _inv
+    from torchrig.launch.plan import unit_name
+    from torchrig.logs.stream import Options, Printer, follow as run_follow
+    inv = _inv.load(inv_path)
+    hosts = inv.select(None)[:2]
+    seen = []
+
+    class Tee(Printer):
+        def line(self, item):
+            super().line(item)
+            if item.global_rank == 0:
+                seen.append(item.text)
+
+    run_follow(inv, hosts, Options(job, {h.name: f"/var/log/torchrig/{job}" for h in hosts},
+                                   unit_name(job), follow=True), printer=Tee(sys.stdout, sys.stdout.isatty()))
+    done = next((ln for ln in reversed(seen) if ln.startswith("done step=")), None)
+    steps_seen = [ln for ln in seen if ln.startswith("step=")]
+    rate = _re.findall(r"tok/s=(\d+)", " ".join(steps_seen[1:]))
+    stage("summary")
+    if not done:
+        raise Exit(f"error: demo job {job} did not finish; see: invoke logs -i {inv_path} --job {job}",
+                   code=1)
+    fields = dict(kv.split("=", 1) for kv in done.split()[1:])
+    first = _re.search(r"loss=([0-9.]+)", steps_seen[0]).group(1) if steps_seen else "?"
+    print(f"job {job}: {fields['step']} steps, loss {first} -> {fields['loss']}, "
+          f"median {sorted(map(int, rate))[len(rate) // 2] if rate else '?'} tokens/s (4 ranks, CPU), "
+          f"checkpoint {fields['ckpt']} (on the rank-0 node)")
+    print(f"demo done in {_time.monotonic() - t0:.0f}s. The testbed is still up: "
+          f"invoke exec -i {inv_path} 'hostname'; take it down with: invoke testbed.down")
 
 
 testbed = Collection("testbed", testbed_up, testbed_down, testbed_status)
