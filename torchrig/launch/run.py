@@ -71,8 +71,8 @@ def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
     if o.script == "train.py" and not any(a.startswith("--ckpt-dir") for a in args):
         args = ["--ckpt-dir", f"{nodes[0].checkpoint_dir}/{o.job}"] + args
     port = job_port(o.job, int(first_vars.get("rdzv_port", 29400)))
-    return Job(o.job, o.script, args, o.max_restarts, port, nodes, release, parse_env(o.env),
-               secret_keys, o.rdzv_timeout)
+    return Job(o.job, o.script, args, o.max_restarts, port, nodes, release, env=parse_env(o.env),
+               secret_keys=secret_keys, rdzv_timeout=o.rdzv_timeout)
 
 
 @dataclass
