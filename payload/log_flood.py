@@ -1,0 +1,15 @@
+"""Benchmark aid for `invoke logs`: every rank writes --lines numbered lines as fast as it
+can, each stamped with the time it was written, so delivery latency and loss can be measured."""
+
+import argparse
+import os
+import time
+
+ap = argparse.ArgumentParser(description=__doc__)
+ap.add_argument("--lines", type=int, default=20000)
+a = ap.parse_args()
+rank = int(os.environ.get("RANK", "0"))
+print(f"start rank={rank} local_rank={os.environ.get('LOCAL_RANK', '0')}", flush=True)
+for i in range(a.lines):
+    print(f"flood rank={rank} seq={i} t={time.time():.6f}", flush=(i % 64 == 63))
+print(f"flood rank={rank} end t={time.time():.6f}", flush=True)
