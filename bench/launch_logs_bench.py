@@ -44,7 +44,7 @@ def main():
     res = {}
     times = []
     for i in range(a.runs + 1):  # the first run pushes the payload: not counted
-        job = f"bench-launch-{i}"
+        job = f"bench-launch-{int(time.time())}-{i}"
         _, dt = invoke("launch", "-i", a.inventory, "-h", a.hosts, "--job", job, "--script",
                        "env_check.py", "--nproc-per-node", "2")
         if i:
@@ -60,9 +60,9 @@ def main():
     from torchrig.logs.stream import Options, follow
     inv = inventory.load(a.inventory)
     hosts = inv.select(a.hosts)
-    job = "bench-logs"
+    job = f"bench-logs-{int(time.time())}"
     invoke("launch", "-i", a.inventory, "-h", a.hosts, "--job", job, "--script", "log_flood.py",
-           "--nproc-per-node", "4", "--args", f"--lines {a.lines}")
+           "--nproc-per-node", "4", "--args", f"--lines {a.lines} --delay 5")
     got, lat = {}, []
 
     class Sink:
@@ -73,10 +73,10 @@ def main():
                 got.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
                 lat.append(now - float(m.group(3)))
 
-    t0 = time.perf_counter()
+    t0 = time.perf_counter()  # the ranks start writing ~5 s from now: we are attached by then
     out = follow(inv, hosts, Options(job, {h.name: f"/var/log/torchrig/{job}" for h in hosts},
                                      unit_name(job), follow=True), printer=Sink())
-    dt = time.perf_counter() - t0
+    dt = time.perf_counter() - t0 - 5
     total = sum(len(s) for s in got.values())
     lost = len(hosts) * 4 * a.lines - total
     lat.sort()
