@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from _fixtures import fixture
 from torchrig.facts import busbw, nccl_tests
 
-_FIXTURE_DIRS = [
-    Path(os.environ.get("TORCHRIG_FIXTURES", "/nonexistent")),
-    Path(__file__).resolve().parents[1] / "fixtures",
-    Path("/work/shared/fixtures"),
-]
-
-
-def fixture(name: str) -> str:
-    for d in _FIXTURE_DIRS:
-        p = d / name
-        if p.is_file():
-            return p.read_text()
-    pytest.skip(f"fixture {name} not found in {[str(d) for d in _FIXTURE_DIRS]}")
 
 
 N03 = "nccl_03_all_reduce_perf_g8_8xA100_SXM4_40GB_oci_bm_gpu4_8.txt"

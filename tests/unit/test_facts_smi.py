@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from _fixtures import fixture
 from torchrig.facts import smi_query, smi_table
 
-_FIXTURE_DIRS = [
-    Path(os.environ.get("TORCHRIG_FIXTURES", "/nonexistent")),
-    Path(__file__).resolve().parents[1] / "fixtures",
-    Path("/work/shared/fixtures"),
-]
-
-
-def fixture(name: str) -> str:
-    for d in _FIXTURE_DIRS:
-        p = d / name
-        if p.is_file():
-            return p.read_text()
-    pytest.skip(f"fixture {name} not found in {[str(d) for d in _FIXTURE_DIRS]}")
 
 
 # ---------------------------------------------------------------- smi_query
