@@ -183,34 +183,22 @@ def parse_size(s: str) -> int:
     return n
 
 
-def _positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
-    return v
+def _int_at_least(low: int, what: str):
+    """An argparse type: an integer >= low, else one clear message."""
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            v = None
+        if v is None or v < low:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
+        return v
+    return parse
 
 
-def _nonneg_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}")
-    return v
-
-
-def _factor(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 2, got {s!r}") from None
-    if v < 2:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 2, got {s!r}")
-    return v
+_positive_int = _int_at_least(1, "a positive integer")
+_nonneg_int = _int_at_least(0, "a non-negative integer")
+_factor = _int_at_least(2, "an integer >= 2")
 
 
 def _positive_float(s: str) -> float:

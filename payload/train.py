@@ -661,24 +661,21 @@ def set_deterministic():
 # --------------------------------------------------------------------------------------
 
 
-def _pos_int(s):
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
-    return v
+def _int_at_least(low, what):
+    """An argparse type: an integer >= low, else one clear message."""
+    def parse(s):
+        try:
+            v = int(s)
+        except ValueError:
+            v = None
+        if v is None or v < low:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
+        return v
+    return parse
 
 
-def _nonneg_int(s):
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}")
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}")
-    return v
+_pos_int = _int_at_least(1, "a positive integer")
+_nonneg_int = _int_at_least(0, "a non-negative integer")
 
 
 def _pos_float(s):
