@@ -35,6 +35,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hosts", type=int, default=8)
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--keep", action="store_true", help="leave the bench testbed up (run_all.py)")
     a = ap.parse_args()
     OUT.mkdir(exist_ok=True)
     invoke("testbed.down", check=False)
@@ -55,7 +56,8 @@ def main():
                                             "all": [round(t, 2) for t in times]}
             print(f"no-change rerun, {label}: median {statistics.median(times):.2f}s of {times}")
     finally:
-        invoke("testbed.down", check=False)
+        if not a.keep:
+            invoke("testbed.down", check=False)
     (OUT / "provision.json").write_text(json.dumps(result, indent=2) + "\n")
 
 

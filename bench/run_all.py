@@ -1,0 +1,27 @@
+"""Every benchmark whose figures are in the README, on one bench testbed (`make bench`, root).
+
+1. provision: fresh provision of 8 hosts, no-change reruns on 1 and 8 hosts (median of 5)
+2. launch overhead and log delivery on two of those hosts
+Results: bench/out/*.json."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from provision_bench import ENV, INV  # noqa: E402
+
+
+def run(*argv):
+    print("+", " ".join(argv), flush=True)
+    subprocess.run([sys.executable, *argv], cwd=REPO, check=True, env={**os.environ, **ENV})
+
+
+try:
+    run("bench/provision_bench.py", "--hosts", "8", "--runs", "5", "--keep")
+    run("bench/launch_logs_bench.py", str(INV), "gpu1,gpu2", "--runs", "5")
+finally:
+    subprocess.run([sys.executable, "-m", "invoke", "testbed.down"], cwd=REPO,
+                   env={**os.environ, **ENV})
