@@ -1,0 +1,113 @@
+"""launch's pure parts: names, quoting for unit and env files, rendered units, idle flag."""
+
+import pytest
+
+from torchrig.errors import TorchrigError
+from torchrig.launch import plan
+from torchrig.launch.run import low_utilisation
+from torchrig.render import env_quote, render, systemd_quote
+
+
+def job(nodes=2, **kw):
+    ns = [plan.Node(f"gpu{i + 1}", f"10.0.0.{i + 1}", i, "/opt/torchrig/venv", "torchrig",
+                    "/var/log/torchrig", "/srv/ck", "/srv/data", 2, "eth0") for i in range(nodes)]
+    base = dict(name="exp1", script="train.py", args=["--lr", "3e-4"], max_restarts=3,
+                rdzv_port=29412, nodes=ns, release="/opt/torchrig/payload/releases/abc")
+    base.update(kw)
+    return plan.Job(**base)
+
+
+@pytest.mark.parametrize("name", ["exp1", "a", "gpt2-run_7"])
+def test_good_job_names(name):
+    assert plan.check_job_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "Exp", "a b", "x;rm", "../x", "-x", "a" * 49, "name.service"])
+def test_bad_job_names(name):
+    with pytest.raises(TorchrigError, match="--job"):
+        plan.check_job_name(name)
+
+
+def test_single_node_is_standalone_multi_node_is_c10d():
+    one = plan.torchrun_argv(job(1), job(1).nodes[0])
+    assert "--standalone" in one and "--rdzv-backend" not in one
+    j = job(2)
+    first, second = (plan.torchrun_argv(j, n) for n in j.nodes)
+    assert first[first.index("--rdzv-endpoint") + 1] == "10.0.0.1:29412"
+    assert "is_host=true,join_timeout=300" in first and "is_host=false,join_timeout=300" in second
+    assert second[second.index("--local-addr") + 1] == "10.0.0.2"
+    assert first[first.index("--log-dir") + 1] == "/var/log/torchrig/exp1"
+    assert first[-3:] == ["train.py", "--lr", "3e-4"]
+
+
+def test_unit_has_the_settings_that_matter():
+    j = job(2)
+    unit = plan.render_unit(j, j.nodes[1])
+    for needle in ("KillMode=mixed", "TimeoutStopSec=120", "LimitMEMLOCK=infinity",
+                   "LimitNOFILE=1048576", "Restart=on-abnormal", "User=torchrig",
+                   "EnvironmentFile=/etc/torchrig/jobs/exp1.env",
+                   "WorkingDirectory=/opt/torchrig/payload/releases/abc"):
+        assert needle in unit
+    assert plan.TORCHRUN_GRACE < 120  # the stop timeout outlasts torchrun's own grace
+
+
+def test_env_file_redacts_secrets_only_when_shown():
+    j = job(1, env={"HF_TOKEN": "t0k", "MY_VAR": "x"}, secret_keys={"MY_VAR"})
+    shown = plan.render_env(j, j.nodes[0], redact=True)
+    real = plan.render_env(j, j.nodes[0])
+    assert "HF_TOKEN='***'" in shown and "MY_VAR='***'" in shown and "t0k" not in shown
+    assert "HF_TOKEN='t0k'" in real and "GLOO_SOCKET_IFNAME='eth0'" in real
+
+
+@pytest.mark.parametrize("arg", ["plain", "a b", 'say "hi"', "it's", "$HOME", "100%", "back\\slash", ""])
+def test_systemd_quote(arg):
+    q = systemd_quote(arg)
+    assert q.startswith('"') and q.endswith('"')
+    # undo systemd's unquoting rules: \\ -> \, \" -> ", $$ -> $, %% -> %
+    inner = q[1:-1]
+    out, i = "", 0
+    while i < len(inner):
+        two = inner[i:i + 2]
+        if two in ("\\\\", '\\"', "$$", "%%"):
+            out += two[1]
+            i += 2
+        else:
+            assert inner[i] not in '"$%' and inner[i] != "\\", q
+            out += inner[i]
+            i += 1
+    assert out == arg
+
+
+def test_newlines_refused_in_units_and_env():
+    with pytest.raises(TorchrigError):
+        systemd_quote("a\nb")
+    with pytest.raises(TorchrigError):
+        env_quote("a\nb")
+
+
+def test_env_and_args_parsing():
+    assert plan.parse_env(["A=1", "B=x=y", "C="]) == {"A": "1", "B": "x=y", "C": ""}
+    with pytest.raises(TorchrigError, match="KEY=VALUE"):
+        plan.parse_env(["1A=2"])
+    assert plan.split_args("--a 'b c' \"d\"") == ["--a", "b c", "d"]
+    with pytest.raises(TorchrigError, match="--args"):
+        plan.split_args("--a 'unclosed")
+
+
+def test_job_ports_differ_per_job():
+    assert plan.job_port("a", 29400) != plan.job_port("b", 29400)
+    assert 29400 <= plan.job_port("a", 29400) < 29900
+
+
+def test_missing_template_value_names_the_template():
+    with pytest.raises(TorchrigError, match=r"templates/etc/systemd/system/torchrig-JOB.service.j2:\d+"):
+        render("etc/systemd/system/torchrig-JOB.service.j2", job="x")
+
+
+def test_low_utilisation_flag():
+    window = 600
+    idle = [(age, [3.0, 5.0]) for age in range(0, 601, 60)]
+    assert "below 20%" in low_utilisation(idle, window, 20)
+    busy = idle[:-1] + [(30, [95.0, 3.0])]
+    assert low_utilisation(busy, window, 20) is None
+    assert low_utilisation(idle[:3], window, 20) is None  # 2 minutes of history: no verdict
