@@ -112,6 +112,9 @@ def node_env(job: Job, n: Node) -> dict[str, str]:
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "TORCH_NCCL_BLOCKING_WAIT": "0",
         "NCCL_DEBUG": "WARN",
+        # gloo: connect rank pairs on first use instead of a full mesh at init, so a restarted
+        # group whose nodes start their workers seconds apart does not fail to connect
+        "TORCH_GLOO_LAZY_INIT": "1",
         "TORCHRIG_JOB": job.name,
         "TORCHRIG_CKPT_DIR": f"{n.checkpoint_dir}/{job.name}",
         "TORCHRIG_DATA_DIR": n.data_dir,

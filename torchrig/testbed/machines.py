@@ -145,8 +145,55 @@ def stop(name: str, timeout: float = 60) -> None:
             os.killpg(pid, signal.SIGKILL)
             time.sleep(0.5)
     _pidfile(name).unlink(missing_ok=True)
-    # An nspawn left over from a crashed supervisor would pin the mount.
-    subprocess.run(["pkill", "-KILL", "-f", f"--machine={machine(name)} "], capture_output=True)
+    # An nspawn left over from a crashed supervisor, or a container that outlived its nspawn,
+    # would pin the mount: kill whatever still runs inside this host's root.
+    subprocess.run(["pkill", "-KILL", "-f", "--", f"--machine={machine(name)} "], capture_output=True)
+    for pid in _inside(root_of(name)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _inside(root: Path) -> list[int]:
+    """Processes whose root directory is `root` (a container's, seen from outside). Compared by
+    device and inode: readlink of /proc/PID/root shows "/" from inside the container."""
+    try:
+        want = (os.stat(root).st_dev, os.stat(root).st_ino)
+    except OSError:
+        return []
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit() and p.name != str(os.getpid()):
+            try:
+                st = os.stat(p / "root")
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == want:
+                out.append(int(p.name))
+    return out
+
+
+def power_off(name: str) -> None:
+    """Pull the plug: SIGKILL the container's init, which takes every process of the host
+    with it at once (no shutdown, no FIN from a clean exit), then its nspawn and supervisor.
+    The overlay and the network namespace stay, as a disk and a cable would: start() boots it."""
+    nspawn = subprocess.run(["pgrep", "-f", "--", f"--machine={machine(name)} "],
+                            capture_output=True, text=True).stdout.split()
+    for pid in nspawn:
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            children = []
+        for child in children:
+            try:
+                os.kill(int(child), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    sup = supervisor_pid(name)
+    if sup:
+        os.killpg(sup, signal.SIGKILL)
+    stop(name, timeout=10)
 
 
 def _alive(pid: int) -> bool:
