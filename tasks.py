@@ -159,13 +159,8 @@ def _nodes(inv, host, nodes):
 
 def _latest_job(c, inv, hosts) -> str:
     """The newest job on the first selected host (the one whose env file was written last)."""
-    from torchrig.remote import connect
-    cxn = connect(hosts[0], inv)
-    try:
-        r = cxn.run("ls -t /etc/torchrig/jobs/ 2>/dev/null | sed -n 's/\\.env$//p' | head -1",
-                    hide=True, warn=True)
-    finally:
-        cxn.close()
+    from torchrig.remote import run_once
+    r = run_once(hosts[0], inv, "ls -t /etc/torchrig/jobs/ 2>/dev/null | sed -n 's/\\.env$//p' | head -1")
     if not r.stdout.strip():
         raise Exit(f"error: no torchrig job found on {hosts[0].name}; pass --job NAME", code=1)
     return r.stdout.strip()

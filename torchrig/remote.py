@@ -168,6 +168,18 @@ def login_user(cxn) -> str:
     return getattr(cxn, "user", None) or getpass.getuser()
 
 
+def run_once(host: Host, inv: Inventory, command: str, *, root: bool = False,
+             accept_new: bool = False, timeout: float | None = None):
+    """One command on one host, over a connection opened and closed for it (warn=True: the
+    caller reads .exited). root=True runs it through privileged()."""
+    cxn = connect(host, inv, accept_new=accept_new)
+    try:
+        line = privileged(command, login_user(cxn)) if root else command
+        return cxn.run(line, hide=True, warn=True, timeout=timeout)
+    finally:
+        cxn.close()
+
+
 def run_priv(cxn, command: str, **kwargs):
     """Run `command` as root on `cxn` (see privileged())."""
     return cxn.run(privileged(command, login_user(cxn)), **kwargs)

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import TorchrigError
 from ..inventory import Host, Inventory
 from ..provision.desired import settings_for
-from ..remote import connect, fan_out, login_user, privileged, run_input, sh
+from ..remote import connect, fan_out, login_user, privileged, run_input, run_once, sh
 from ..verify.run import verify
 from .plan import (GPU_SAMPLER, SAMPLER_PATH, Job, Node, check_job_name, env_path, job_port,
                    parse_env, redact_env, render_env, render_gpumon, render_unit, split_args,
@@ -101,12 +101,8 @@ def _gate(inv: Inventory, hosts: list[Host], o: LaunchOptions) -> dict[str, str 
 
 
 def _active_jobs(inv, h: Host, accept_new) -> list[str]:
-    cxn = connect(h, inv, accept_new=accept_new)
-    try:
-        r = cxn.run("systemctl list-units 'torchrig-*.service' --state=active,activating "
-                    "--plain --no-legend", hide=True, warn=True)
-    finally:
-        cxn.close()
+    r = run_once(h, inv, "systemctl list-units 'torchrig-*.service' --state=active,activating "
+                         "--plain --no-legend", accept_new=accept_new)
     return [ln.split()[0][len("torchrig-"):-len(".service")] for ln in r.stdout.splitlines() if ln.strip()]
 
 
@@ -213,12 +209,8 @@ def _install(inv, h: Host, job: Job, n: Node, accept_new) -> None:
 
 
 def _start(inv, h: Host, job: str, accept_new) -> None:
-    cxn = connect(h, inv, accept_new=accept_new)
-    try:
-        r = cxn.run(privileged(sh("systemctl", "start", unit_name(job)), login_user(cxn)),
-                    hide=True, warn=True, timeout=60)
-    finally:
-        cxn.close()
+    r = run_once(h, inv, sh("systemctl", "start", unit_name(job)), root=True,
+                 accept_new=accept_new, timeout=60)
     if r.exited != 0:
         raise TorchrigError(f"systemctl start failed: {r.stderr.strip()[-300:]}")
 
@@ -239,13 +231,9 @@ def _confirm(inv, hosts: list[Host], job: Job, o: LaunchOptions) -> list[str]:
     while pending and time.monotonic() < deadline:
         def probe(h: Host):
             n = by_name[h.name]
-            cxn = connect(h, inv, accept_new=o.accept_new)
-            try:
-                r = cxn.run(privileged(PROBE.format(unit=sh(unit_name(job.name)),
-                                                    logdir=sh(f"{n.log_dir}/{job.name}")),
-                                       login_user(cxn)), hide=True, warn=True, timeout=30)
-            finally:
-                cxn.close()
+            r = run_once(h, inv, PROBE.format(unit=sh(unit_name(job.name)),
+                                              logdir=sh(f"{n.log_dir}/{job.name}")),
+                         root=True, accept_new=o.accept_new, timeout=30)
             state, result, workers = (r.stdout.split() + ["", "", "0"])[:3]
             return state, result, int(workers or 0)
         results = fan_out([h for h in hosts if h.name in pending], probe, parallel=o.parallel)
@@ -266,12 +254,8 @@ def _confirm(inv, hosts: list[Host], job: Job, o: LaunchOptions) -> list[str]:
 def _journal(inv, name: str, hosts: list[Host], job: str, o: LaunchOptions) -> str:
     h = next(x for x in hosts if x.name == name)
     try:
-        cxn = connect(h, inv, accept_new=o.accept_new)
-        try:
-            r = cxn.run(privileged(sh("journalctl", "-u", unit_name(job), "-n", "5", "-o", "cat",
-                                      "--no-pager"), login_user(cxn)), hide=True, warn=True, timeout=30)
-        finally:
-            cxn.close()
+        r = run_once(h, inv, sh("journalctl", "-u", unit_name(job), "-n", "5", "-o", "cat",
+                                "--no-pager"), root=True, accept_new=o.accept_new, timeout=30)
         return " | ".join(ln for ln in r.stdout.strip().splitlines()[-5:]) or "(no journal lines)"
     except Exception as e:  # noqa: BLE001 - diagnostics only
         return f"(journal unavailable: {e})"
@@ -279,18 +263,13 @@ def _journal(inv, name: str, hosts: list[Host], job: str, o: LaunchOptions) -> s
 
 def _stop_all(inv, hosts: list[Host], job: str, o: LaunchOptions, remove: bool) -> list:
     def one(h: Host):
-        cxn = connect(h, inv, accept_new=o.accept_new)
-        try:
-            cmd = sh("systemctl", "stop", unit_name(job))
-            if remove:
-                cmd += " ; " + sh("rm", "-f", unit_path(job), env_path(job),
-                                  f"/etc/systemd/system/torchrig-{job}-gpumon.service",
-                                  f"/etc/systemd/system/torchrig-{job}-gpumon.timer") \
-                    + " ; systemctl daemon-reload"
-            r = cxn.run(privileged(cmd, login_user(cxn)), hide=True, warn=True, timeout=300)
-            return r.exited
-        finally:
-            cxn.close()
+        cmd = sh("systemctl", "stop", unit_name(job))
+        if remove:
+            cmd += " ; " + sh("rm", "-f", unit_path(job), env_path(job),
+                              f"/etc/systemd/system/torchrig-{job}-gpumon.service",
+                              f"/etc/systemd/system/torchrig-{job}-gpumon.timer") \
+                + " ; systemctl daemon-reload"
+        return run_once(h, inv, cmd, root=True, accept_new=o.accept_new, timeout=300).exited
     return fan_out(hosts, one, parallel=o.parallel)
 
 
@@ -308,12 +287,8 @@ def stop(inv, hosts: list[Host], job: str, accept_new=False, parallel=16) -> lis
     check_job_name(job)
 
     def one(h: Host):
-        cxn = connect(h, inv, accept_new=accept_new)
-        try:
-            r = cxn.run(privileged(STOP_CHECK.format(unit=sh(unit_name(job))), login_user(cxn)),
-                        hide=True, warn=True, timeout=600)
-        finally:
-            cxn.close()
+        r = run_once(h, inv, STOP_CHECK.format(unit=sh(unit_name(job))), root=True,
+                     accept_new=accept_new, timeout=600)
         state, left = (r.stdout.split() + ["unknown", "0"])[:2]
         if state not in ("inactive", "failed") or left != "0":
             raise TorchrigError(f"job still {state} with {left} process(es) left")

@@ -155,7 +155,6 @@ def follow(inv: Inventory, hosts: list[Host], o: Options, printer: Printer | Non
     for t in threads:
         while t.is_alive():
             t.join(0.5)  # short joins keep Ctrl-C responsive
-    result.errors = [e for e in result.errors]
     return result
 
 

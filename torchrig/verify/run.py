@@ -13,7 +13,7 @@ from ..errors import TorchrigError
 from ..facts import nccl_tests, smi_query
 from ..inventory import Host, Inventory
 from ..provision.desired import settings_for
-from ..remote import connect, fan_out, login_user, privileged, run_input, sh, with_env
+from ..remote import connect, fan_out, run_input, run_once, sh, with_env
 from . import evaluate, thresholds
 from .evaluate import Check, HostVerdict
 
@@ -115,22 +115,14 @@ def _listen(inv, h: Host, port: int, accept_new: bool) -> str | None:
     """A throwaway TCP listener on the rendezvous port of the first node (if the port is
     free): the other nodes prove they can reach it before a job depends on it."""
     unit = f"torchrig-verify-listen-{secrets.token_hex(4)}"
-    cxn = connect(h, inv, accept_new=accept_new)
-    try:
-        r = cxn.run(privileged(sh("systemd-run", f"--unit={unit}", "--collect",
-                                  "--property=RuntimeMaxSec=120", "python3", "-c", LISTENER, str(port))
-                               + " && sleep 0.5", login_user(cxn)), hide=True, warn=True)
-    finally:
-        cxn.close()
+    r = run_once(h, inv, sh("systemd-run", f"--unit={unit}", "--collect",
+                            "--property=RuntimeMaxSec=120", "python3", "-c", LISTENER, str(port))
+                 + " && sleep 0.5", root=True, accept_new=accept_new)
     return unit if r.exited == 0 else None
 
 
 def _stop_unit(inv, h: Host, unit: str, accept_new: bool) -> None:
-    cxn = connect(h, inv, accept_new=accept_new)
-    try:
-        cxn.run(privileged(sh("systemctl", "stop", unit), login_user(cxn)), hide=True, warn=True)
-    finally:
-        cxn.close()
+    run_once(h, inv, sh("systemctl", "stop", unit), root=True, accept_new=accept_new)
 
 
 def _nproc(v: HostVerdict | None, o: HostOpts) -> int:
@@ -159,11 +151,7 @@ def _push_bench(inv, h: Host, accept_new: bool) -> None:
 
 
 def _run_bench(inv, h: Host, cmd: str, accept_new: bool, timeout: int = 300) -> dict:
-    cxn = connect(h, inv, accept_new=accept_new)
-    try:
-        r = cxn.run(cmd, hide=True, warn=True, timeout=timeout)
-    finally:
-        cxn.close()
+    r = run_once(h, inv, cmd, accept_new=accept_new, timeout=timeout)
     m = re.search(r"^ALLREDUCE_JSON (.+)$", r.stdout, re.M)
     if r.exited != 0:
         tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
