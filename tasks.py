@@ -402,7 +402,9 @@ def demo(c, steps=60):
             if item.global_rank == 0:
                 seen.append(item.text)
 
-    run_follow(inv, hosts, Options(job, {h.name: f"/var/log/torchrig/{job}" for h in hosts},
+    from torchrig.provision.desired import settings_for
+    log_dirs = {h.name: f"{settings_for(h.name, h.vars, inv.path).log_dir}/{job}" for h in hosts}
+    run_follow(inv, hosts, Options(job, log_dirs,
                                    unit_name(job), follow=True), printer=Tee(sys.stdout, sys.stdout.isatty()))
     done = next((ln for ln in reversed(seen) if ln.startswith("done step=")), None)
     steps_seen = [ln for ln in seen if ln.startswith("step=")]

@@ -110,7 +110,7 @@ VERDICT_STYLE = {"PASS": "green", "FAIL": "red", "WARN": "yellow", "NOT RUN": "m
 
 
 def _v(status: str) -> str:
-    return f"[{VERDICT_STYLE.get(status, '')}]{status}[/]"
+    return styled(status, VERDICT_STYLE.get(status, ""))
 
 
 def verify_report(rep) -> None:
