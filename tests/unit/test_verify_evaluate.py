@@ -2,7 +2,6 @@
 
 from pathlib import Path
 
-from torchrig.facts import smi_query
 from torchrig.verify import evaluate
 from torchrig.verify.evaluate import FAIL, NOT_RUN, PASS, WARN
 
