@@ -107,7 +107,8 @@ def provision(c, inventory=None, host=None, dry_run=False, yes=False, reboot=Fal
                        "apply, or --dry-run to only look", code=1)
         if input(f"apply to {len(todo)} host(s)? [y/N] ").strip().lower() not in ("y", "yes"):
             raise Exit("nothing changed", code=1)
-    log = (lambda h, m: None) if json_ else (lambda h, m: print(f"{h} | {m}", file=sys.stderr))
+    from torchrig.execute import PrefixedLines  # whole lines: hosts' threads never interleave
+    log = (lambda h, m: None) if json_ else (lambda h, m: PrefixedLines(h, sys.stderr).write(m + "\n"))
     applied = fan_out(planned, lambda p: apply_host(inv, p, reboot, accept_new_host_keys, log),
                       parallel=par, name=lambda p: p.host.name)
     reports = [r.value if r.ok else HostReport(r.host, ok=False, error=r.error) for r in applied]
@@ -315,6 +316,9 @@ def logs(c, inventory=None, host=None, job=None, follow=False, rank=None, since=
 
 class _NullPrinter:
     def line(self, item):
+        pass
+
+    def notice(self, text):
         pass
 
 

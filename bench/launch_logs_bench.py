@@ -73,6 +73,9 @@ def main():
                 got.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
                 lat.append(now - float(m.group(3)))
 
+        def notice(self, text):
+            print(f"logs: {text}", file=sys.stderr)
+
     t0 = time.perf_counter()  # the ranks start writing ~5 s from now: we are attached by then
     out = follow(inv, hosts, Options(job, {h.name: f"/var/log/torchrig/{job}" for h in hosts},
                                      unit_name(job), follow=True), printer=Sink())

@@ -5,12 +5,10 @@ import copy
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 
-import pytest
 
 from conftest import ENV, REPO, invoke, write_inventory
 
@@ -138,12 +136,47 @@ def test_killed_rank_restarts_group_and_resumes(testbed):
     resumed = int(re.search(r"resume step=(\d+) .*ckpt_0*(\d+)\.pt", mine[at]).group(1))
     after = [int(m.group(1)) for ln in mine[at:] for m in [re.search(r"\] step=(\d+) ", ln)] if m]
     assert after and after[0] > resumed >= 20
-    # no gaps, no repeats: as many lines as the rank files on the hosts hold, and each file's
-    # lines in order
+    # no gaps, no repeats: as many lines as the rank files on the hosts hold, plus those of
+    # files torchrun cleared after they were read (a survivor restarted at the same attempt
+    # number), which logs counts in a notice; and each file's lines in order
     total = sum(int(sh(testbed, h, "cat /var/log/torchrig/t-kill/*/attempt_*/*/std*.log | wc -l"))
                 for h in ("gpu1", "gpu4"))
-    assert len(text.strip().splitlines()) == total
+    cleared = sum(int(n) for n in re.findall(r"started over \(.*?\); (\d+) line\(s\) read from it "
+                                             r"before are no longer on disk", out.stderr))
+    assert len(text.strip().splitlines()) == total + cleared, out.stderr
     assert after == sorted(after) and len(after) == len(set(after))
+
+
+def test_survivor_restart_clears_its_folder_and_logs_says_so(testbed):
+    """A healthy node whose peer's group failed restarts its workers at the same attempt
+    number, and torchrun clears that attempt folder first. `logs -f` must say how many lines
+    it had shown from it (they are gone from disk), then follow the new files from 0."""
+    r = launch(testbed, "t-clear", "--max-restarts", "2",
+               "--args", "--max-steps 300 --log-every 5 --ckpt-every 20")
+    assert r.returncode == 0, r.stderr
+    wait_step(testbed, "t-clear", 25)  # a checkpoint exists
+    worker = "'^/opt/torchrig/venv/bin/python[0-9.]* -u train.py'"
+    # gpu1's workers cannot notice the failure (stopped), so its agent sees a membership change
+    sh(testbed, "gpu1", f"pkill -STOP -f {worker}")
+    follower = subprocess.Popen([sys.executable, "-m", "invoke", "logs", "-i", str(testbed), "-h", NODES,
+                                 "--job", "t-clear", "-f"], cwd=REPO, env={**os.environ, **ENV},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid = sh(testbed, "gpu4", f"pgrep -f {worker} | head -1")
+    assert pid.isdigit(), pid
+    sh(testbed, "gpu4", f"kill -9 {pid}")
+    out, err = follower.communicate(timeout=400)
+    assert follower.returncode == 0, err
+    notes = re.findall(r"^logs: (gpu\d): (\S+) started over \(.*?\); (\d+) line\(s\) read from it "
+                       r"before are no longer on disk", err, re.M)
+    assert notes and {n for n, _, _ in notes} == {"gpu1"}, err
+    assert all(re.fullmatch(r"t-clear_\w+/attempt_0", f) and int(k) > 0 for _, f, k in notes), notes
+    total = sum(int(sh(testbed, h, "cat /var/log/torchrig/t-clear/*/attempt_*/*/std*.log | wc -l"))
+                for h in ("gpu1", "gpu4"))
+    assert len(out.strip().splitlines()) == total + sum(int(k) for _, _, k in notes), err
+    # gpu1 finished in attempt 0 (a membership change is not a retry), from a checkpoint
+    mine = [ln for ln in out.splitlines() if ln.startswith("[gpu1/r0] ")]
+    assert any(ln.startswith("[gpu1/r0] done step=300 ") for ln in mine), out[-3000:]
+    assert re.search(r"^\[gpu1/r0\] resume step=([1-9]\d*) ", out, re.M), out[-3000:]
 
 
 def test_stop_leaves_no_process_and_checkpoints(testbed):

@@ -93,7 +93,8 @@ def test_offsets_dedup_and_truncation():
     assert t.offsets_for("n") == {out(): 25}
     # truncation: back to 0, and the rank is learned again
     t.feed("n", rec("L", out(l=1), 90, start_line(4, 1)))
-    assert t.feed("n", rec("T", out(l=1), 0)) == [Truncated("n", out(l=1))]
+    assert t.feed("n", rec("T", out(l=1), 0)) == [Truncated("n", out(l=1), lines=1)]
+    assert t.feed("n", rec("T", out(l=1), 0)) == [Truncated("n", out(l=1), lines=0)]
     assert t.offsets_for("n")[out(l=1)] == 0 and t.global_rank("n", R, 0, 1) is None
     (l,) = t.feed("n", rec("L", out(l=1), 5, "new"))
     assert l.text == "new" and l.global_rank is None

@@ -90,9 +90,12 @@ class Heartbeat:
 
 @dataclass(frozen=True)
 class Truncated:
-    """A file shrank or was replaced; its lines start over (shown, e.g., as a notice)."""
+    """A file shrank or was replaced (torchrun clears an attempt folder when it restarts a
+    node's workers at the same attempt number); its lines start over. `lines`: how many lines
+    had been read from its earlier content, which is no longer on disk."""
     node: str
     relpath: str
+    lines: int = 0
 
 
 Event = Union[Line, ErrorReport, Heartbeat, Truncated]
@@ -160,6 +163,7 @@ class Tracker:
     def __init__(self) -> None:
         self._offsets: dict[str, dict[str, int]] = {}
         self._ranks: dict[tuple[str, str, int, int], int] = {}
+        self._lines: dict[tuple[str, str], int] = {}  # (node, relpath) -> lines read from it
         self.malformed: list[tuple[str, str]] = []  # (node, record) that could not be parsed
 
     def offsets_for(self, node: str) -> dict[str, int]:
@@ -201,10 +205,12 @@ class Tracker:
             known[rel] = 0
             if info.stream == "stdout":
                 self._ranks.pop(key, None)  # the folder was reused: learn the rank again
-            return [Truncated(node, rel)]
+            return [Truncated(node, rel, self._lines.pop((node, rel), 0))]
         if off <= known.get(rel, 0):
             return []  # already seen (replayed after a reconnect)
         known[rel] = off
+        if kind == "L":
+            self._lines[(node, rel)] = self._lines.get((node, rel), 0) + 1
         if kind == "E":
             try:
                 doc = json.loads(payload)

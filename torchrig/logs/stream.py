@@ -82,10 +82,17 @@ def _stream(cxn, command: str, data: str, on_line: Callable[[str], None], silenc
 
 
 class Printer:
-    """Merged output: one whole line at a time, prefixed [node/rank], coloured per rank."""
+    """Merged output: one whole line at a time, prefixed [node/rank], coloured per rank.
+    Notices about the stream itself go to `err`, so stdout holds the ranks' lines only."""
 
-    def __init__(self, out: TextIO, color: bool):
+    def __init__(self, out: TextIO, color: bool, err: TextIO | None = None):
         self.out, self.color, self.lock = out, color, threading.Lock()
+        self.err = err or sys.stderr
+
+    def notice(self, text: str) -> None:
+        with self.lock:
+            self.err.write(f"logs: {text}\n")
+            self.err.flush()
 
     def line(self, item: merge.Line) -> None:
         p = merge.prefix(item)
@@ -106,10 +113,29 @@ def follow(inv: Inventory, hosts: list[Host], o: Options, printer: Printer | Non
     lock = threading.Lock()
     script = FOLLOWER.read_text()
 
+    # cleared files, per node, told as one notice per attempt folder: [folder, lines]
+    cleared: dict[str, list] = {}
+
+    def tell_cleared(node: str) -> None:
+        folder, n = cleared.pop(node, (None, 0))
+        if n:
+            printer.notice(f"{node}: {folder} started over (torchrun clears an attempt folder when "
+                           f"it restarts a node's workers because another node's group changed); "
+                           f"{n} line(s) read from it before are no longer on disk "
+                           f"(journalctl -u {o.unit} on {node} keeps them)")
+
     def handle(node: str, raw: str) -> None:
         with lock:
             events = tracker.feed(node, raw)
         for ev in events:
+            if isinstance(ev, merge.Truncated):
+                # the T records of one folder come together: add them up, tell once
+                folder = ev.relpath.rsplit("/", 2)[0]
+                if cleared.get(node, [folder])[0] != folder:
+                    tell_cleared(node)
+                cleared.setdefault(node, [folder, 0])[1] += ev.lines
+            else:
+                tell_cleared(node)  # before the folder's new lines (or a heartbeat: no more T)
             if isinstance(ev, merge.Line) and keep(ev):
                 printer.line(ev)
                 with lock:
@@ -135,6 +161,7 @@ def follow(inv: Inventory, hosts: list[Host], o: Options, printer: Printer | Non
                                  script, lambda ln: handle(h.name, ln), SILENCE_S)
                 finally:
                     cxn.close()
+                tell_cleared(h.name)
                 if rc == 0:
                     return
                 why = "connection went silent" if rc is None else f"follower exited {rc}"
