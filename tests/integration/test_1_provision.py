@@ -1,12 +1,10 @@
 """provision on real testbed hosts: real apt, dpkg and systemd; stand-in NVIDIA packages.
 Tests run in file order and build on each other per host (fresh -> provisioned)."""
 
-import copy
 import json
 import re
 import time
 
-import pytest
 
 from conftest import invoke, write_inventory
 
@@ -177,3 +175,22 @@ def test_interrupted_dpkg_converges(testbed):
     assert "libnccl-dev" in sh(testbed, "gpu1", "apt-mark showhold").split()
     r, data = provision(testbed, "gpu1", "--yes")
     assert steps_of(data, "gpu1")[0]["changed"] == 0
+
+
+def test_module_that_never_loads_fails_after_one_reboot(testbed):
+    """A driver whose kernel module does not load at boot (Secure Boot refusing it, a failed
+    DKMS build): one reboot, then a clear failure, never a reboot loop or 'ok'. The testbed's
+    stand-in module loader is made to fail with a systemd drop-in, like a failing modprobe."""
+    dropin = "/etc/systemd/system/nvidia-standin-module.service.d"
+    sh(testbed, "gpu3", f"mkdir -p {dropin} && printf '[Service]\\nExecStart=\\nExecStart=/bin/false\\n' "
+                        f"> {dropin}/torchrig-test-fail.conf")
+    try:
+        r, data = provision(testbed, "gpu3", "--yes", "--reboot")
+        assert r.returncode == 1, r.stderr
+        assert "gpu3: the NVIDIA driver is still not usable after the reboot (no-driver)" in r.stderr
+        assert "dmesg" in r.stderr
+        rep, st = steps_of(data, "gpu3")
+        assert rep["rebooted"] and not rep["ok"]
+        assert st["driver"]["status"] == "changed" and st["driver-services"]["status"] == "skipped"
+    finally:
+        sh(testbed, "gpu3", f"rm -rf {dropin} && systemctl daemon-reload")

@@ -131,7 +131,15 @@ def apply_host(inv: Inventory, p: Planned, reboot: bool, accept_new: bool = Fals
             pending_reboot = _apply_steps(cxn, ctx, s, rep, log)
             if first is not None:
                 rep.steps = _merge(first, rep.steps)
-            if not pending_reboot or rep.rebooted:
+            if pending_reboot and rep.rebooted:
+                # booted with the new driver installed and still no usable module: rebooting
+                # again will not help; say where to look
+                raise TorchrigError(
+                    f"the NVIDIA driver is still not usable after the reboot ({pending_reboot}): "
+                    "the kernel module did not load; see `dmesg | grep -i nvidia` on the host "
+                    "(Secure Boot refusing an unsigned module, a DKMS build that failed for "
+                    "this kernel), fix it, then rerun provision")
+            if not pending_reboot:
                 break
             first = rep.steps
             if not reboot:
@@ -158,11 +166,12 @@ def apply_host(inv: Inventory, p: Planned, reboot: bool, accept_new: bool = Fals
     return rep
 
 
-def _apply_steps(cxn, ctx: Ctx, s: Settings, rep: HostReport, log) -> bool:
-    """Run each step's changes as one root script. True if a driver step had to wait."""
+def _apply_steps(cxn, ctx: Ctx, s: Settings, rep: HostReport, log) -> str | None:
+    """Run each step's changes as one root script. The driver state ('no-driver', ...) if a
+    step that needs the driver had to wait for it, else None."""
     pre = preamble(s.apt_lock_timeout)
     state, _ = driver_state(ctx.facts)
-    driver_changed, waiting = False, False
+    driver_changed, waiting = False, None
     for step in STEPS:
         skip = step.enabled(ctx)
         if skip:
@@ -177,7 +186,7 @@ def _apply_steps(cxn, ctx: Ctx, s: Settings, rep: HostReport, log) -> bool:
             if state != "ok":
                 changes = step.plan(ctx)
                 if changes:
-                    waiting = True
+                    waiting = state
                     rep.steps.append(StepResult(step.name, "skipped",
                                                 changes=[c.describe() for c in changes],
                                                 error=f"driver not usable yet ({state}): reboot needed"))
