@@ -28,6 +28,14 @@ def user_errors(fn):
     return wrapper
 
 
+def _warm(module: str) -> None:
+    """Import `module` on a thread while the task waits on SSH: its import is CPU time that
+    would otherwise come after the network wait (a later import of it just waits for this)."""
+    import importlib
+    import threading
+    threading.Thread(target=importlib.import_module, args=(module,), daemon=True).start()
+
+
 def _inventory(c, path: str | None):
     from torchrig import inventory
     return inventory.load(path or c.config.torchrig.inventory)
@@ -82,13 +90,14 @@ def exec_(c, command, inventory=None, host=None, sudo=False, timeout=None, paral
 def provision(c, inventory=None, host=None, dry_run=False, yes=False, reboot=False, json_=False,
               accept_new_host_keys=False):
     """Install the NVIDIA driver, CUDA, NCCL, a torch venv and nccl-tests; plan first, idempotent."""
-    from torchrig import report
     from torchrig.provision.apply import HostReport, apply_host, plan_host
     from torchrig.remote import fan_out
     inv = _inventory(c, inventory)
     chosen = inv.select(host)
     par = int(c.config.torchrig.parallel)
+    _warm("torchrig.report")
     gathered = fan_out(chosen, lambda h: plan_host(inv, h, accept_new_host_keys), parallel=par)
+    from torchrig import report
     planned = [r.value for r in gathered if r.ok and r.value.report.ok]
     failed = [HostReport(r.host, ok=False, error=r.error) for r in gathered if not r.ok]
     failed += [r.value.report for r in gathered if r.ok and not r.value.report.ok]
@@ -128,11 +137,12 @@ def provision(c, inventory=None, host=None, dry_run=False, yes=False, reboot=Fal
 @user_errors
 def verify(c, inventory=None, host=None, bandwidth=False, json_=False, accept_new_host_keys=False):
     """GPUs, topology, driver health, one version gate across nodes, network; PASS or FAIL."""
-    from torchrig import report
     from torchrig.verify.run import verify as run_verify
     inv = _inventory(c, inventory)
+    _warm("torchrig.report")
     rep = run_verify(inv, inv.select(host), bandwidth=bandwidth, accept_new=accept_new_host_keys,
                      parallel=int(c.config.torchrig.parallel))
+    from torchrig import report
     if json_:
         print(json.dumps(rep.as_dict(), indent=2, default=str))
     else:

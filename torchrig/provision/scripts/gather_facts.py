@@ -19,14 +19,29 @@ want = json.loads(sys.argv[1])
 out = {}
 
 
-def run(*argv, timeout=60):
-    try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-        return r.returncode, r.stdout, r.stderr
-    except FileNotFoundError:
-        return 127, "", f"{argv[0]}: command not found"
-    except subprocess.TimeoutExpired:
-        return 124, "", f"{argv[0]}: timed out"
+class Cmd:
+    """A command started now and collected later: every command of the gather runs at once,
+    so the round trip costs the slowest one (nvidia-smi, apt-cache), not their sum."""
+
+    def __init__(self, *argv):
+        self.argv, self.done = argv, None
+        try:
+            self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      stdin=subprocess.DEVNULL, universal_newlines=True)
+        except OSError:
+            self.p, self.done = None, (127, "", "%s: command not found" % argv[0])
+
+    def result(self, timeout=60):
+        """(exit status, stdout, stderr)"""
+        if self.done is None:
+            try:
+                o, e = self.p.communicate(timeout=timeout)
+                self.done = (self.p.returncode, o, e)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.communicate()
+                self.done = (124, "", "%s: timed out" % self.argv[0])
+        return self.done
 
 
 def read(path, limit=1 << 20):
@@ -37,6 +52,22 @@ def read(path, limit=1 << 20):
         return None
 
 
+UNITS = want.get("units", [])
+AVAILABLE = want.get("available", [])
+cmd = {
+    "lspci": Cmd("lspci", "-nn"),
+    "mokutil": Cmd("mokutil", "--sb-state"),
+    "dpkg-query": Cmd("dpkg-query", "-W", "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n",
+                      *want["packages"]) if want.get("packages") else None,
+    "holds": Cmd("apt-mark", "showhold"),
+    # one apt-cache call for every pinned version (those it lacks are reported on stderr)
+    "apt-cache": Cmd("apt-cache", "show", "--no-all-versions", *AVAILABLE) if AVAILABLE else None,
+    "audit": Cmd("dpkg", "--audit"),
+    "units": Cmd("systemctl", "show", "--property=LoadState,UnitFileState,ActiveState",
+                 "--", *UNITS) if UNITS else None,
+    "nvidia-smi": Cmd("nvidia-smi", "--query-gpu=index,name,driver_version", "--format=csv,noheader"),
+}
+
 out["os_release"] = (read("/etc/os-release") or b"").decode(errors="replace")
 out["arch"] = os.uname().machine
 out["kernel"] = os.uname().release
@@ -44,11 +75,11 @@ out["euid"] = os.geteuid()
 out["boot_id"] = (read("/proc/sys/kernel/random/boot_id") or b"").decode().strip()
 st = os.statvfs("/")
 out["disk_free_gb"] = round(st.f_bavail * st.f_frsize / 1e9, 1)
-rc, o, _ = run("lspci", "-nn")
+rc, o, _ = cmd["lspci"].result()
 out["lspci"] = o if rc == 0 else None
 
 # Secure Boot: mokutil if present, else the EFI variable (last byte 1 = enabled); no EFI = off.
-rc, o, e = run("mokutil", "--sb-state")
+rc, o, e = cmd["mokutil"].result()
 if rc == 0 or "SecureBoot" in o + e:
     out["secure_boot"] = "enabled" in (o + e).lower() and "disabled" not in (o + e).lower()
 else:
@@ -59,26 +90,29 @@ else:
 # Packages: version and state ("ii" = installed) of each, and which are held.
 pk = {}
 if want.get("packages"):
-    rc, o, _ = run("dpkg-query", "-W", "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n",
-                   *want["packages"])
+    rc, o, _ = cmd["dpkg-query"].result()
     for line in o.splitlines():
         parts = line.split("\t")
         # Status-Abbrev: desired (i=install, h=hold) then state (i=installed)
         if len(parts) == 3 and parts[2][1:2] == "i":
             pk[parts[0]] = parts[1]
 out["packages"] = pk
-rc, o, _ = run("apt-mark", "showhold")
+rc, o, _ = cmd["holds"].result()
 out["held"] = sorted(o.split())
-out["available"] = {}
-for spec in want.get("available", []):
-    name, _, ver = spec.partition("=")
-    if pk.get(name) == ver:  # installed at that version: no need to ask apt
-        continue
-    rc, o, _ = run("apt-cache", "show", "--no-all-versions", f"{name}={ver}")
-    out["available"][spec] = rc == 0 and bool(o.strip())
+shown = set()
+if cmd["apt-cache"]:
+    rc, o, _ = cmd["apt-cache"].result()
+    for para in o.split("\n\n"):
+        n = re.search(r"^Package: (\S+)$", para, re.M)
+        v = re.search(r"^Version: (\S+)$", para, re.M)
+        if n and v:
+            shown.add(n.group(1) + "=" + v.group(1))
+# installed at that version: available whatever apt says now
+out["available"] = {spec: spec in shown for spec in AVAILABLE
+                    if pk.get(spec.partition("=")[0]) != spec.partition("=")[2]}
 
 # dpkg left half-done by an interrupted install; who holds the dpkg lock right now.
-rc, o, _ = run("dpkg", "--audit")
+rc, o, _ = cmd["audit"].result()
 out["dpkg_audit"] = o.strip()
 out["dpkg_updates_pending"] = bool(glob.glob("/var/lib/dpkg/updates/[0-9]*"))
 
@@ -112,13 +146,17 @@ for u in want.get("users", []):
 out["users"] = users
 
 units = {}
-for u in want.get("units", []):
-    _, en, _ = run("systemctl", "is-enabled", u)
-    _, ac, _ = run("systemctl", "is-active", u)
-    units[u] = {"enabled": en.strip() or "not-found", "active": ac.strip() or "unknown"}
+if cmd["units"]:
+    # one block per unit, in argument order, blank-line separated
+    _, o, _ = cmd["units"].result()
+    blocks = [dict(ln.split("=", 1) for ln in b.splitlines() if "=" in ln) for b in o.split("\n\n")]
+    for u, b in zip(UNITS, blocks + [{}] * len(UNITS)):
+        found = b.get("LoadState", "not-found") not in ("not-found", "")
+        units[u] = {"enabled": (b.get("UnitFileState") or "not-found") if found else "not-found",
+                    "active": b.get("ActiveState") or "unknown"}
 out["units"] = units
 
-rc, o, e = run("nvidia-smi", "--query-gpu=index,name,driver_version", "--format=csv,noheader")
+rc, o, e = cmd["nvidia-smi"].result()
 out["nvidia_smi"] = {"rc": rc, "output": (o + e).strip()[-2000:]}
 
 # The venv: Python version and installed distributions from their dist-info (no imports).
