@@ -22,6 +22,7 @@ import yaml
 
 from ..errors import TorchrigError
 from . import aptrepo, gpu_profiles, image, machines, net, pyindex
+from .supervisor import cgroup_dirs
 from .paths import (BRIDGE, CACHE, GATEWAY_IP, HTTP_PORT, MAX_HOSTS, STATE,
                     base_url, host_ip, www)
 
@@ -226,4 +227,6 @@ def leftovers() -> list[str]:
     ps = subprocess.run(["pgrep", "-af", f"supervisor {BRIDGE}-|--machine={BRIDGE}-"],
                         capture_output=True, text=True).stdout
     out += [f"process {line}" for line in ps.splitlines() if "pgrep" not in line]
+    for top in {str(Path(d).parent) for d in cgroup_dirs("x")}:  # .../torchrig-testbed
+        out += [f"cgroup {d}" for d in sorted(Path(top).glob(f"{BRIDGE}-*"))]
     return out

@@ -14,6 +14,7 @@ from pathlib import Path
 from ..errors import TorchrigError
 from . import gpu_profiles
 from .paths import host_dir, machine, netns
+from .supervisor import cgroup_dirs
 
 SIM_NOTE = ("This host is a torchrig TESTBED SIMULATION (systemd-nspawn container).\n"
             "Its GPUs are described by gpu-profile.json and answered by a stand-in nvidia-smi;\n"
@@ -153,6 +154,12 @@ def stop(name: str, timeout: float = 60) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    for top in cgroup_dirs(machine(name)):  # the host's own cgroups (see supervisor.own_cgroup)
+        for d, _, _ in os.walk(top, topdown=False):
+            try:
+                os.rmdir(d)  # empty cgroups only; one still in use stays
+            except OSError:
+                pass
 
 
 def _inside(root: Path) -> list[int]:

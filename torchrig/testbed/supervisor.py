@@ -7,6 +7,7 @@ and ends the supervisor. Started detached by testbed.up:
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -22,7 +23,33 @@ def nspawn_argv(name: str, root: str, netns_path: str) -> list[str]:
             "--console=read-only", "--quiet"]
 
 
+CGROUP_FS = "/sys/fs/cgroup"
+
+
+def cgroup_dirs(name: str) -> list[str]:
+    """This host's own cgroup in each hierarchy that systemd uses: the unified one and, on a
+    hybrid (v1) machine, name=systemd."""
+    if os.path.exists(os.path.join(CGROUP_FS, "cgroup.controllers")):  # cgroup2 only
+        roots = [CGROUP_FS]
+    else:
+        roots = [os.path.join(CGROUP_FS, h) for h in ("unified", "systemd")
+                 if os.path.isdir(os.path.join(CGROUP_FS, h))]
+    return [os.path.join(r, "torchrig-testbed", name) for r in roots]
+
+
+def own_cgroup(name: str) -> None:
+    """Move this process into the host's own cgroup before starting nspawn. Without a host
+    systemd (--keep-unit), nspawn puts the container's tree at <its cgroup>/payload: started
+    from one shared cgroup, every host's systemd would manage the same units' cgroups, and one
+    host's reboot or `systemctl stop` would kill or break another's (status 219/CGROUP)."""
+    for d in cgroup_dirs(name):
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+
+
 def main(name: str, root: str, netns_path: str) -> int:
+    own_cgroup(name)
     stopping = False
     child: subprocess.Popen | None = None
 
