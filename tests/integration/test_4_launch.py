@@ -193,6 +193,9 @@ def test_stop_leaves_no_process_and_checkpoints(testbed):
                              "ls /srv/torchrig/checkpoints/t-stop 2>/dev/null | wc -l") + \
         sh(testbed, "gpu4", "ls /srv/torchrig/checkpoints/t-stop/ 2>/dev/null || true")
     assert re.search(r"ckpt_\d+\.pt", ck), ck
+    # a job the operator stopped reads as stopped, not failed (torchrun exits 1 on SIGTERM)
+    _, st = status(testbed, "t-stop")
+    assert {n["unit"]["ActiveState"] for n in st["nodes"].values()} == {"inactive"}, st
 
 
 def test_down_host_means_nothing_started(testbed, inventory_doc, tmp_path):

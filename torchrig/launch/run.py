@@ -274,7 +274,12 @@ def _stop_all(inv, hosts: list[Host], job: str, o: LaunchOptions, remove: bool) 
 
 
 STOP_CHECK = """u={unit}
+was=$(systemctl show -p ActiveState --value "$u")
 systemctl stop "$u"
+# torchrun exits 1 when SIGTERM stops it (the workers checkpoint and exit 0): a job stopped
+# here did not fail, so it should not read 'failed' afterwards. One that had failed before
+# the stop keeps its state.
+case "$was" in active|activating|reloading) systemctl reset-failed "$u" 2>/dev/null || true;; esac
 cg=$(systemctl show -p ControlGroup --value "$u")
 left=0
 if [ -n "$cg" ] && [ -f "/sys/fs/cgroup$cg/cgroup.procs" ]; then left=$(wc -l < "/sys/fs/cgroup$cg/cgroup.procs"); fi
