@@ -169,12 +169,15 @@ def login_user(cxn) -> str:
 
 
 def run_once(host: Host, inv: Inventory, command: str, *, root: bool = False,
-             accept_new: bool = False, timeout: float | None = None):
+             accept_new: bool = False, timeout: float | None = None, data: str | None = None):
     """One command on one host, over a connection opened and closed for it (warn=True: the
-    caller reads .exited). root=True runs it through privileged()."""
+    caller reads .exited). root=True runs it through privileged(); `data` goes to its stdin
+    through run_input()."""
     cxn = connect(host, inv, accept_new=accept_new)
     try:
         line = privileged(command, login_user(cxn)) if root else command
+        if data is not None:
+            return run_input(cxn, line, data, timeout=600 if timeout is None else timeout)
         return cxn.run(line, hide=True, warn=True, timeout=timeout)
     finally:
         cxn.close()

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import TorchrigError
 from ..inventory import Host, Inventory
 from ..provision.desired import settings_for
-from ..remote import connect, fan_out, login_user, privileged, run_input, run_once, sh
+from ..remote import fan_out, run_once, sh
 from ..verify.run import verify
 from .plan import (GPU_SAMPLER, SAMPLER_PATH, Job, Node, check_job_name, env_path, job_port,
                    parse_env, redact_env, render_env, render_gpumon, render_unit, split_args,
@@ -199,11 +199,7 @@ def _install(inv, h: Host, job: Job, n: Node, accept_new) -> None:
         ckptdir=sh(f"{n.checkpoint_dir}/{job.name}"), env=sh(env_path(job.name)),
         unit=sh(unit_path(job.name)), name=sh(unit_name(job.name)),
         env_b64=b64(render_env(job, n)), unit_b64=b64(render_unit(job, n)))
-    cxn = connect(h, inv, accept_new=accept_new)
-    try:
-        r = run_input(cxn, privileged("bash -s", login_user(cxn)), script, timeout=120)
-    finally:
-        cxn.close()
+    r = run_once(h, inv, "bash -s", root=True, accept_new=accept_new, timeout=120, data=script)
     if r.exited != 0:
         raise TorchrigError(f"writing the unit failed: {r.stderr.strip()[-300:]}")
 
@@ -313,12 +309,8 @@ def status(inv, hosts: list[Host], job: str, accept_new=False, parallel=16) -> l
         window = int(h.vars.get("low_util_minutes", 30)) * 60
         args = {"unit": unit_name(job), "logdir": f"{s.log_dir}/{job}",
                 "util_file": f"{s.log_dir}/{job}/gpu_util.csv", "window_s": window}
-        cxn = connect(h, inv, accept_new=accept_new)
-        try:
-            r = run_input(cxn, privileged("python3 - " + sh(json.dumps(args)), login_user(cxn)),
-                          STATUS_SCRIPT.read_text(), timeout=60)
-        finally:
-            cxn.close()
+        r = run_once(h, inv, "python3 - " + sh(json.dumps(args)), root=True,
+                     accept_new=accept_new, timeout=60, data=STATUS_SCRIPT.read_text())
         if r.exited != 0:
             raise TorchrigError(f"status failed: {r.stderr.strip()[-300:]}")
         d = json.loads(r.stdout)

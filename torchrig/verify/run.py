@@ -13,7 +13,7 @@ from ..errors import TorchrigError
 from ..facts import nccl_tests, smi_query
 from ..inventory import Host, Inventory
 from ..provision.desired import settings_for
-from ..remote import connect, fan_out, run_input, run_once, sh, with_env
+from ..remote import connect, fan_out, run_once, sh, with_env
 from . import evaluate, thresholds
 from .evaluate import Check, HostVerdict
 
@@ -51,11 +51,8 @@ def gather(inv: Inventory, h: Host, opts: HostOpts, peer: dict | None, torch_run
            accept_new: bool = False) -> dict:
     req = {"query": ",".join(smi_query.QUERY_FIELDS), "venv": opts.venv,
            "torch_runtime": torch_runtime, "peer": peer}
-    cxn = connect(h, inv, accept_new=accept_new)
-    try:
-        r = run_input(cxn, "python3 - " + sh(json.dumps(req)), SCRIPT.read_text(), timeout=180)
-    finally:
-        cxn.close()
+    r = run_once(h, inv, "python3 - " + sh(json.dumps(req)), accept_new=accept_new, timeout=180,
+                 data=SCRIPT.read_text())
     if r.exited != 0:
         raise TorchrigError(f"gathering facts failed (exit {r.exited}): {r.stderr.strip()[-400:]}")
     return json.loads(r.stdout)
@@ -140,14 +137,10 @@ def _bench_cmd(o: HostOpts, nproc: int, rdzv: list[str], env: dict[str, str]) ->
 
 
 def _push_bench(inv, h: Host, accept_new: bool) -> None:
-    cxn = connect(h, inv, accept_new=accept_new)
-    try:
-        r = run_input(cxn, f"mkdir -p {sh(str(Path(REMOTE_BENCH).parent))} && cat > {sh(REMOTE_BENCH)}",
-                      BENCH.read_text(), timeout=60)
-        if r.exited != 0:
-            raise TorchrigError(f"cannot copy the benchmark: {r.stderr.strip()}")
-    finally:
-        cxn.close()
+    r = run_once(h, inv, f"mkdir -p {sh(str(Path(REMOTE_BENCH).parent))} && cat > {sh(REMOTE_BENCH)}",
+                 accept_new=accept_new, timeout=60, data=BENCH.read_text())
+    if r.exited != 0:
+        raise TorchrigError(f"cannot copy the benchmark: {r.stderr.strip()}")
 
 
 def _run_bench(inv, h: Host, cmd: str, accept_new: bool, timeout: int = 300) -> dict:
