@@ -16,6 +16,8 @@ ENV = {
     "TORCHRIG_TESTBED_BRIDGE": "trbt0",
     "TORCHRIG_TESTBED_SUBNET": "10.213.7",
 }
+# A caller may choose other values (parallel runs: each needs its own state, bridge, subnet).
+ENV = {k: os.environ.get(k, v) for k, v in ENV.items()}
 os.environ.update(ENV)  # before torchrig.testbed.paths is imported by any test
 
 if platform.system() != "Linux" or os.geteuid() != 0:
