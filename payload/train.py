@@ -398,18 +398,30 @@ def stop_requested() -> bool:
 
 
 def enable_tf32():
-    try:  # torch >= 2.9 API
-        torch.backends.cuda.matmul.fp32_precision = "tf32"
-        torch.backends.cudnn.conv.fp32_precision = "tf32"
-    except (AttributeError, RuntimeError):
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    """TF32 for fp32 matmuls (cuBLAS) and convolutions (cuDNN), through the legacy API only.
+
+    torch >= 2.9 also has per-backend `fp32_precision` settings; once those are set, every
+    read of the legacy flags raises ("mix of the legacy and new APIs"), and the compiler reads
+    them (torch.get_float32_matmul_precision) while lowering, so --compile died (pytorch
+    issue 166387). The legacy setters keep both families readable on every torch we support.
+    """
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cudnn.allow_tf32 = True
+
+
+def auto_cuda_precision(capability: tuple[int, int]) -> str:
+    """--precision auto on a GPU of this compute capability: bf16 from sm80 (Ampere) on.
+
+    Not torch.cuda.is_bf16_supported(): it counts emulation, so it says True on V100 (sm70)
+    and T4 (sm75), where bf16 is emulated and slow; those get fp16 with a GradScaler.
+    """
+    return "bf16" if tuple(capability) >= (8, 0) else "fp16"
 
 
 def resolve_precision(pref: str, device: torch.device) -> str:
     if device.type == "cuda":
         if pref == "auto":
-            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+            return auto_cuda_precision(torch.cuda.get_device_capability(device))
         return pref
     if pref == "auto":
         return "fp32"
@@ -739,7 +751,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("device and speed")
     g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     g.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
-                   help="auto: bf16 on CUDA if supported, else fp16+GradScaler; fp32 on CPU")
+                   help="auto: bf16 on sm80+ GPUs (A100, H100), fp16+GradScaler on older ones "
+                        "(V100, T4); fp32 on CPU")
     g.add_argument("--compile", action="store_true", help="torch.compile the model")
     g.add_argument("--deterministic", action="store_true",
                    help="deterministic algorithms: resume reproduces an uninterrupted run")
@@ -1014,7 +1027,10 @@ def _train(args, ctx: DistCtx) -> int:
     model = raw_model
     if args.compile:
         model = torch.compile(model)
-    if ctx.initialized:
+    # One process has nothing to all-reduce: DDP would only add its bucket hooks, and under
+    # --compile its graph splitter cuts the model into a graph per bucket.
+    use_ddp = ctx.world_size > 1
+    if use_ddp:
         model = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)
 
     tokens_per_step = global_batch * args.seq_len
@@ -1023,7 +1039,8 @@ def _train(args, ctx: DistCtx) -> int:
              f"global_batch={global_batch} tokens_per_step={tokens_per_step} lr={peak_lr:.3e} "
              f"(lr {args.lr:g} x {global_batch}/{args.lr_ref_batch}) warmup={warmup} "
              f"total_steps={total_steps} steps_per_epoch={steps_per_epoch} precision={precision} "
-             f"compile={args.compile} optimizer=adamw-{opt_kind} deterministic={args.deterministic} "
+             f"compile={args.compile} ddp={'on' if use_ddp else 'off'} optimizer=adamw-{opt_kind} "
+             f"deterministic={args.deterministic} "
              f"data={args.data or 'synthetic'} flops_per_token={fpt:.3e} "
              f"peak_flops={'n/a' if peak is None else f'{peak:.3g}'}")
 
@@ -1200,6 +1217,8 @@ def _train(args, ctx: DistCtx) -> int:
                 "peak_lr": peak_lr,
                 "precision": precision,
                 "compile": args.compile,
+                "ddp": use_ddp,
+                "optimizer": f"adamw-{opt_kind}",
                 "device": str(dev),
                 "device_name": dev_name,
                 "backend": ctx.backend,

@@ -98,6 +98,7 @@ def test_startup_lines_and_batch_semantics(short_run):
     assert sorted(starts) == [("0", "0"), ("1", "1")], p.stdout
     cfg = re.search(r"^config .*", p.stdout, re.M).group(0)
     assert "global_batch=16" in cfg  # 8 per rank x 1 accum x 2 ranks
+    assert " ddp=on " in cfg  # two ranks: DDP averages the gradients
     # tiny preset lr 1e-2 per 32 samples, scaled linearly to 16
     assert "lr=5.000e-03" in cfg
     assert len(DONE_RE.findall(p.stdout)) == 1  # rank 0 only

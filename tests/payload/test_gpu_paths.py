@@ -1,0 +1,87 @@
+"""CPU tests for the payload's GPU-only decisions: TF32 flags, precision per GPU generation,
+DDP only with more than one process. No GPU here: what CUDA would report is stubbed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+PAYLOAD = REPO / "payload"
+sys.path.insert(0, str(PAYLOAD))
+import train  # noqa: E402
+from test_train import _env, _fail_msg, run_torchrun  # noqa: E402
+
+# Every getter of both TF32 APIs. In a fresh interpreter, since the flags are process-global.
+TF32_SCRIPT = f"""
+import sys, torch
+sys.path.insert(0, {str(PAYLOAD)!r})
+import train
+train.enable_tf32()
+got = {{
+    "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+    "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+    "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    "cuda.matmul.fp32_precision": torch.backends.cuda.matmul.fp32_precision,
+    "cudnn.conv.fp32_precision": torch.backends.cudnn.conv.fp32_precision,
+    "cudnn.rnn.fp32_precision": torch.backends.cudnn.rnn.fp32_precision,
+    "fp32_precision": torch.backends.fp32_precision,
+}}
+# What --compile does with these flags set: Inductor reads the matmul precision while lowering.
+torch.manual_seed(0)
+model = train.build_model("tiny", 16)
+x = torch.randint(0, 256, (2, 16))
+_, loss = torch.compile(model)(x, x)
+loss.backward()
+got["compiled_loss"] = loss.item()
+print(repr(got))
+"""
+
+
+def test_tf32_flags_stay_readable_and_compile_works():
+    p = subprocess.run([sys.executable, "-c", TF32_SCRIPT], env=_env(), capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, _fail_msg(p)  # the old code raised "mix of the legacy and new APIs"
+    got = eval(p.stdout.strip().splitlines()[-1])
+    assert got["cuda.matmul.allow_tf32"] is True and got["cudnn.allow_tf32"] is True
+    assert got["float32_matmul_precision"] == "high"
+    assert got["cuda.matmul.fp32_precision"] == "tf32"
+    assert got["cudnn.conv.fp32_precision"] == "tf32"
+    assert 4.0 < got["compiled_loss"] < 7.0  # about ln 256: an untrained model's loss
+
+
+@pytest.mark.parametrize("capability, expected", [
+    ((7, 0), "fp16"),  # V100: bf16 only emulated
+    ((7, 5), "fp16"),  # T4
+    ((8, 0), "bf16"),  # A100
+    ((8, 6), "bf16"),  # A10, RTX 30xx
+    ((8, 9), "bf16"),  # L4, L40S
+    ((9, 0), "bf16"),  # H100, H200
+    ((10, 0), "bf16"),  # B200
+])
+def test_auto_precision_by_compute_capability(capability, expected, monkeypatch):
+    # What torch says on a V100: bf16 "supported" (emulation counts by default).
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    cuda = torch.device("cuda", 0)
+    assert train.resolve_precision("auto", cuda) == expected
+    assert train.resolve_precision("bf16", cuda) == "bf16"  # an explicit choice is kept
+    assert train.auto_cuda_precision(capability) == expected
+
+
+def test_world_size_1_under_torchrun_is_not_wrapped_in_ddp(tmp_path):
+    out_json = tmp_path / "m.json"
+    p = run_torchrun(["--max-steps", 3, "--log-every", 1, "--out-json", out_json], nproc=1)
+    assert p.returncode == 0, _fail_msg(p)
+    assert "backend=gloo" in p.stdout  # a process group exists, as under torchrun with NCCL
+    cfg = next(ln for ln in p.stdout.splitlines() if ln.startswith("config "))
+    assert " ddp=off " in cfg, cfg
+    m = json.loads(out_json.read_text())
+    assert m["ddp"] is False and m["world_size"] == 1 and m["steps"] == 3
+    assert m["optimizer"] == "adamw-foreach"  # fused only on CUDA
