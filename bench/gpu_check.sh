@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
 # GPU check for the torchrig training payload (payload/train.py), for one NVIDIA GPU
-# (H100/H200-class). Measures; it is not tuned to pass. Finishes within ~8 minutes.
+# (H100/H200-class). Measures; it is not tuned to pass. Finishes within BUDGET_S (~9 minutes).
 #
 #   OUT=/some/dir bash bench/gpu_check.sh
 #
-# Runs, each under `timeout`, via torchrun with NCCL and world size 1:
-#   1. --preset gpt2, bf16, --compile      -> tokens/s and MFU (vs the dense bf16 peak table)
-#   2. --preset gpt2, bf16, eager          -> the same without torch.compile
-#   3. --preset gpt2 --find-batch-size     -> largest per-GPU batch that fits, less 10%
-# Writes $OUT/gpu_check.json (summary) and one log per run ($OUT/{compiled,eager,find_batch}.log).
+# Runs, each under `timeout`, with --precision auto (bf16 from sm80, fp16 + GradScaler before):
+#   1. plain      --preset gpt2, eager, one process without torchrun or a process group: the
+#                 control, so an NCCL start-up problem cannot hide the model's own figures
+#   2. eager      the same under torchrun (NCCL, world size 1)
+#   3. compiled   the same with --compile (gets COMPILE_S, the budget's largest share)
+#   4. find_batch --find-batch-size: largest per-GPU batch that fits, less 10%
+# Writes $OUT/gpu_check.json (summary), and per run $OUT/NAME.log and $OUT/NAME.json (metrics).
+# Prints a brief JSON, then "FAIL NAME: why" for each problem (with the run's first error
+# line). Exit status 0 only if every run exited 0 with tokens/s > 0, a finite loss, a numeric
+# MFU, the fused optimizer in use and a batch size > 0 (bench/gpu_check_verdict.py decides);
+# a run the budget skips is a failure that says so.
 #
 # Knobs (environment): PRESET (gpt2), BATCH (16, per GPU), STEPS (60), SEQ (preset default),
-# BUDGET_S (450, whole-script wall-clock budget), PY (python with torch), VENV (where to
-# create one if no python3 has torch), REQUIRE_CUDA (1; 0 allows a CPU plumbing dry run).
+# BUDGET_S (540, whole-script wall-clock budget), COMPILE_S (300, the compiled run's cap),
+# PY (python with torch), VENV (where to create one if no python3 has torch),
+# REQUIRE_CUDA (1; 0 runs the plumbing on CPU, whose verdict fails: no MFU, no fused AdamW).
 set -u -o pipefail
 
 START=$(date +%s)
-BUDGET_S=${BUDGET_S:-450}
+BUDGET_S=${BUDGET_S:-540}
+COMPILE_S=${COMPILE_S:-300}
 OUT=${OUT:-./gpu_check_out}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -27,9 +35,9 @@ BATCH=${BATCH:-16}
 STEPS=${STEPS:-60}
 SEQ=${SEQ:-}
 REQUIRE_CUDA=${REQUIRE_CUDA:-1}
-VENV=${VENV:-/tmp/torchrig_gpu_check_venv}
+VENV=${VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/torchrig/gpu_check_venv}
 SUMMARY="$OUT/gpu_check.json"
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")  # scratch; $OUT keeps only the summary and logs
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")  # scratch; $OUT keeps the summary, logs, metrics
 trap 'rm -rf "$WORK"' EXIT
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 export PYTHONUNBUFFERED=1
@@ -54,7 +62,7 @@ if [ -z "${PY:-}" ]; then
         PY=$VENV/bin/python
     else
         log "no python3 with torch: creating $VENV and installing torch from the configured index"
-        python3 -m venv "$VENV" || fail_json "python3 -m venv failed"
+        mkdir -p "$(dirname "$VENV")" && python3 -m venv "$VENV" || fail_json "python3 -m venv failed"
         timeout $(( $(remaining) - 200 > 30 ? $(remaining) - 200 : 30 )) \
             "$VENV/bin/pip" install -q torch >"$OUT/pip.log" 2>&1 || fail_json "pip install torch failed (see pip.log)"
         PY=$VENV/bin/python
@@ -65,11 +73,13 @@ fi
 import json, platform, torch
 info = {"python": platform.python_version(), "torch": str(torch.__version__),
         "cuda_available": torch.cuda.is_available(), "cuda": torch.version.cuda,
-        "nccl": None, "device_name": None, "device_count": 0, "bf16_supported": None,
+        "nccl": None, "device_name": None, "device_count": 0, "capability": None,
+        "bf16_native": None,
         "total_mem_gib": None}
 if torch.cuda.is_available():
     info.update(device_name=torch.cuda.get_device_name(0), device_count=torch.cuda.device_count(),
-                bf16_supported=torch.cuda.is_bf16_supported(),
+                capability=".".join(map(str, torch.cuda.get_device_capability(0))),
+                bf16_native=torch.cuda.is_bf16_supported(including_emulation=False),
                 total_mem_gib=torch.cuda.get_device_properties(0).total_memory / 2**30)
     try:
         info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
@@ -85,95 +95,42 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
     >"$WORK/nvidia_smi.txt" 2>&1 || true
 
 # ---------------------------------------------------------------- runs
-COMMON=(--preset "$PRESET" --batch-size "$BATCH" --precision bf16 --log-every 10 --seed 1337)
+COMMON=(--preset "$PRESET" --precision auto --seed 1337)
 [ -n "$SEQ" ] && COMMON+=(--seq-len "$SEQ")
 [ "$REQUIRE_CUDA" = 1 ] && COMMON+=(--device cuda)
+TRAIN_ARGS=("${COMMON[@]}" --batch-size "$BATCH" --log-every 10 --max-steps "$STEPS")
 
-run_one() {  # run_one NAME PLANNED_TIMEOUT_S RESERVE_S ARGS... ; the rest of the budget minus RESERVE is the cap
-    local name=$1 planned=$2 reserve=$3; shift 3
-    local cap=$(( $(remaining) - reserve ))
-    local t=$(( planned < cap ? planned : cap ))
-    if [ "$t" -lt 20 ]; then
-        log "$name: skipped, ${t}s left in the budget"
-        echo "skipped" >"$WORK/$name.rc"
+# run_one NAME HOW CAP_S NEED_S RESERVE_S ARGS...: HOW is plain (one process, no process
+# group) or torchrun (NCCL, world size 1). The run gets CAP_S, or less if the budget minus
+# RESERVE_S (what the later runs need) is smaller; under NEED_S it is skipped, and says so.
+run_one() {
+    local name=$1 how=$2 cap=$3 need=$4 reserve=$5; shift 5
+    local left=$(( $(remaining) - reserve ))
+    local t=$(( cap < left ? cap : left ))
+    if [ "$t" -lt "$need" ]; then
+        log "$name: SKIPPED: ${t}s of the budget left for it, it needs ${need}s (raise BUDGET_S)"
+        echo "skipped $(( t > 0 ? t : 0 )) $need" >"$WORK/$name.rc"
         return
     fi
-    log "$name: timeout ${t}s: train.py $*"
+    local launcher=(env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u MASTER_ADDR -u MASTER_PORT "$PY")
+    [ "$how" = torchrun ] && launcher=("$PY" -m torch.distributed.run --standalone --nnodes 1
+                                       --nproc-per-node 1)
+    log "$name: timeout ${t}s: $how train.py $*"
     local t0=$(date +%s)
-    timeout -k 5 "$t" "$PY" -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 1 \
-        "$TRAIN" "$@" >"$OUT/$name.log" 2>&1
+    timeout -k 5 "$t" "${launcher[@]}" "$TRAIN" "$@" >"$OUT/$name.log" 2>&1
     local rc=$?
     echo "$rc $(( $(date +%s) - t0 )) $t" >"$WORK/$name.rc"
     log "$name: rc=$rc in $(( $(date +%s) - t0 ))s; $(grep -E '^(done|batch_size=)' "$OUT/$name.log" | tail -1)"
 }
 
-run_one compiled 220 170 "${COMMON[@]}" --compile --max-steps "$STEPS" --out-json "$WORK/compiled.json"
-run_one eager 100 70 "${COMMON[@]}" --max-steps "$STEPS" --out-json "$WORK/eager.json"
-run_one find_batch 110 10 --preset "$PRESET" --precision bf16 --find-batch-size --max-batch-size 1024 \
-    ${SEQ:+--seq-len "$SEQ"} $([ "$REQUIRE_CUDA" = 1 ] && echo --device cuda) \
+rm -f "$OUT"/{plain,eager,compiled,find_batch}.{log,json}  # no stale figures from an earlier run
+# Caps and needs (s): plain 90/30, eager 90/30, compiled COMPILE_S/90, find_batch 120/40; each
+# run's reserve is the sum of the later runs' needs.
+run_one plain plain 90 30 160 "${TRAIN_ARGS[@]}" --out-json "$OUT/plain.json"
+run_one eager torchrun 90 30 130 "${TRAIN_ARGS[@]}" --out-json "$OUT/eager.json"
+run_one compiled torchrun "$COMPILE_S" 90 40 "${TRAIN_ARGS[@]}" --compile --out-json "$OUT/compiled.json"
+run_one find_batch torchrun 120 40 5 "${COMMON[@]}" --find-batch-size --max-batch-size 1024 \
     $([ "$REQUIRE_CUDA" = 1 ] || echo --mem-budget-gb 2)
 
-# ---------------------------------------------------------------- summary
-"$PY" - "$OUT" "$WORK" "$START" <<'EOF'
-import json, os, re, sys, time
-out, work, start = sys.argv[1], sys.argv[2], int(sys.argv[3])
-
-def read(p):
-    path = os.path.join(out if p.endswith(".log") else work, p)
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return None
-
-def run_info(name):
-    rc_s = (read(f"{name}.rc") or "missing").split()
-    info = {"rc": None, "wall_s": None, "timeout_s": None, "skipped": rc_s[0] in ("skipped", "missing")}
-    if not info["skipped"]:
-        info.update(rc=int(rc_s[0]), wall_s=int(rc_s[1]), timeout_s=int(rc_s[2]))
-        info["timed_out"] = info["rc"] in (124, 137)
-    logtxt = read(f"{name}.log") or ""
-    steps = [dict(kv.split("=", 1) for kv in ln.split()) for ln in logtxt.splitlines()
-             if re.match(r"^step=\d+ ", ln)]
-    info["step_lines"] = steps[-10:]
-    err = [ln for ln in logtxt.splitlines() if "Error" in ln or "error:" in ln]
-    if err:
-        info["error_lines"] = err[-5:]
-    m = json.loads(read(f"{name}.json") or "null")
-    if m:
-        for k in ("steps", "final_loss", "tokens_per_s_median", "samples_per_s_median",
-                  "step_time_s_median", "mfu_median", "peak_flops", "flops_per_token",
-                  "peak_mem_gib", "params", "global_batch", "seq_len", "precision", "compile",
-                  "device_name", "backend", "world_size", "torch_version"):
-            info[k] = m.get(k)
-        losses = m.get("losses") or []
-        if losses:
-            info["first_logged_loss"] = losses[0][1]
-    bs = re.findall(r"^batch_size=(\d+)$", logtxt, re.M)
-    if bs:
-        info["batch_size"] = int(bs[-1])
-        info["probes"] = re.findall(r"^probe (batch_size=\d+.*)$", logtxt, re.M)
-    return info
-
-summary = {
-    "ok": None,
-    "env": json.loads(read("env.json") or "null"),
-    "nvidia_smi": (read("nvidia_smi.txt") or "").strip() or None,
-    "compiled": run_info("compiled"),
-    "eager": run_info("eager"),
-    "find_batch_size": run_info("find_batch"),
-    "elapsed_s": int(time.time()) - start,
-}
-c, e = summary["compiled"], summary["eager"]
-if c.get("tokens_per_s_median") and e.get("tokens_per_s_median"):
-    summary["compile_speedup"] = c["tokens_per_s_median"] / e["tokens_per_s_median"]
-summary["ok"] = all(summary[k].get("rc") == 0 for k in ("compiled", "eager", "find_batch_size"))
-with open(os.path.join(out, "gpu_check.json"), "w") as f:
-    json.dump(summary, f, indent=2)
-brief = {k: summary[k] for k in ("ok", "elapsed_s")}
-for k in ("compiled", "eager"):
-    brief[k] = {x: summary[k].get(x) for x in ("rc", "tokens_per_s_median", "mfu_median",
-                                                 "final_loss", "peak_mem_gib")}
-brief["find_batch_size"] = summary["find_batch_size"].get("batch_size")
-print(json.dumps(brief, indent=2))
-EOF
+# ---------------------------------------------------------------- summary and verdict
+"$PY" "$HERE/gpu_check_verdict.py" "$OUT" "$WORK" "$START" "$BUDGET_S"  # its status is ours

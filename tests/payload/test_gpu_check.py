@@ -1,0 +1,145 @@
+"""bench/gpu_check.sh's verdict, on CPU: the real script over a stub train.py, and the verdict
+module's rules one by one. A failed, skipped or figure-less run must fail the check loudly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+import gpu_check_verdict as verdict  # noqa: E402
+
+# Stands in for payload/train.py. Tells its run apart by argv and torchrun's environment;
+# STUB_BREAK="run:how,..." breaks named runs: exit (a traceback, status 1), nan, nomfu.
+STUB = r'''
+import json, os, sys
+argv = sys.argv[1:]
+name = ("find_batch" if "--find-batch-size" in argv else "compiled" if "--compile" in argv
+        else "eager" if "RANK" in os.environ else "plain")
+how = dict(kv.split(":") for kv in os.environ.get("STUB_BREAK", "").split(",") if kv).get(name)
+if how == "exit":
+    print("start rank=0 ...")
+    print("Traceback (most recent call last):\n  File \"train.py\", line 1, in <module>\n"
+          "    raise RuntimeError(msg)\nRuntimeError: stub: NCCL init failed on " + name,
+          file=sys.stderr)
+    sys.exit(1)
+if name == "find_batch":
+    print("probe batch_size=64 ok\nbatch_size=57")
+    sys.exit(0)
+m = {"steps": 60, "final_loss": float("nan") if how == "nan" else 2.5,
+     "tokens_per_s_median": 1000.0, "mfu_median": None if how == "nomfu" else 0.4,
+     "optimizer": "adamw-fused", "batch_size": 16, "losses": [[10, 5.0]], "device_name": "stub"}
+with open(argv[argv.index("--out-json") + 1], "w") as f:
+    json.dump(m, f)
+print("step=60 loss=2.5000 lr=1e-4 tok/s=1000 samples/s=1.0 mfu=40.0% mem=1.00GiB epoch=0")
+print("done step=60 loss=2.5000 ckpt=none")
+'''
+
+
+def run_check(tmp_path, **env):
+    stub = tmp_path / "stub_train.py"
+    stub.write_text(STUB)
+    out = tmp_path / "out"
+    e = dict(os.environ, PY=sys.executable, TRAIN=str(stub), REQUIRE_CUDA="0", OUT=str(out),
+             TMPDIR=str(tmp_path), OMP_NUM_THREADS="1", **env)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        e.pop(k, None)
+    p = subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh")], env=e, capture_output=True,
+                       text=True, timeout=600)
+    summary = json.loads((out / "gpu_check.json").read_text())
+    return p, summary
+
+
+def test_all_runs_good_passes(tmp_path):
+    p, s = run_check(tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert s["ok"] is True and s["problems"] == []
+    assert s["plain"]["rc"] == 0 and s["eager"]["rc"] == 0 and s["compiled"]["rc"] == 0
+    assert s["find_batch"]["batch_size"] == 57
+    assert s["compile_speedup"] == pytest.approx(1.0)
+    assert json.loads(p.stdout)["compiled"]["mfu_median"] == 0.4
+    assert list(tmp_path.glob("gpu_check.*")) == []  # scratch directory removed
+
+
+def test_failing_nan_and_mfu_less_runs_fail_the_check(tmp_path):
+    p, s = run_check(tmp_path, STUB_BREAK="plain:exit,compiled:nan,eager:nomfu")
+    assert p.returncode == 1, p.stdout + p.stderr  # the old script printed ok: false, exit 0
+    assert s["ok"] is False
+    fails = [ln for ln in p.stderr.splitlines() if ln.startswith("FAIL ")]
+    assert fails == [
+        "FAIL plain: exit status 1; first error: RuntimeError: stub: NCCL init failed on plain",
+        "FAIL eager: MFU is None: no peak FLOPS known for 'stub' (train.py PEAK_FLOPS) or no "
+        "step timed",
+        "FAIL compiled: final loss is nan, not a finite number",
+    ], p.stderr
+
+
+def test_budget_skip_is_named_and_fails(tmp_path):
+    # 100 s: less than plain, eager and compiled each need once the later runs are reserved.
+    p, s = run_check(tmp_path, BUDGET_S="100")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "compiled: SKIPPED" in p.stderr
+    assert s["compiled"]["status"] == "skipped" and s["compiled"]["need_s"] == 90
+    assert any(x.startswith("compiled: skipped: ") and x.endswith("raise BUDGET_S (now 100)")
+               for x in s["problems"]), s["problems"]
+    assert s["find_batch"]["rc"] == 0 and s["find_batch"]["batch_size"] == 57
+
+
+GOOD = {"status": "ran", "rc": 0, "timeout_s": 90, "metrics": True, "final_loss": 2.5,
+        "tokens_per_s_median": 1e5, "mfu_median": 0.41, "optimizer": "adamw-fused",
+        "batch_size": 16, "device_name": "NVIDIA H200"}
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({}, None),
+    ({"rc": 1, "first_error": "torch.OutOfMemoryError: CUDA out of memory."},
+     "x: exit status 1; first error: torch.OutOfMemoryError: CUDA out of memory."),
+    ({"rc": 137}, "x: timed out after 90s; no error line in x.log"),
+    ({"metrics": False}, "x: exited 0 but wrote no metrics (x.json)"),
+    ({"tokens_per_s_median": 0.0}, "x: tokens/s is 0.0, not > 0"),
+    ({"final_loss": None}, "x: final loss is None, not a finite number"),  # train.py's NaN
+    ({"final_loss": float("inf")}, "x: final loss is inf, not a finite number"),
+    ({"mfu_median": None}, "x: MFU is None: no peak FLOPS known for 'NVIDIA H200' (train.py "
+                           "PEAK_FLOPS) or no step timed"),
+    ({"optimizer": "adamw-foreach"}, "x: optimizer is 'adamw-foreach', not adamw-fused"),
+    ({"optimizer": None}, "x: optimizer is None, not adamw-fused"),
+    ({"batch_size": 0}, "x: batch size is 0, not > 0"),
+    ({"status": "skipped", "left_s": 12, "need_s": 90},
+     "x: skipped: 12s of the budget left, it needs 90s; raise BUDGET_S (now 540)"),
+    ({"status": "missing"}, "x: did not run"),
+])
+def test_train_run_rules(change, problem):
+    got = verdict.run_problems("x", "train", {**GOOD, **change}, 540)
+    assert got == ([problem] if problem else [])
+
+
+def test_find_run_needs_a_positive_batch_size():
+    ran = {"status": "ran", "rc": 0, "timeout_s": 120}
+    assert verdict.run_problems("f", "find", {**ran, "batch_size": 57}, 540) == []
+    assert verdict.run_problems("f", "find", {**ran, "batch_size": 0}, 540) != []
+    assert verdict.run_problems("f", "find", ran, 540) == ["f: no batch_size=N > 0 in f.log"]
+
+
+def test_first_error_line_is_the_ranks_exception_not_torchruns():
+    log = "\n".join([
+        "start rank=0 local_rank=0 host=h device=cuda:0 (NVIDIA H200) world_size=1",
+        "[rank0]: Traceback (most recent call last):",
+        '[rank0]:   File "train.py", line 1200, in <module>',
+        "[rank0]:     raise RuntimeError(msg)",
+        "[rank0]: torch._inductor.exc.InductorError: RuntimeError: PyTorch is checking whether "
+        "allow_tf32_new is enabled",
+        "E1130 12:00:00 torch/distributed/elastic/multiprocessing/api.py failed (exitcode: 1)",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    ])
+    assert verdict.first_error_line(log) == (
+        "torch._inductor.exc.InductorError: RuntimeError: PyTorch is checking whether "
+        "allow_tf32_new is enabled")
+    assert verdict.first_error_line("error: --data: no such file: x\n") == \
+        "error: --data: no such file: x"
+    assert verdict.first_error_line("step=1 loss=2.0\nUserWarning: something\n") is None
