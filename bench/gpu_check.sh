@@ -74,12 +74,10 @@ import json, platform, torch
 info = {"python": platform.python_version(), "torch": str(torch.__version__),
         "cuda_available": torch.cuda.is_available(), "cuda": torch.version.cuda,
         "nccl": None, "device_name": None, "device_count": 0, "capability": None,
-        "bf16_native": None,
         "total_mem_gib": None}
 if torch.cuda.is_available():
     info.update(device_name=torch.cuda.get_device_name(0), device_count=torch.cuda.device_count(),
                 capability=".".join(map(str, torch.cuda.get_device_capability(0))),
-                bf16_native=torch.cuda.is_bf16_supported(including_emulation=False),
                 total_mem_gib=torch.cuda.get_device_properties(0).total_memory / 2**30)
     try:
         info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
