@@ -199,37 +199,46 @@ def flops_per_token(model: GPT, seq_len: int) -> float:
     return 6 * n + 12 * L * H * Q * T
 
 
-# Dense (no sparsity) bf16/fp16 tensor-core peaks, FLOP/s. First substring match wins.
-PEAK_FLOPS: list[tuple[str, float]] = [
-    ("GH200", 989e12),
-    ("H200", 989e12),
-    ("H100 PCIE", 756e12),
-    ("H100 NVL", 835e12),
-    ("H100", 989e12),
-    ("H800", 989e12),
-    ("B200", 2250e12),
-    ("A100", 312e12),
-    ("A800", 312e12),
-    ("A10G", 70e12),
-    ("A10", 125e12),
-    ("A30", 165e12),
-    ("L40S", 362e12),
-    ("L40", 181e12),
-    ("L4", 121e12),
-    ("RTX A6000", 155e12),
-    ("V100", 125e12),
-    ("T4", 65e12),
-]
+# Dense (no sparsity) bf16/fp16 tensor-core peaks per GPU, FLOP/s, by the words of the name
+# nvidia-smi and torch.cuda.get_device_name report. The key with the most words that all
+# appear in the name, in order and whole, wins: "H100 NVL" over "H100", and "GB200" is not
+# "B200" nor "V100S" "V100".
+PEAK_FLOPS: dict[str, float] = {
+    "B200": 2250e12,
+    "GB200": 2500e12,
+    "H200": 989e12,
+    "H200 NVL": 835e12,
+    "GH200": 989e12,
+    "H100": 989e12,
+    "H100 PCIE": 756e12,
+    "H100 NVL": 835e12,
+    "H800": 989e12,
+    "H800 PCIE": 756e12,
+    "H20": 148e12,
+    "A100": 312e12,
+    "A800": 312e12,
+    "A10G": 70e12,
+    "A10": 125e12,
+    "A30": 165e12,
+    "L40S": 362e12,
+    "L40": 181e12,
+    "L4": 121e12,
+    "RTX A6000": 155e12,
+    "V100": 125e12,
+    "V100 PCIE": 112e12,
+    "V100S": 130e12,
+    "T4": 65e12,
+}
 
 
 def device_peak_flops(device_name: str | None) -> float | None:
-    if not device_name:
-        return None
-    name = device_name.upper()
-    for key, peak in PEAK_FLOPS:
-        if key in name:
-            return peak
-    return None
+    words = re.findall(r"[A-Z0-9]+", (device_name or "").upper())
+    best, best_len = None, 0
+    for key, peak in PEAK_FLOPS.items():
+        k = key.split()
+        if len(k) > best_len and any(words[i:i + len(k)] == k for i in range(len(words))):
+            best, best_len = peak, len(k)
+    return best
 
 
 # --------------------------------------------------------------------------------------

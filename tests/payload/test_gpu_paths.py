@@ -85,3 +85,37 @@ def test_world_size_1_under_torchrun_is_not_wrapped_in_ddp(tmp_path):
     m = json.loads(out_json.read_text())
     assert m["ddp"] is False and m["world_size"] == 1 and m["steps"] == 3
     assert m["optimizer"] == "adamw-foreach"  # fused only on CUDA
+
+
+# Names as `nvidia-smi --query-gpu=name` (and torch.cuda.get_device_name) print them.
+@pytest.mark.parametrize("name, peak", [
+    ("NVIDIA H100 80GB HBM3", 989e12),
+    ("NVIDIA H100 PCIe", 756e12),
+    ("NVIDIA H100 NVL", 835e12),
+    ("NVIDIA H200", 989e12),
+    ("NVIDIA H200 NVL", 835e12),
+    ("NVIDIA GH200 480GB", 989e12),
+    ("NVIDIA H800", 989e12),
+    ("NVIDIA H800 PCIe", 756e12),
+    ("NVIDIA H20", 148e12),
+    ("NVIDIA B200", 2250e12),
+    ("NVIDIA GB200", 2500e12),
+    ("NVIDIA A100-SXM4-80GB", 312e12),
+    ("NVIDIA A100 80GB PCIe", 312e12),
+    ("NVIDIA A800-SXM4-80GB", 312e12),
+    ("NVIDIA A10G", 70e12),
+    ("NVIDIA A10", 125e12),
+    ("NVIDIA L40S", 362e12),
+    ("NVIDIA L40", 181e12),
+    ("NVIDIA L4", 121e12),
+    ("NVIDIA RTX A6000", 155e12),
+    ("Tesla V100-SXM2-32GB", 125e12),
+    ("Tesla V100-PCIE-16GB", 112e12),
+    ("Tesla V100S-PCIE-32GB", 130e12),
+    ("Tesla T4", 65e12),
+    ("NVIDIA GeForce RTX 4090", None),
+    ("", None),
+    (None, None),
+])
+def test_peak_flops_by_real_device_names(name, peak):
+    assert train.device_peak_flops(name) == peak
