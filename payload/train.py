@@ -842,18 +842,45 @@ def search_batch_size(fits, cap: int) -> int:
     return lo
 
 
+# What CUDA raises when a size does not fit: the caching allocator's OutOfMemoryError, and
+# RuntimeErrors from cuBLAS/cuDNN handle or workspace allocation and from raw CUDA calls.
+OOM_MARKERS = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
+               "CUDNN_STATUS_NOT_ENOUGH_WORKSPACE")
+
+
+def is_oom(e: BaseException) -> bool:
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return True
+    msg = str(e)
+    return isinstance(e, RuntimeError) and any(m.lower() in msg.lower() for m in OOM_MARKERS)
+
+
+def gpu_probe(one_step, b: int, device: torch.device) -> bool:
+    """Whether one training step at batch b fits: any out-of-memory form is "no", other
+    errors propagate."""
+    try:
+        one_step(b)
+        torch.cuda.synchronize(device)
+        return True
+    except RuntimeError as e:  # OutOfMemoryError is one
+        if not is_oom(e):
+            raise
+        return False
+
+
 def find_batch_size(args, ctx: DistCtx) -> int:
     torch.manual_seed(args.seed)
     model = build_model(args.preset, args.seq_len, args.dropout).to(ctx.device)
     precision = resolve_precision(args.precision, ctx.device)
     opt, _ = make_optimizer(model, 1e-4, 0.0, ctx.device)
-    scaler = make_scaler(ctx.device, precision)
     vocab = model.config.vocab_size
 
     def one_step(b):
         x = torch.randint(0, min(vocab, 256), (b, args.seq_len))
-        train_step(model, opt, [(x, x)], device=ctx.device, precision=precision, scaler=scaler,
-                   clip=args.clip)
+        # A fresh GradScaler per probe: one that ran out of memory between unscale_ and
+        # update would refuse the next probe's unscale_ ("already been called").
+        train_step(model, opt, [(x, x)], device=ctx.device, precision=precision,
+                   scaler=make_scaler(ctx.device, precision), clip=args.clip)
 
     if ctx.device.type == "cuda":
         if args.mem_budget_gb:
@@ -862,12 +889,7 @@ def find_batch_size(args, ctx: DistCtx) -> int:
                 min(1.0, args.mem_budget_gb * 2**30 / total), ctx.device)
 
         def fits(b):
-            ok = True
-            try:
-                one_step(b)
-                torch.cuda.synchronize(ctx.device)
-            except torch.cuda.OutOfMemoryError:
-                ok = False
+            ok = gpu_probe(one_step, b, ctx.device)
             opt.zero_grad(set_to_none=True)
             gc.collect()
             torch.cuda.empty_cache()

@@ -119,3 +119,43 @@ def test_world_size_1_under_torchrun_is_not_wrapped_in_ddp(tmp_path):
 ])
 def test_peak_flops_by_real_device_names(name, peak):
     assert train.device_peak_flops(name) == peak
+
+
+@pytest.mark.parametrize("exc, oom", [
+    (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+    (RuntimeError("CUDA error: out of memory"), True),
+    (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+     True),
+    (RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), True),
+    (RuntimeError("CUDA error: an illegal memory access was encountered"), False),
+    (RuntimeError("NCCL error: unhandled system error"), False),
+    (ValueError("out of memory"), False),
+])
+def test_every_out_of_memory_form_is_does_not_fit(exc, oom, monkeypatch):
+    assert train.is_oom(exc) is oom
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+
+    def step(b):
+        if b > 4:
+            raise exc
+
+    assert train.gpu_probe(step, 4, torch.device("cuda", 0)) is True
+    if oom:
+        assert train.gpu_probe(step, 8, torch.device("cuda", 0)) is False
+    else:  # a real fault is not a batch size: it stops the search
+        with pytest.raises(type(exc)):
+            train.gpu_probe(step, 8, torch.device("cuda", 0))
+
+
+def test_each_batch_size_probe_gets_a_fresh_grad_scaler(monkeypatch):
+    made = []
+
+    def make_scaler(device, precision):  # a real scaler, as fp16 on CUDA gets
+        made.append(torch.amp.GradScaler("cpu"))
+        return made[-1]
+
+    monkeypatch.setattr(train, "make_scaler", make_scaler)
+    args = train.parse_args(["--preset", "tiny", "--seq-len", "16", "--device", "cpu",
+                             "--find-batch-size", "--mem-budget-gb", "4"])
+    assert train.find_batch_size(args, train.DistCtx()) > 0
+    assert len(made) == 4 and len({id(s) for s in made}) == 4  # the CPU path steps at 1, 2, 4, 8
