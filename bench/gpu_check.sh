@@ -5,25 +5,25 @@
 #   OUT=/some/dir bash bench/gpu_check.sh
 #
 # Runs, each under `timeout`, with --precision auto (bf16 from sm80, fp16 + GradScaler before):
-#   1. plain      --preset gpt2, eager, one process without torchrun or a process group: the
+#   1. find_batch --find-batch-size: largest per-GPU batch that fits, less 10%; it sizes 2-4
+#   2. plain      --preset gpt2, eager, one process without torchrun or a process group: the
 #                 control, so an NCCL start-up problem cannot hide the model's own figures
-#   2. eager      the same under torchrun (NCCL, world size 1)
-#   3. compiled   the same with --compile (gets COMPILE_S, the budget's largest share)
-#   4. find_batch --find-batch-size: largest per-GPU batch that fits, less 10%
+#   3. eager      the same under torchrun (NCCL, world size 1)
+#   4. compiled   the same with --compile (gets COMPILE_S, the budget's largest share)
 # Writes $OUT/gpu_check.json (summary), and per run $OUT/NAME.log and $OUT/NAME.json (metrics).
 # Prints a brief JSON, then "FAIL NAME: why" for each problem (with the run's first error
 # line). Exit status 0 only if every run exited 0 with tokens/s > 0, a finite loss, a numeric
 # MFU, the fused optimizer in use and a batch size > 0 (bench/gpu_check_verdict.py decides);
 # a run the budget skips is a failure that says so.
 #
-# Knobs (environment): PRESET (gpt2), BATCH (16, per GPU), STEPS (60), SEQ (preset default),
-# BUDGET_S (540, whole-script wall-clock budget), COMPILE_S (300, the compiled run's cap),
-# PY (python with torch), VENV (where to create one if no python3 has torch),
+# Knobs (environment): PRESET (gpt2), BATCH (auto: the search's; per GPU), STEPS (60),
+# SEQ (preset default), BUDGET_S (570, whole-script wall-clock budget), COMPILE_S (300, the
+# compiled run's cap), PY (python with torch), VENV (where to create one if no python3 has torch),
 # REQUIRE_CUDA (1; 0 runs the plumbing on CPU, whose verdict fails: no MFU, no fused AdamW).
 set -u -o pipefail
 
 START=$(date +%s)
-BUDGET_S=${BUDGET_S:-540}
+BUDGET_S=${BUDGET_S:-570}
 COMPILE_S=${COMPILE_S:-300}
 OUT=${OUT:-./gpu_check_out}
 mkdir -p "$OUT"
@@ -31,7 +31,7 @@ OUT=$(cd "$OUT" && pwd)
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 TRAIN=${TRAIN:-$HERE/../payload/train.py}
 PRESET=${PRESET:-gpt2}
-BATCH=${BATCH:-16}
+BATCH=${BATCH:-auto}
 STEPS=${STEPS:-60}
 SEQ=${SEQ:-}
 REQUIRE_CUDA=${REQUIRE_CUDA:-1}
@@ -96,7 +96,6 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 COMMON=(--preset "$PRESET" --precision auto --seed 1337)
 [ -n "$SEQ" ] && COMMON+=(--seq-len "$SEQ")
 [ "$REQUIRE_CUDA" = 1 ] && COMMON+=(--device cuda)
-TRAIN_ARGS=("${COMMON[@]}" --batch-size "$BATCH" --log-every 10 --max-steps "$STEPS")
 
 # run_one NAME HOW CAP_S NEED_S RESERVE_S ARGS...: HOW is plain (one process, no process
 # group) or torchrun (NCCL, world size 1). The run gets CAP_S, or less if the budget minus
@@ -121,14 +120,19 @@ run_one() {
     log "$name: rc=$rc in $(( $(date +%s) - t0 ))s; $(grep -E '^(done|batch_size=)' "$OUT/$name.log" | tail -1)"
 }
 
-rm -f "$OUT"/{plain,eager,compiled,find_batch}.{log,json}  # no stale figures from an earlier run
-# Caps and needs (s): plain 90/30, eager 90/30, compiled COMPILE_S/90, find_batch 120/40; each
-# run's reserve is the sum of the later runs' needs.
-run_one plain plain 90 30 160 "${TRAIN_ARGS[@]}" --out-json "$OUT/plain.json"
-run_one eager torchrun 90 30 130 "${TRAIN_ARGS[@]}" --out-json "$OUT/eager.json"
-run_one compiled torchrun "$COMPILE_S" 90 40 "${TRAIN_ARGS[@]}" --compile --out-json "$OUT/compiled.json"
-run_one find_batch torchrun 120 40 5 "${COMMON[@]}" --find-batch-size --max-batch-size 1024 \
+rm -f "$OUT"/{find_batch,plain,eager,compiled}.{log,json}  # no stale figures from an earlier run
+# Caps and needs (s): find_batch 120/40, plain 90/30, eager 90/30, compiled COMPILE_S/90; each
+# run's reserve is the sum of the later runs' needs (the last one's: the verdict's few seconds).
+run_one find_batch torchrun 120 40 150 "${COMMON[@]}" --find-batch-size --max-batch-size 1024 \
     $([ "$REQUIRE_CUDA" = 1 ] || echo --mem-budget-gb 2)
+if [ "$BATCH" = auto ]; then  # the search's answer sizes the throughput runs
+    BATCH=$(sed -n 's/^batch_size=\([1-9][0-9]*\)$/\1/p' "$OUT/find_batch.log" 2>/dev/null | tail -1)
+    [ -n "$BATCH" ] || { BATCH=16; log "no batch size found: the runs use --batch-size 16"; }
+fi
+TRAIN_ARGS=("${COMMON[@]}" --batch-size "$BATCH" --log-every 10 --max-steps "$STEPS")
+run_one plain plain 90 30 120 "${TRAIN_ARGS[@]}" --out-json "$OUT/plain.json"
+run_one eager torchrun 90 30 90 "${TRAIN_ARGS[@]}" --out-json "$OUT/eager.json"
+run_one compiled torchrun "$COMPILE_S" 90 5 "${TRAIN_ARGS[@]}" --compile --out-json "$OUT/compiled.json"
 
 # ---------------------------------------------------------------- summary and verdict
 "$PY" "$HERE/gpu_check_verdict.py" "$OUT" "$WORK" "$START" "$BUDGET_S"  # its status is ours

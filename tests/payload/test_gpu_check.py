@@ -34,7 +34,8 @@ if name == "find_batch":
     sys.exit(0)
 m = {"steps": 60, "final_loss": float("nan") if how == "nan" else 2.5,
      "tokens_per_s_median": 1000.0, "mfu_median": None if how == "nomfu" else 0.4,
-     "optimizer": "adamw-fused", "batch_size": 16, "losses": [[10, 5.0]], "device_name": "stub"}
+     "optimizer": "adamw-fused", "batch_size": int(argv[argv.index("--batch-size") + 1]),
+     "losses": [[10, 5.0]], "device_name": "stub"}
 with open(argv[argv.index("--out-json") + 1], "w") as f:
     json.dump(m, f)
 print("step=60 loss=2.5000 lr=1e-4 tok/s=1000 samples/s=1.0 mfu=40.0% mem=1.00GiB epoch=0")
@@ -62,6 +63,7 @@ def test_all_runs_good_passes(tmp_path):
     assert s["ok"] is True and s["problems"] == []
     assert s["plain"]["rc"] == 0 and s["eager"]["rc"] == 0 and s["compiled"]["rc"] == 0
     assert s["find_batch"]["batch_size"] == 57
+    assert [s[r]["batch_size"] for r in ("plain", "eager", "compiled")] == [57] * 3  # sized by it
     assert s["compile_speedup"] == pytest.approx(1.0)
     assert json.loads(p.stdout)["compiled"]["mfu_median"] == 0.4
     assert list(tmp_path.glob("gpu_check.*")) == []  # scratch directory removed
@@ -81,14 +83,15 @@ def test_failing_nan_and_mfu_less_runs_fail_the_check(tmp_path):
 
 
 def test_budget_skip_is_named_and_fails(tmp_path):
-    # 100 s: less than plain, eager and compiled each need once the later runs are reserved.
+    # 100 s: less than the search, plain and eager each need once the later runs are reserved.
     p, s = run_check(tmp_path, BUDGET_S="100")
     assert p.returncode == 1, p.stdout + p.stderr
-    assert "compiled: SKIPPED" in p.stderr
-    assert s["compiled"]["status"] == "skipped" and s["compiled"]["need_s"] == 90
-    assert any(x.startswith("compiled: skipped: ") and x.endswith("raise BUDGET_S (now 100)")
-               for x in s["problems"]), s["problems"]
-    assert s["find_batch"]["rc"] == 0 and s["find_batch"]["batch_size"] == 57
+    for run, need in (("find_batch", 40), ("plain", 30), ("eager", 30)):
+        assert f"{run}: SKIPPED" in p.stderr
+        assert s[run]["status"] == "skipped" and s[run]["need_s"] == need
+        assert any(x.startswith(f"{run}: skipped: ") and x.endswith("raise BUDGET_S (now 100)")
+                   for x in s["problems"]), s["problems"]
+    assert "no batch size found: the runs use --batch-size 16" in p.stderr
 
 
 GOOD = {"status": "ran", "rc": 0, "timeout_s": 90, "metrics": True, "final_loss": 2.5,
