@@ -108,9 +108,9 @@ def node_env(job: Job, n: Node) -> dict[str, str]:
     env = {
         "PYTHONUNBUFFERED": "1",
         "OMP_NUM_THREADS": n.env.get("OMP_NUM_THREADS", "1"),
-        # a dead peer must fail the collective fast, not after NCCL's 10-minute default
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-        "TORCH_NCCL_BLOCKING_WAIT": "0",
+        # A hung collective is bounded by the process group's timeout (train.py --init-timeout);
+        # torch's watchdog then ends the process. TORCH_NCCL_ASYNC_ERROR_HANDLING is left at
+        # torch's default (3: no ncclCommAbort first, which can itself hang on a broken network).
         "NCCL_DEBUG": "WARN",
         # gloo: connect rank pairs on first use instead of a full mesh at init, so a restarted
         # group whose nodes start their workers seconds apart does not fail to connect

@@ -182,17 +182,9 @@ def _bandwidth(inv, hosts: list[Host], opts: dict[str, HostOpts], rep: Report,
     rid = f"torchrig-verify-{secrets.token_hex(4)}"
     endpoint = f"{first.address}:{opts[first.name].rdzv_port}"
 
-    def node_cmd(h: Host) -> str:
-        o, v = opts[h.name], by_name.get(h.name)
-        iface = next((x.interface for x in rep.hosts if x.interface), None)
-        env = {k: iface for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")} if iface else {}
-        local = h.address  # what the peers dial (inventory address)
-        rdzv = ["--nnodes", str(len(hosts)), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-                "--rdzv-id", rid, "--rdzv-conf", f"is_host={'true' if h is first else 'false'}",
-                "--local-addr", local]
-        return _bench_cmd(o, _nproc(v, o), rdzv, env)
-
-    cross = fan_out(hosts, lambda h: _run_bench(inv, h, node_cmd(h), accept_new), parallel=parallel)
+    cross = fan_out(hosts, lambda h: _run_bench(
+        inv, h, cross_node_cmd(h, hosts, opts[h.name], by_name.get(h.name), endpoint, rid),
+        accept_new), parallel=parallel)
     errors = [f"{r.host}: {r.error}" for r in cross if not r.ok]
     result = next((r.value for r in cross if r.ok and r.value), None)
     o0 = opts[first.name]
@@ -202,6 +194,18 @@ def _bandwidth(inv, hosts: list[Host], opts: dict[str, HostOpts], rep: Report,
                                    "; ".join(errors) or None)
     rep.bandwidth.append({"scope": "cluster", "hosts": [h.name for h in hosts], "check": chk,
                           "result": result})
+
+
+def cross_node_cmd(h: Host, hosts: list[Host], o: HostOpts, v: HostVerdict | None,
+                   endpoint: str, rid: str) -> str:
+    """Node h's torchrun for the cross-node benchmark. NCCL and gloo use the interface verify
+    found on h itself (NIC names differ between nodes on many clusters), as launch does."""
+    iface = v.interface if v else None
+    env = {k: iface for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")} if iface else {}
+    rdzv = ["--nnodes", str(len(hosts)), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", rid, "--rdzv-conf", f"is_host={'true' if h is hosts[0] else 'false'}",
+            "--local-addr", h.address]  # what the peers dial (inventory address)
+    return _bench_cmd(o, _nproc(v, o), rdzv, env)
 
 
 def _nccl_tests(inv, h: Host, o: HostOpts, v: HostVerdict | None, rep: Report, accept_new) -> None:
