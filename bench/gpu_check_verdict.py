@@ -23,7 +23,7 @@ import time
 RUNS = {"plain": "train", "eager": "train", "compiled": "train", "find_batch": "find"}
 TRAIN_FIELDS = ("steps", "final_loss", "tokens_per_s_median", "samples_per_s_median",
                 "step_time_s_median", "mfu_median", "peak_flops", "flops_per_token",
-                "peak_mem_gib", "params", "batch_size", "global_batch", "seq_len", "precision",
+                "peak_mem_gib", "peak_mem_reserved_gib", "params", "batch_size", "global_batch", "seq_len", "precision",
                 "compile", "ddp", "optimizer", "device_name", "backend", "world_size",
                 "torch_version")
 # An exception line ("RuntimeError: ...", "torch._inductor.exc.InductorError: ...", with
@@ -149,7 +149,7 @@ def brief(summary: dict) -> dict:
         if kind == "train":
             b[name] = {x: summary[name].get(x) for x in (
                 "rc", "tokens_per_s_median", "mfu_median", "final_loss", "batch_size",
-                "precision", "optimizer", "peak_mem_gib")}
+                "precision", "optimizer", "peak_mem_gib", "peak_mem_reserved_gib")}
     b["find_batch_size"] = summary["find_batch"].get("batch_size")
     b["problems"] = summary["problems"]
     return b

@@ -14,7 +14,7 @@ Stable, machine-readable output (rank 0 unless noted):
     config preset=... params=... global_batch=... lr=... precision=... ...
     resume step=S epoch=E ckpt=PATH
     WARNING: skipping unreadable checkpoint PATH: REASON
-    step=40 loss=2.3456 lr=3.00e-04 tok/s=12345 samples/s=12.3 mfu=41.2% mem=1.23GiB epoch=0
+    step=40 loss=2.3456 lr=3.00e-04 tok/s=12345 samples/s=12.3 mfu=41.2% alloc=1.23GiB reserved=1.50GiB epoch=0
         (tok/s and samples/s: all ranks together, over the steps since the last line;
          mfu: per GPU, 6N+12LHQT FLOPs/token against the dense bf16/fp16 peak table; n/a if unknown)
     ckpt step=S path=PATH write_s=SECONDS
@@ -340,9 +340,12 @@ def setup_distributed(device_pref: str = "auto", init_timeout_s: float = 600.0) 
     ctx = DistCtx(rank=rank, local_rank=local_rank, world_size=world, device=device)
     if under_torchrun:
         ctx.backend = "nccl" if use_cuda else "gloo"
+        # device_id binds the NCCL communicator to this rank's GPU at init (eager init: no
+        # guessing the device, and init errors surface here rather than at the first collective).
         dist.init_process_group(
             backend=ctx.backend,
             timeout=datetime.timedelta(seconds=init_timeout_s),
+            **({"device_id": device} if use_cuda else {}),
         )
         ctx.initialized = True
         ctx.rank, ctx.world_size = dist.get_rank(), dist.get_world_size()
@@ -659,10 +662,13 @@ def param_hash(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-def peak_mem_gib(device: torch.device) -> float:
+def peak_mem(device: torch.device) -> dict[str, float]:
+    """Peak memory so far, GiB, labelled: on CUDA what tensors held (alloc) and what the
+    caching allocator held (reserved, what nvidia-smi and OOM see); on CPU the peak RSS."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30  # KiB on Linux
+        return {"alloc": torch.cuda.max_memory_allocated(device) / 2**30,
+                "reserved": torch.cuda.max_memory_reserved(device) / 2**30}
+    return {"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30}  # KiB
 
 
 def seed_everything(seed: int):
@@ -935,10 +941,10 @@ def find_batch_size(args, ctx: DistCtx) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def fmt_step_line(step, loss, lr, tok_s, samples_s, mfu, mem_gib, epoch) -> str:
+def fmt_step_line(step, loss, lr, tok_s, samples_s, mfu, mem: dict[str, float], epoch) -> str:
     mfu_s = "n/a" if mfu is None else f"{mfu * 100:.1f}%"
     return (f"step={step} loss={loss:.4f} lr={lr:.2e} tok/s={tok_s:.0f} samples/s={samples_s:.1f} "
-            f"mfu={mfu_s} mem={mem_gib:.2f}GiB epoch={epoch}")
+            f"mfu={mfu_s} {' '.join(f'{k}={v:.2f}GiB' for k, v in mem.items())} epoch={epoch}")
 
 
 def write_json_atomic(path: str, obj):
@@ -1190,7 +1196,7 @@ def _train(args, ctx: DistCtx) -> int:
                 tok_s = window_steps * tokens_per_step / el
                 sam_s = window_steps * global_batch / el
                 mfu = (fpt * tok_s / ctx.world_size / peak) if peak else None
-                mem = peak_mem_gib(dev)
+                mem = peak_mem(dev)
                 log(ctx, fmt_step_line(step, loss_v, lr, tok_s, sam_s, mfu, mem, epoch))
                 if tb is not None:
                     tb.add_scalar("train/loss", loss_v, step)
@@ -1225,6 +1231,7 @@ def _train(args, ctx: DistCtx) -> int:
         tok_s_med = tokens_per_step / med_dt if med_dt else None
         mfu_med = (fpt * tok_s_med / ctx.world_size / peak) if (peak and tok_s_med) else None
         if args.out_json:
+            mem_end = peak_mem(dev)
             write_json_atomic(args.out_json, {
                 "steps": step,
                 "steps_run": len(step_times),
@@ -1237,7 +1244,8 @@ def _train(args, ctx: DistCtx) -> int:
                 "mfu_median": mfu_med,
                 "flops_per_token": fpt,
                 "peak_flops": peak,
-                "peak_mem_gib": peak_mem_gib(dev),
+                "peak_mem_gib": mem_end.get("alloc", mem_end.get("rss")),
+                "peak_mem_reserved_gib": mem_end.get("reserved"),
                 "params": n_params,
                 "preset": args.preset,
                 "seq_len": args.seq_len,

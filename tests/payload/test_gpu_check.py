@@ -38,7 +38,7 @@ m = {"steps": 60, "final_loss": float("nan") if how == "nan" else 2.5,
      "losses": [[10, 5.0]], "device_name": "stub"}
 with open(argv[argv.index("--out-json") + 1], "w") as f:
     json.dump(m, f)
-print("step=60 loss=2.5000 lr=1e-4 tok/s=1000 samples/s=1.0 mfu=40.0% mem=1.00GiB epoch=0")
+print("step=60 loss=2.5000 lr=1e-4 tok/s=1000 samples/s=1.0 mfu=40.0% alloc=1.00GiB reserved=1.20GiB epoch=0")
 print("done step=60 loss=2.5000 ckpt=none")
 '''
 

@@ -159,3 +159,30 @@ def test_each_batch_size_probe_gets_a_fresh_grad_scaler(monkeypatch):
                              "--find-batch-size", "--mem-budget-gb", "4"])
     assert train.find_batch_size(args, train.DistCtx()) > 0
     assert len(made) == 4 and len({id(s) for s in made}) == 4  # the CPU path steps at 1, 2, 4, 8
+
+
+def test_nccl_process_group_is_bound_to_the_ranks_gpu(monkeypatch):
+    seen = {}
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: seen.setdefault("set_device", d))
+    monkeypatch.setattr(train.dist, "init_process_group", lambda **kw: seen.update(kw))
+    monkeypatch.setattr(train.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(train.dist, "get_world_size", lambda: 2)
+    ctx = train.setup_distributed("auto", 30)
+    assert seen["backend"] == "nccl" and seen["device_id"] == torch.device("cuda", 1)
+    assert seen["set_device"] == torch.device("cuda", 1)  # set before the group
+    assert ctx.device == torch.device("cuda", 1) and ctx.initialized
+
+
+def test_step_line_labels_allocated_and_reserved_memory(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: 1.5 * 2**30)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d=None: 2 * 2**30)
+    mem = train.peak_mem(torch.device("cuda", 0))
+    assert mem == {"alloc": 1.5, "reserved": 2.0}
+    line = train.fmt_step_line(10, 2.0, 1e-4, 1000.0, 1.0, 0.4, mem, 0)
+    assert line.endswith(" mfu=40.0% alloc=1.50GiB reserved=2.00GiB epoch=0"), line
+    assert list(train.peak_mem(torch.device("cpu"))) == ["rss"]

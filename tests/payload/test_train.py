@@ -28,7 +28,8 @@ sys.path.insert(0, str(TRAIN.parent))
 import train  # noqa: E402
 
 STEP_RE = re.compile(r"^step=(\d+) loss=([0-9.]+|nan) lr=\S+ tok/s=\d+ samples/s=[0-9.]+ "
-                     r"mfu=(?:n/a|[0-9.]+%) mem=[0-9.]+GiB epoch=\d+$", re.M)
+                     r"mfu=(?:n/a|[0-9.]+%) (?:rss=[0-9.]+GiB|alloc=[0-9.]+GiB reserved=[0-9.]+GiB) "
+                     r"epoch=\d+$", re.M)
 HASH_RE = re.compile(r"^param_hash rank=(\d+) step=(\d+) sha256=([0-9a-f]{64})$", re.M)
 DONE_RE = re.compile(r"^done step=(\d+) loss=(\S+) ckpt=(\S+)$", re.M)
 
