@@ -292,12 +292,14 @@ class ByteFileDataset(Dataset):
         return chunk[:-1], chunk[1:]
 
 
-def iterate_batches(dataset, indices, batch_size: int, skip_batches: int = 0):
-    """Yield (x, y) batches of the given per-rank indices, skipping the first skip_batches."""
+def iterate_batches(dataset, indices, batch_size: int, skip_batches: int = 0, pin: bool = False):
+    """Yield (x, y) batches of the given per-rank indices, skipping the first skip_batches.
+    pin: in page-locked memory, so that the copy to the GPU is asynchronous."""
     nb = len(indices) // batch_size
     for b in range(skip_batches, nb):
         items = [dataset[i] for i in indices[b * batch_size : (b + 1) * batch_size]]
-        yield torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
+        x, y = torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
+        yield (x.pin_memory(), y.pin_memory()) if pin else (x, y)
 
 
 # --------------------------------------------------------------------------------------
@@ -368,6 +370,32 @@ def all_reduce_scalar(ctx: DistCtx, value: float, op: str = "sum") -> float:
     dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                            "min": dist.ReduceOp.MIN}[op])
     return float(t.item())
+
+
+# Ranks agree on stopping at "check" steps: an all-reduce whose result the host waits for, which
+# drains the GPU queue, so not every step: after about SYNC_TARGET_S of steps (SIGTERM is answered
+# within that and a step), and at every step that logs, checkpoints or must stop.
+SYNC_TARGET_S = 1.0
+SYNC_EVERY_MAX = 50
+
+
+def steps_to_next_check(interval_s: float, steps: int) -> int:
+    """From the last interval between checks: steps that make about SYNC_TARGET_S."""
+    per_step = interval_s / max(1, steps)
+    return max(1, min(SYNC_EVERY_MAX, int(SYNC_TARGET_S / per_step))) if per_step > 0 else 1
+
+
+def agree_stop(ctx: DistCtx, stop: bool, every: int) -> tuple[bool, int]:
+    """One all-reduce: whether any rank stops, and the smallest proposed check interval (the
+    slowest rank's), so that every rank checks at the same steps."""
+    if not ctx.initialized:
+        return stop, every
+    t = torch.tensor([1.0 if stop else 0.0, -float(every)],
+                     dtype=torch.float64 if ctx.backend == "gloo" else torch.float32,
+                     device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    flag, neg_every = t.tolist()
+    return flag > 0, int(-neg_every)
 
 
 def log(ctx: DistCtx | None, msg: str, all_ranks: bool = False):
@@ -1139,10 +1167,12 @@ def _train(args, ctx: DistCtx) -> int:
         barrier(ctx)  # other ranks wait while rank 0 writes
 
     step = start_step
-    step_times: list[float] = []
+    step_times: list[float] = []  # time per step, one per interval between stop checks
     losses: list[tuple[int, float]] = []
     last_loss = float("nan")
     window_time, window_steps = 0.0, 0  # summed step times: excludes checkpoint writes
+    interval_time, interval_steps = 0.0, 0  # since the last stop check
+    next_check, check_every = start_step + 1, 1
     stopped_by = None
     t_start = time.perf_counter()
     if dev.type == "cuda":
@@ -1153,7 +1183,8 @@ def _train(args, ctx: DistCtx) -> int:
         sampler.set_epoch(epoch)
         indices = list(iter(sampler))
         batches = iterate_batches(dataset, indices, args.batch_size,
-                                  skip_batches=step_in_epoch * args.grad_accum)
+                                  skip_batches=step_in_epoch * args.grad_accum,
+                                  pin=dev.type == "cuda")
         while step_in_epoch < steps_per_epoch and step < total_steps:
             if prof_range and ctx.is_main and prof is None and step + 1 == prof_range[0]:
                 acts = [torch.profiler.ProfilerActivity.CPU]
@@ -1170,15 +1201,26 @@ def _train(args, ctx: DistCtx) -> int:
                                    scaler=scaler, clip=args.clip)
             step += 1
             step_in_epoch += 1
-            # All ranks agree on stopping at this step (also a per-step host sync point).
-            stop_local = stop_requested() or (args.stop_after is not None and step >= args.stop_after)
-            stop_all = all_reduce_scalar(ctx, 1.0 if stop_local else 0.0, "max") > 0
-            if not ctx.initialized and dev.type == "cuda":
-                torch.cuda.synchronize(dev)
+            check = (step >= next_check or step >= total_steps or step % args.log_every == 0
+                     or (args.ckpt_every and step % args.ckpt_every == 0)
+                     or step == args.stop_after)  # the same steps on every rank
+            stop_all = False
+            if check:
+                stop_local = stop_requested() or (args.stop_after is not None
+                                                  and step >= args.stop_after)
+                stop_all, every = agree_stop(ctx, stop_local, check_every)
+                if not ctx.initialized and dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
             dt = time.perf_counter() - t0
-            step_times.append(dt)
             window_steps += 1
             window_time += dt
+            interval_steps += 1
+            interval_time += dt
+            if check:  # the GPU queue is drained: the interval's time is real
+                step_times.append(interval_time / interval_steps)
+                check_every = steps_to_next_check(interval_time, interval_steps)
+                next_check = step + every
+                interval_time, interval_steps = 0.0, 0
             if prof is not None and step == prof_range[1]:
                 prof.__exit__(None, None, None)
                 os.makedirs(args.profile_dir, exist_ok=True)
@@ -1234,7 +1276,7 @@ def _train(args, ctx: DistCtx) -> int:
             mem_end = peak_mem(dev)
             write_json_atomic(args.out_json, {
                 "steps": step,
-                "steps_run": len(step_times),
+                "steps_run": step - start_step,
                 "start_step": start_step,
                 "final_loss": None if math.isnan(last_loss) else last_loss,
                 "losses": losses,

@@ -186,3 +186,48 @@ def test_step_line_labels_allocated_and_reserved_memory(monkeypatch):
     line = train.fmt_step_line(10, 2.0, 1e-4, 1000.0, 1.0, 0.4, mem, 0)
     assert line.endswith(" mfu=40.0% alloc=1.50GiB reserved=2.00GiB epoch=0"), line
     assert list(train.peak_mem(torch.device("cpu"))) == ["rss"]
+
+
+def test_stop_check_interval_follows_step_time():
+    assert train.steps_to_next_check(30.0, 1) == 1  # a compiling first step: check again at once
+    assert train.steps_to_next_check(1.0, 10) == 10  # 0.1 s steps: about a second between checks
+    assert train.steps_to_next_check(0.01, 10) == train.SYNC_EVERY_MAX
+    assert train.steps_to_next_check(0.0, 3) == 1
+
+
+def test_batches_are_pinned_for_the_gpu(monkeypatch):
+    pinned = []
+
+    def pin(t):
+        pinned.append(t)
+        return t
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
+    ds = train.SyntheticCopyDataset(8, 16)
+    assert len(list(train.iterate_batches(ds, list(range(8)), 4))) == 2 and pinned == []
+    assert len(list(train.iterate_batches(ds, list(range(8)), 4, pin=True))) == 2
+    assert len(pinned) == 4  # x and y of each batch
+
+
+def test_stop_checks_are_not_every_step(tmp_path):
+    """Single process, gloo-free: a run of 0.1 s steps checks (and syncs) far less than every
+    step, yet --stop-after still stops at exactly its step."""
+    code = f"""
+import sys
+sys.path.insert(0, {str(PAYLOAD)!r})
+import train
+calls = []
+real = train.agree_stop
+def counting(ctx, stop, every):
+    calls.append(stop)
+    return real(ctx, stop, every)
+train.agree_stop = counting
+rc = train.main(["--device", "cpu", "--max-steps", "40", "--log-every", "20", "--stop-after", "33"])
+print("checks", len(calls), "rc", rc)
+"""
+    p = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, _fail_msg(p)
+    assert "signal stop-after received: stopping after step 33" in p.stdout
+    n = int(p.stdout.split("checks ")[1].split()[0])
+    assert n < 33, p.stdout  # the old loop agreed on every step
