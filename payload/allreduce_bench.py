@@ -57,6 +57,7 @@ NCCL_TYPE_NAMES = {"float32": "float", "bfloat16": "bfloat16", "float16": "half"
 # Defaults that depend on where the tensors live.
 DEFAULT_MAX_BYTES = {"cpu": 64 << 20, "cuda": 1 << 30}
 DEFAULT_ITERS = {"cpu": 5, "cuda": 20}
+DEFAULT_WARMUP = {"cpu": 2, "cuda": 5}  # nccl-tests warms up 5 calls (-w 5): NCCL sets up lazily
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.I)
 _SIZE_MULT = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -224,7 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest message (default 64M on CPU, 1G on GPU)")
     p.add_argument("--factor", type=_factor, default=2, help="size multiplier (default 2)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")
-    p.add_argument("--warmup", type=_nonneg_int, default=2, help="untimed calls per size")
+    p.add_argument("--warmup", type=_nonneg_int, default=None,
+                   help="untimed calls per size (default 2 on CPU, 5 on GPU)")
     p.add_argument("--iters", type=_positive_int, default=None,
                    help="timed calls per size (default 5 on CPU, 20 on GPU)")
     p.add_argument("--init-timeout", type=_positive_float, default=60.0, metavar="SECONDS",
@@ -249,6 +251,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.max_bytes = max(args.min_bytes, DEFAULT_MAX_BYTES[args.device_type])
     if args.iters is None:
         args.iters = DEFAULT_ITERS[args.device_type]
+    if args.warmup is None:
+        args.warmup = DEFAULT_WARMUP[args.device_type]
     elem = torch.empty((), dtype=DTYPES[args.dtype]).element_size()
     if args.min_bytes > args.max_bytes:
         parser.error(f"--min-bytes ({args.min_bytes}) is larger than --max-bytes "

@@ -166,6 +166,13 @@ def test_cli_defaults_on_cpu():
     assert ab.parse_size("8MiB") == 8 << 20 and ab.parse_size("4096") == 4096
 
 
+def test_cli_defaults_on_gpu_warm_up_as_nccl_tests(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    a = ab.parse_args([])
+    assert (a.backend, a.device_type, a.warmup, a.iters) == ("nccl", "cuda", 5, 20)
+    assert ab.parse_args(["--warmup", "0"]).warmup == 0
+
+
 # ------------------------------------------------------------------ nccl-tests arithmetic
 
 
