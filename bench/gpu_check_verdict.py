@@ -23,9 +23,9 @@ import time
 RUNS = {"plain": "train", "eager": "train", "compiled": "train", "find_batch": "find"}
 TRAIN_FIELDS = ("steps", "final_loss", "tokens_per_s_median", "samples_per_s_median",
                 "step_time_s_median", "mfu_median", "peak_flops", "flops_per_token",
-                "peak_mem_gib", "peak_mem_reserved_gib", "params", "batch_size", "global_batch", "seq_len", "precision",
-                "compile", "ddp", "optimizer", "device_name", "backend", "world_size",
-                "torch_version")
+                "peak_mem_gib", "peak_mem_reserved_gib", "params", "batch_size", "global_batch",
+                "seq_len", "precision", "compile", "ddp", "optimizer", "device_name", "backend",
+                "world_size", "torch_version")
 # An exception line ("RuntimeError: ...", "torch._inductor.exc.InductorError: ...", with
 # torch's "[rank0]: " prefix or not), train.py's "error: ..." or a fatal interpreter error.
 ERROR_RE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[\w.]+(?:Error|Exception)|error|Fatal Python "
