@@ -102,13 +102,13 @@ QUOTING_EVIL = ["; touch /tmp/pwned", "$(touch /tmp/pwned)", "`touch /tmp/pwned`
 def test_quoting_on_real_host(testbed, inventory_doc, tmp_path, user):
     doc = copy.deepcopy(inventory_doc)
     doc["defaults"]["user"] = user
-    doc["hosts"][0]["vars"]["evil"] = QUOTING_EVIL[0]
+    doc["hosts"][0]["vars"]["env"] = {"EVIL": QUOTING_EVIL[0]}  # an inventory value too
     inv = inventory.load(write_inventory(tmp_path, doc))
     h = inv.host("gpu1")
     cxn = connect(h, inv)
     try:
         run_priv(cxn, "rm -f /tmp/pwned")
-        for evil in QUOTING_EVIL + [h.vars["evil"]]:
+        for evil in QUOTING_EVIL + [h.vars["env"]["EVIL"]]:
             out = run_priv(cxn, sh("printf", "%s", evil) + " && " + sh("printf", "|%s", evil)).stdout
             assert out == f"{evil}|{evil}"
             out = cxn.run(with_env('printf %s "$JOB_ARG"', {"JOB_ARG": evil})).stdout

@@ -13,12 +13,12 @@ REPO = Path(__file__).resolve().parents[2]
 GOOD = """
 known_hosts: kh
 defaults: {user: ubuntu, identity_file: keys/id}
-vars: {a: shared, b: shared, api_token: s3cret}
+vars: {log_dir: /shared, data_dir: /shared, env: {API_TOKEN: s3cret}}
 groups:
-  train: {vars: {b: group, c: group}}
+  train: {vars: {data_dir: /group, checkpoint_dir: /group}}
   infer: {}
 hosts:
-  - {name: gpu1, address: 10.0.0.1, gpus: 2, groups: [train], vars: {c: host}}
+  - {name: gpu1, address: 10.0.0.1, gpus: 2, groups: [train], vars: {checkpoint_dir: /host}}
   - {name: gpu2, address: 10.0.0.2, port: 2222, user: root, groups: [train, infer]}
   - {name: head, connection: local}
   - {name: alias-only}
@@ -43,8 +43,9 @@ def test_defaults_vars_and_paths_resolve(tmp_path):
     assert g1.user == "ubuntu" and g1.port is None and g2.port == 2222 and g2.user == "root"
     assert g1.identity_file == str(tmp_path / "keys/id")
     assert inv.known_hosts == str(tmp_path / "kh")
-    assert g1.vars == {"a": "shared", "b": "group", "c": "host", "api_token": "s3cret"}
-    assert g2.vars["b"] == "group" and g2.vars["c"] == "group"
+    assert g1.vars == {"log_dir": "/shared", "data_dir": "/group", "checkpoint_dir": "/host",
+                       "env": {"API_TOKEN": "s3cret"}}
+    assert g2.vars["data_dir"] == "/group" and g2.vars["checkpoint_dir"] == "/group"
     assert head.is_local and head.address == "localhost"
     assert alias.address == "alias-only"  # so ~/.ssh/config Host aliases apply
 
