@@ -88,7 +88,7 @@ class RunVars(BaseModel):
     accelerator: Literal["cuda", "cpu"] = "cuda"
     rdzv_port: int = Field(default=29400, ge=1, le=65000)  # a job's port is this + up to 499
     busbw_min_gbs: dict[str, float] = Field(default_factory=dict)
-    env: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    env: dict[str, Any] = Field(default_factory=dict)
     secret_env: list[str] = Field(default_factory=list)
     low_util_percent: float = Field(default=20, ge=0, le=100)
     low_util_minutes: int = Field(default=30, ge=1)
@@ -97,10 +97,12 @@ class RunVars(BaseModel):
     @field_validator("env")
     @classmethod
     def _env_names(cls, env: dict[str, Any]) -> dict[str, Any]:
-        for k in env:
+        for k, v in env.items():
             if not ENV_NAME.fullmatch(k):
                 raise ValueError(f"{k!r} is not a valid environment variable name "
                                  "(letters, digits, '_'; not starting with a digit)")
+            if not isinstance(v, (str, int, float, bool)):
+                raise ValueError(f"{k!r}: expected a string or number, got {v!r}")
         return env
 
 
@@ -331,7 +333,10 @@ def _check_var_values(name: str, merged: dict[str, Any], path: str) -> None:
         what = _describe(err) if err["type"] != "value_error" else err["msg"].removeprefix(
             "Value error, ")
         raise InventoryError(f"{path}: host {name!r}: var {var!r} {what}") from None
-    settings_for(name, merged, path)  # provision's vars: types, patterns, absolute paths
+    try:
+        settings_for(name, merged, path)  # provision's vars: types, patterns, absolute paths
+    except TorchrigError as e:
+        raise InventoryError(str(e)) from None
 
 
 def _check_jumps(hosts: list[Host], inherited: set[str], path: str) -> None:
