@@ -17,14 +17,21 @@ HOST_HELP = "host names or group names, comma-separated (default: every host)"
 
 
 def user_errors(fn):
-    """Turn a TorchrigError into its message and exit status 1, never a traceback."""
+    """Turn a TorchrigError into its message and exit status 1, never a traceback. Anything
+    else is a torchrig bug: one line too, with the traceback under `invoke --debug`."""
     @functools.wraps(fn)
     def wrapper(c, *args, **kwargs):
+        import logging
         from torchrig.errors import TorchrigError
         try:
             return fn(c, *args, **kwargs)
         except TorchrigError as e:
             raise Exit(f"error: {e}", code=1) from None
+        except Exception as e:  # noqa: BLE001
+            if logging.getLogger().isEnabledFor(logging.DEBUG):  # invoke --debug
+                raise
+            raise Exit(f"error: {fn.__name__.rstrip('_')}: unexpected {type(e).__name__}: {e} "
+                       "(a torchrig bug; `invoke --debug ...` shows the traceback)", code=1) from None
     return wrapper
 
 
