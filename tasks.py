@@ -27,6 +27,8 @@ def user_errors(fn):
             return fn(c, *args, **kwargs)
         except TorchrigError as e:
             raise Exit(f"error: {e}", code=1) from None
+        except Exit:
+            raise
         except Exception as e:  # noqa: BLE001
             if logging.getLogger().isEnabledFor(logging.DEBUG):  # invoke --debug
                 raise

@@ -452,6 +452,8 @@ def describe_error(exc: BaseException) -> str:
         return "connection refused (is sshd running on that port?)"
     if isinstance(exc, OSError):
         return f"network error: {exc.strerror or exc}"
+    if isinstance(exc, paramiko.SSHException) and "protocol banner" in str(exc):
+        return f"no SSH server answered on that port ({exc})"
     if isinstance(exc, paramiko.SSHException):
         return f"SSH error: {exc}"
     if isinstance(exc, invoke.exceptions.CommandTimedOut):
