@@ -182,8 +182,9 @@ def _doing(command: str) -> str:
         words = words[3:]
     if words[:2] == ["bash", "-c"] and len(words) == 3:
         command = words[2]
-    lines = [ln.strip() for ln in command.splitlines() if ln.strip()]
-    first = lines[0] if lines else ""
+    lines = [ln.strip() for ln in command.splitlines()
+             if ln.strip() and not ln.lstrip().startswith(("#", "set -"))]
+    first = lines[0] if lines else command.strip()
     return first if len(first) <= 80 else first[:77] + "..."
 
 
@@ -224,9 +225,10 @@ class SshConnection(Connection):
             _watch(self)
         return opened
 
-    def check_alive(self, command: str) -> None:
+    def check_alive(self, command: str, data: str | None = None) -> None:
         if self.lost:
-            raise ConnectionLost(f"{self.lost} while running: {_doing(command)}")
+            what = _doing(command) + (f" (script on stdin: {_doing(data)})" if data else "")
+            raise ConnectionLost(f"{self.lost} while running: {what}")
 
     def run(self, command, **kwargs):
         try:
@@ -427,11 +429,11 @@ def run_input(cxn, command: str, data: str, timeout: float = 600) -> Ran:
                 got = True
             if not got:
                 time.sleep(0.005)
-        cxn.check_alive(command)
+        cxn.check_alive(command, data)
         return Ran(chan.recv_exit_status(), out.decode(errors="replace"),
                    err.decode(errors="replace"))
     except Exception:
-        cxn.check_alive(command)
+        cxn.check_alive(command, data)
         raise
     finally:
         chan.close()

@@ -185,6 +185,8 @@ def test_lost_connection_names_what_ran():
     line = privileged("systemctl show torchrig-x.service\nmore", "admin")
     assert _doing(line) == "systemctl show torchrig-x.service"
     assert _doing("x" * 100).endswith("...") and len(_doing("x" * 100)) == 80
+    assert _doing("#!/bin/bash\nset -euo pipefail\n# why\napt-get install -y x\n") == \
+        "apt-get install -y x"
 
 
 def test_exec_of_one_long_line_is_linear(tmp_path):
