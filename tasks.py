@@ -38,8 +38,9 @@ def user_errors(fn):
 
 
 def _number(flag: str, value, minimum: float = 0, kind=int):
-    """A numeric flag's value, or one `error:` line naming the flag. Numeric flags are declared
-    with default None so they arrive as text: Invoke's own int() of a bad value is a traceback."""
+    """A numeric flag's (or config setting's, 'torchrig.x') value, or one `error:` line naming
+    it. Numeric flags are declared with default None so they arrive as text: Invoke's own
+    int() of a bad value is a traceback."""
     import math
     try:
         v = kind(value)
@@ -48,9 +49,13 @@ def _number(flag: str, value, minimum: float = 0, kind=int):
         ok = False
     if not ok:
         what = "a whole number" if kind is int else "a number"
-        raise Exit(f"error: --{flag.replace('_', '-')} {value!r}: expected {what} >= {minimum:g}",
-                   code=1)
+        name = flag if "." in flag else "--" + flag.replace("_", "-")
+        raise Exit(f"error: {name} {value!r}: expected {what} >= {minimum:g}", code=1)
     return v
+
+
+def _parallel(c) -> int:
+    return _number("torchrig.parallel", c.config.torchrig.parallel, 1)
 
 
 def _warm(module: str) -> None:
@@ -93,7 +98,7 @@ def exec_(c, command, inventory=None, host=None, sudo=False, timeout=None, paral
           accept_new_host_keys=False):
     """Run an ad-hoc command on the selected hosts in parallel, output prefixed by host."""
     timeout = None if timeout is None else _number("timeout", timeout, 1)
-    parallel = _number("parallel", c.config.torchrig.parallel if parallel is None else parallel, 1)
+    parallel = _parallel(c) if parallel is None else _number("parallel", parallel, 1)
     from torchrig.execute import run_on
     from torchrig.report import exec_summary
     inv = _inventory(c, inventory)
@@ -120,7 +125,7 @@ def provision(c, inventory=None, host=None, dry_run=False, yes=False, reboot=Fal
     from torchrig.remote import fan_out
     inv = _inventory(c, inventory)
     chosen = inv.select(host)
-    par = _number("parallel", c.config.torchrig.parallel, 1)
+    par = _parallel(c)
     _warm("torchrig.report")
     gathered = fan_out(chosen, lambda h: plan_host(inv, h, accept_new_host_keys), parallel=par)
     from torchrig import report
@@ -167,7 +172,7 @@ def verify(c, inventory=None, host=None, bandwidth=False, json_=False, accept_ne
     inv = _inventory(c, inventory)
     _warm("torchrig.report")
     rep = run_verify(inv, inv.select(host), bandwidth=bandwidth, accept_new=accept_new_host_keys,
-                     parallel=_number("parallel", c.config.torchrig.parallel, 1))
+                     parallel=_parallel(c))
     from torchrig import report
     if json_:
         print(json.dumps(rep.as_dict(), indent=2, default=str))
@@ -232,14 +237,16 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", scrip
         ("max_restarts", 3 if max_restarts is None else max_restarts, 0),
         ("start_timeout", 180 if start_timeout is None else start_timeout, 1),
         ("rdzv_timeout", 300 if rdzv_timeout is None else rdzv_timeout, 1),
-        ("parallel", c.config.torchrig.parallel, 1))}
+        ("torchrig.parallel", c.config.torchrig.parallel, 1))}
     if nodes is not None:
         _number("nodes", nodes, 1)
     inv = _inventory(c, inventory)
     chosen = _nodes(inv, host, nodes)
     o = LaunchOptions(job=job or _time.strftime("job-%Y%m%d-%H%M%S"), script=script, args=args,
                       env=list(env or []), nproc=str(nproc_per_node), dry_run=dry_run,
-                      accept_new=accept_new_host_keys, **numbers)
+                      accept_new=accept_new_host_keys, max_restarts=numbers["max_restarts"],
+                      start_timeout=numbers["start_timeout"], rdzv_timeout=numbers["rdzv_timeout"],
+                      parallel=numbers["torchrig.parallel"])
     res = run_launch(inv, chosen, o, log=lambda m: print(m, file=sys.stderr))
     if dry_run:
         for hname, files in res.rendered.items():
@@ -272,7 +279,7 @@ def status(c, inventory=None, host=None, job=None, json_=False, watch=None,
     from torchrig import report
     from torchrig.launch.run import status as run_status
     watch = 0 if watch is None else _number("watch", watch, 0, float)
-    par = _number("parallel", c.config.torchrig.parallel, 1)
+    par = _parallel(c)
     inv = _inventory(c, inventory)
     chosen = inv.select(host)
     job = job or _latest_job(c, inv, chosen)
@@ -304,7 +311,7 @@ def stop(c, inventory=None, host=None, job=None, accept_new_host_keys=False):
     chosen = inv.select(host)
     job = job or _latest_job(c, inv, chosen)
     res = run_stop(inv, chosen, job, accept_new_host_keys,
-                   _number("parallel", c.config.torchrig.parallel, 1))
+                   _parallel(c))
     for r in res:
         print(f"{r.host}: {'stopped' if r.ok else 'FAILED: ' + r.error}")
     bad = [f"{r.host}: {r.error}" for r in res if not r.ok]
@@ -478,6 +485,8 @@ ns = Collection(hosts, exec_, provision, verify, launch, logs, status, stop, dem
 ns.configure({
     "torchrig": {
         "inventory": "inventory/hosts.yml",  # override in invoke.yaml or INVOKE_TORCHRIG_INVENTORY
-        "parallel": 16,                      # hosts at once; sshd's MaxStartups bounds one host
+        # hosts at once; sshd's MaxStartups bounds one host. Text, so that a bad
+        # INVOKE_TORCHRIG_PARALLEL reaches torchrig's check, not Invoke's int() (a traceback).
+        "parallel": "16",
     },
 })

@@ -22,9 +22,10 @@ LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcdef", "bcdefg")) + HOST
 
 
-def cli(*args, timeout=60):
+def cli(*args, timeout=60, env=None):
     return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+                          text=True, timeout=timeout,
+                          env={**os.environ, "COLUMNS": "200", **(env or {})})
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +131,12 @@ def test_known_hosts_markers_are_warned_once(tmp_path):
     r = cli("exec", "-i", str(inv), "true")
     assert r.stderr.count("@cert-authority skipped") == 1, r.stderr
     assert "InvalidHostKey" not in r.stdout + r.stderr
+
+
+def test_bad_config_setting_is_one_error_line(tmp_path):
+    """Invoke casts INVOKE_TORCHRIG_* to the default's type itself: int('x') was a traceback."""
+    inv = tmp_path / "inv.yml"
+    inv.write_text(HOST)
+    r = cli("exec", "-i", str(inv), "true", env={"INVOKE_TORCHRIG_PARALLEL": "x"})
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip() == "error: torchrig.parallel 'x': expected a whole number >= 1"
