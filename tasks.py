@@ -17,15 +17,45 @@ HOST_HELP = "host names or group names, comma-separated (default: every host)"
 
 
 def user_errors(fn):
-    """Turn a TorchrigError into its message and exit status 1, never a traceback."""
+    """Turn a TorchrigError into its message and exit status 1, never a traceback. Anything
+    else is a torchrig bug: one line too, with the traceback under `invoke --debug`."""
     @functools.wraps(fn)
     def wrapper(c, *args, **kwargs):
+        import logging
         from torchrig.errors import TorchrigError
         try:
             return fn(c, *args, **kwargs)
         except TorchrigError as e:
             raise Exit(f"error: {e}", code=1) from None
+        except Exit:
+            raise
+        except Exception as e:  # noqa: BLE001
+            if logging.getLogger().isEnabledFor(logging.DEBUG):  # invoke --debug
+                raise
+            raise Exit(f"error: {fn.__name__.rstrip('_')}: unexpected {type(e).__name__}: {e} "
+                       "(a torchrig bug; `invoke --debug ...` shows the traceback)", code=1) from None
     return wrapper
+
+
+def _number(flag: str, value, minimum: float = 0, kind=int):
+    """A numeric flag's (or config setting's, 'torchrig.x') value, or one `error:` line naming
+    it. Numeric flags are declared with default None so they arrive as text: Invoke's own
+    int() of a bad value is a traceback."""
+    import math
+    try:
+        v = kind(value)
+        ok = math.isfinite(v) and v >= minimum
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        what = "a whole number" if kind is int else "a number"
+        name = flag if "." in flag else "--" + flag.replace("_", "-")
+        raise Exit(f"error: {name} {value!r}: expected {what} >= {minimum:g}", code=1)
+    return v
+
+
+def _parallel(c) -> int:
+    return _number("torchrig.parallel", c.config.torchrig.parallel, 1)
 
 
 def _warm(module: str) -> None:
@@ -67,13 +97,14 @@ def hosts(c, inventory=None, host=None, json_=False):
 def exec_(c, command, inventory=None, host=None, sudo=False, timeout=None, parallel=None,
           accept_new_host_keys=False):
     """Run an ad-hoc command on the selected hosts in parallel, output prefixed by host."""
+    timeout = None if timeout is None else _number("timeout", timeout, 1)
+    parallel = _parallel(c) if parallel is None else _number("parallel", parallel, 1)
     from torchrig.execute import run_on
     from torchrig.report import exec_summary
     inv = _inventory(c, inventory)
     chosen = inv.select(host)
     results = run_on(inv, chosen, command, sudo=sudo, accept_new=accept_new_host_keys,
-                     timeout=int(timeout) if timeout else None,
-                     parallel=int(parallel or c.config.torchrig.parallel))
+                     timeout=timeout, parallel=parallel)
     bad = exec_summary(results)
     if bad:
         raise Exit(f"error: failed on {len(bad)} of {len(results)} host(s): " + "; ".join(bad),
@@ -94,7 +125,7 @@ def provision(c, inventory=None, host=None, dry_run=False, yes=False, reboot=Fal
     from torchrig.remote import fan_out
     inv = _inventory(c, inventory)
     chosen = inv.select(host)
-    par = int(c.config.torchrig.parallel)
+    par = _parallel(c)
     _warm("torchrig.report")
     gathered = fan_out(chosen, lambda h: plan_host(inv, h, accept_new_host_keys), parallel=par)
     from torchrig import report
@@ -141,7 +172,7 @@ def verify(c, inventory=None, host=None, bandwidth=False, json_=False, accept_ne
     inv = _inventory(c, inventory)
     _warm("torchrig.report")
     rep = run_verify(inv, inv.select(host), bandwidth=bandwidth, accept_new=accept_new_host_keys,
-                     parallel=int(c.config.torchrig.parallel))
+                     parallel=_parallel(c))
     from torchrig import report
     if json_:
         print(json.dumps(rep.as_dict(), indent=2, default=str))
@@ -160,11 +191,12 @@ def verify(c, inventory=None, host=None, bandwidth=False, json_=False, accept_ne
 
 def _nodes(inv, host, nodes):
     chosen = inv.select(host)
-    if nodes:
-        if int(nodes) > len(chosen):
+    if nodes is not None:
+        n = _number("nodes", nodes, 1)
+        if n > len(chosen):
             raise Exit(f"error: --nodes {nodes}: only {len(chosen)} host(s) selected "
                        f"({', '.join(h.name for h in chosen)})", code=1)
-        chosen = chosen[:int(nodes)]
+        chosen = chosen[:n]
     return chosen
 
 
@@ -196,18 +228,25 @@ def _latest_job(c, inv, hosts) -> str:
             "accept_new_host_keys": "record unknown host keys (OpenSSH accept-new)"})
 @user_errors
 def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", script="train.py",
-           args="", job=None, max_restarts=3, env=None, dry_run=False, follow=False,
-           start_timeout=180, rdzv_timeout=300, accept_new_host_keys=False):
+           args="", job=None, max_restarts=None, env=None, dry_run=False, follow=False,
+           start_timeout=None, rdzv_timeout=None, accept_new_host_keys=False):
     """Run a torchrun DDP job under systemd on the nodes: everywhere or nowhere."""
     import time as _time
     from torchrig.launch.run import LaunchOptions, launch as run_launch
+    numbers = {k: _number(k, v, m) for k, v, m in (
+        ("max_restarts", 3 if max_restarts is None else max_restarts, 0),
+        ("start_timeout", 180 if start_timeout is None else start_timeout, 1),
+        ("rdzv_timeout", 300 if rdzv_timeout is None else rdzv_timeout, 1),
+        ("torchrig.parallel", c.config.torchrig.parallel, 1))}
+    if nodes is not None:
+        _number("nodes", nodes, 1)
     inv = _inventory(c, inventory)
     chosen = _nodes(inv, host, nodes)
     o = LaunchOptions(job=job or _time.strftime("job-%Y%m%d-%H%M%S"), script=script, args=args,
-                      env=list(env or []), nproc=str(nproc_per_node), max_restarts=int(max_restarts),
-                      dry_run=dry_run, start_timeout=int(start_timeout),
-                      rdzv_timeout=int(rdzv_timeout),
-                      accept_new=accept_new_host_keys, parallel=int(c.config.torchrig.parallel))
+                      env=list(env or []), nproc=str(nproc_per_node), dry_run=dry_run,
+                      accept_new=accept_new_host_keys, max_restarts=numbers["max_restarts"],
+                      start_timeout=numbers["start_timeout"], rdzv_timeout=numbers["rdzv_timeout"],
+                      parallel=numbers["torchrig.parallel"])
     res = run_launch(inv, chosen, o, log=lambda m: print(m, file=sys.stderr))
     if dry_run:
         for hname, files in res.rendered.items():
@@ -233,24 +272,27 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", scrip
             "watch": "refresh every N seconds until interrupted (0: once)",
             "accept_new_host_keys": "record unknown host keys (OpenSSH accept-new)"})
 @user_errors
-def status(c, inventory=None, host=None, job=None, json_=False, watch=0, accept_new_host_keys=False):
+def status(c, inventory=None, host=None, job=None, json_=False, watch=None,
+           accept_new_host_keys=False):
     """Per node: unit state, restarts, attempt, uptime, latest progress, GPU use; idle GPUs flagged."""
     import time as _time
     from torchrig import report
     from torchrig.launch.run import status as run_status
+    watch = 0 if watch is None else _number("watch", watch, 0, float)
+    par = _parallel(c)
     inv = _inventory(c, inventory)
     chosen = inv.select(host)
     job = job or _latest_job(c, inv, chosen)
     while True:
-        res = run_status(inv, chosen, job, accept_new_host_keys, int(c.config.torchrig.parallel))
+        res = run_status(inv, chosen, job, accept_new_host_keys, par)
         if json_:
             print(json.dumps({"job": job, "nodes": {r.host: (r.value if r.ok else {"error": r.error})
                                                      for r in res}}, indent=2))
         else:
             report.status_table(job, res)
-        if not float(watch):
+        if not watch:
             break
-        _time.sleep(float(watch))
+        _time.sleep(watch)
     bad = [f"{r.host}: {r.error}" for r in res if not r.ok]
     failed = [r.host for r in res if r.ok and r.value["unit"].get("ActiveState") == "failed"]
     if bad or failed:
@@ -268,7 +310,8 @@ def stop(c, inventory=None, host=None, job=None, accept_new_host_keys=False):
     inv = _inventory(c, inventory)
     chosen = inv.select(host)
     job = job or _latest_job(c, inv, chosen)
-    res = run_stop(inv, chosen, job, accept_new_host_keys, int(c.config.torchrig.parallel))
+    res = run_stop(inv, chosen, job, accept_new_host_keys,
+                   _parallel(c))
     for r in res:
         print(f"{r.host}: {'stopped' if r.ok else 'FAILED: ' + r.error}")
     bad = [f"{r.host}: {r.error}" for r in res if not r.ok]
@@ -295,9 +338,7 @@ def logs(c, inventory=None, host=None, job=None, follow=False, rank=None, since=
     from torchrig.launch.plan import check_job_name, unit_name
     from torchrig.logs.stream import Options, failure_report, follow as run_follow
     from torchrig.provision.desired import settings_for
-    inv = _inventory(c, inventory)
-    chosen = inv.select(host)
-    job = check_job_name(job or _latest_job(c, inv, chosen))
+    rank = None if rank is None else _number("rank", rank, 0)
     if grep:
         try:
             _re.compile(grep)
@@ -305,14 +346,14 @@ def logs(c, inventory=None, host=None, job=None, follow=False, rank=None, since=
             raise TorchrigError(f"--grep {grep!r}: not a regular expression ({e})")
     when = None
     if since:
-        try:
-            v = float(since)
-        except ValueError:
-            raise TorchrigError(f"--since {since!r}: seconds ago or a unix time") from None
+        v = _number("since", since, 0, float)  # seconds ago, or a unix time
         when = v if v > 1e9 else _time.time() - v
+    inv = _inventory(c, inventory)
+    chosen = inv.select(host)
+    job = check_job_name(job or _latest_job(c, inv, chosen))
     o = Options(job, {h.name: f"{settings_for(h.name, h.vars, inv.path).log_dir}/{job}" for h in chosen},
                 unit_name(job), follow=follow and not failures,
-                rank=None if rank is None else int(rank), grep=grep, since=when,
+                rank=rank, grep=grep, since=when,
                 color=sys.stdout.isatty() if color is None else color)
     if failures:
         res = run_follow(inv, chosen, o, printer=_NullPrinter())
@@ -343,10 +384,11 @@ def _exit_if_failed(reports, what: str) -> None:
                        "'h100-nvswitch-8' or 'v100s-nvlink-2,gpu2=pcie-sys-4'",
             "inventory": "where to write the testbed's inventory (default inventory/testbed.yml)"})
 @user_errors
-def testbed_up(c, hosts=2, profile=None, inventory="inventory/testbed.yml"):
+def testbed_up(c, hosts=None, profile=None, inventory="inventory/testbed.yml"):
     """Start a local TESTBED of simulated GPU servers (root; systemd-nspawn containers)."""
     from torchrig.testbed import lab
-    st = lab.up(int(hosts), profile, inventory, log=lambda m: print(m, file=sys.stderr))
+    n = _number("hosts", 2 if hosts is None else hosts, 1)
+    st = lab.up(n, profile, inventory, log=lambda m: print(m, file=sys.stderr))
     for name, h in st["hosts"].items():
         print(f"{name}  {h['ip']}  profile={h['profile']}")
     print(f"testbed up in {st['seconds']}s; inventory: {inventory} "
@@ -381,11 +423,12 @@ def testbed_status(c, json_=False):
 
 @task(help={"steps": "training steps for the demo job (default 60)"})
 @user_errors
-def demo(c, steps=60):
+def demo(c, steps=None):
     """The whole path on a local testbed: 2 hosts up, provision, verify, a 2-node x 2-process
     DDP job (gloo on CPU) followed to the end, and a summary. Leaves the testbed up."""
     import re as _re
     import time as _time
+    steps = _number("steps", 60 if steps is None else steps, 1)
     t0 = _time.monotonic()
     inv_path = "inventory/testbed.yml"
 
@@ -401,7 +444,7 @@ def demo(c, steps=60):
     stage("launch: 2 nodes x 2 processes, c10d rendezvous, gloo")
     job = _time.strftime("demo-%Y%m%d-%H%M%S")
     launch(c, inventory=inv_path, nodes=2, job=job, nproc_per_node="2",
-           args=f"--max-steps {int(steps)} --log-every 10 --ckpt-every 20")
+           args=f"--max-steps {steps} --log-every 10 --ckpt-every 20")
     stage("logs: every rank, followed until the job ends")
     from torchrig import inventory as _inv
     from torchrig.launch.plan import unit_name
@@ -442,6 +485,8 @@ ns = Collection(hosts, exec_, provision, verify, launch, logs, status, stop, dem
 ns.configure({
     "torchrig": {
         "inventory": "inventory/hosts.yml",  # override in invoke.yaml or INVOKE_TORCHRIG_INVENTORY
-        "parallel": 16,                      # hosts at once; sshd's MaxStartups bounds one host
+        # hosts at once; sshd's MaxStartups bounds one host. Text, so that a bad
+        # INVOKE_TORCHRIG_PARALLEL reaches torchrig's check, not Invoke's int() (a traceback).
+        "parallel": "16",
     },
 })

@@ -6,6 +6,7 @@ errors into one message that names the file, the host and the field.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from pathlib import Path
@@ -15,11 +16,17 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import TorchrigError
+from .provision.desired import DEFAULTS, settings_for
 
 DEFAULT_INVENTORY = "inventory/hosts.yml"
 
 # Host names end up in unit names, file names and log prefixes: keep them plain.
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # full match: a trailing newline is not a name
+# YAML aliases are shared, not copied, when loaded, but everything after (validation, printing)
+# walks them expanded: a few lines of nested aliases (billion laughs) expand past any memory.
+MAX_NODES = 100_000
+NO_JUMP = "none"  # OpenSSH's ProxyJump none: a host opts out of defaults.jump
 
 
 class InventoryError(TorchrigError):
@@ -70,6 +77,36 @@ class InventorySpec(_Strict):
     vars: dict[str, Any] = Field(default_factory=dict)
     groups: dict[str, GroupSpec] = Field(default_factory=dict)
     hosts: list[HostSpec] = Field(min_length=1)
+
+
+class RunVars(BaseModel):
+    """Vars read by verify, launch and status. Provision's own vars are typed by
+    provision.desired.Settings; together they are every var torchrig knows."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    accelerator: Literal["cuda", "cpu"] = "cuda"
+    rdzv_port: int = Field(default=29400, ge=1, le=65000)  # a job's port is this + up to 499
+    busbw_min_gbs: dict[str, float] = Field(default_factory=dict)
+    env: dict[str, Any] = Field(default_factory=dict)
+    secret_env: list[str] = Field(default_factory=list)
+    low_util_percent: float = Field(default=20, ge=0, le=100)
+    low_util_minutes: int = Field(default=30, ge=1)
+    testbed_profile: str | None = None  # written by testbed.up
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, Any]) -> dict[str, Any]:
+        for k, v in env.items():
+            if not ENV_NAME.fullmatch(k):
+                raise ValueError(f"{k!r} is not a valid environment variable name "
+                                 "(letters, digits, '_'; not starting with a digit)")
+            if not isinstance(v, (str, int, float, bool)):
+                raise ValueError(f"{k!r}: expected a string or number, got {v!r}")
+        return env
+
+
+KNOWN_VARS = sorted(set(DEFAULTS) | set(RunVars.model_fields))
 
 
 class Host(BaseModel):
@@ -130,24 +167,72 @@ class Inventory(BaseModel):
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys (plain PyYAML keeps the last silently)."""
+    """SafeLoader that refuses duplicate mapping keys (plain PyYAML keeps the last silently)
+    and keys that are not plain values; merge keys (`<<: *base`) work as in PyYAML."""
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
     seen: set[Any] = set()
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # `<<`: its keys may be overridden by the mapping's own
         key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a mapping key must be a plain value, not a {type(key).__name__}",
+                key_node.start_mark) from None
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r}", key_node.start_mark
             )
         seen.add(key)
+    loader.flatten_mapping(node)
     return loader.construct_mapping(node, deep=deep)
 
 
 _UniqueKeyLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
 )
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """Nodes in the document with every alias expanded (memoised: linear in the file)."""
+    size: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    busy: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        if id(node) in size:
+            continue
+        kids = ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode)
+                else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
+        if done:
+            busy.discard(id(node))
+            size[id(node)] = min(1 + sum(size[id(k)] for k in kids), MAX_NODES + 1)
+            continue
+        if id(node) in busy:
+            raise yaml.composer.ComposerError(None, None, "an alias refers to itself",
+                                              node.start_mark)
+        busy.add(id(node))
+        stack.append((node, True))
+        stack.extend((k, False) for k in kids if id(k) not in size)
+    return size[id(root)]
+
+
+def _parse_yaml(text: str) -> Any:
+    loader = _UniqueKeyLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node) > MAX_NODES:
+            raise InventoryError(f"its aliases expand to more than {MAX_NODES} values; "
+                                 "refused (write the values out, or nest fewer aliases)")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def _describe(err: dict[str, Any]) -> str:
@@ -195,14 +280,22 @@ def load(path: str | os.PathLike) -> Inventory:
     """Read, validate and resolve an inventory file. Raises InventoryError with one message."""
     path = str(path)
     try:
-        text = Path(path).read_text()
+        data = Path(path).read_bytes()
     except OSError as e:
         raise InventoryError(
             f"{path}: cannot read the inventory ({e.strerror}); pass --inventory PATH "
             "or copy inventory/example.yml to inventory/hosts.yml"
         ) from None
     try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise InventoryError(f"{path}: line {line}: not UTF-8 text (byte 0x{data[e.start]:02x}); "
+                             "save the inventory as UTF-8") from None
+    try:
+        raw = _parse_yaml(text)
+    except InventoryError as e:
+        raise InventoryError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -221,9 +314,58 @@ def load(path: str | os.PathLike) -> Inventory:
     return _resolve(spec, Path(path).resolve().parent, path)
 
 
+def _check_var_names(found: dict[str, Any], where: str, path: str) -> None:
+    """README: unknown keys are refused. A misspelt var would silently get its default."""
+    for k in found:
+        if k not in KNOWN_VARS:
+            close = difflib.get_close_matches(str(k), KNOWN_VARS, n=1)
+            hint = (f"did you mean {close[0]!r}?" if close
+                    else "the README's Vars table lists the known ones")
+            raise InventoryError(f"{path}: {where}: var {k!r} is not a var torchrig reads; {hint}")
+
+
+def _check_var_values(name: str, merged: dict[str, Any], path: str) -> None:
+    try:
+        RunVars.model_validate(merged)
+    except ValidationError as e:
+        err = e.errors()[0]
+        var = ".".join(str(p) for p in err["loc"])
+        what = _describe(err) if err["type"] != "value_error" else err["msg"].removeprefix(
+            "Value error, ")
+        raise InventoryError(f"{path}: host {name!r}: var {var!r} {what}") from None
+    try:
+        settings_for(name, merged, path)  # provision's vars: types, patterns, absolute paths
+    except TorchrigError as e:
+        raise InventoryError(str(e)) from None
+
+
+def _check_jumps(hosts: list[Host], inherited: set[str], path: str) -> None:
+    """A jump through an inventory host that leads back to itself would recurse forever."""
+    by_name = {h.name: h for h in hosts}
+    for h in hosts:
+        chain = [h.name]
+        while by_name.get(chain[-1]) and by_name[chain[-1]].jump in by_name:
+            nxt = by_name[chain[-1]].jump
+            if nxt == h.name:
+                if chain == [h.name]:
+                    src = " (from defaults.jump)" if h.name in inherited else ""
+                    raise InventoryError(f"{path}: host {h.name!r}: jump {nxt!r}{src} is the host "
+                                         f"itself; set `jump: {NO_JUMP}` on it to reach it directly")
+                raise InventoryError(f"{path}: host {h.name!r}: jump hosts form a cycle: "
+                                     f"{' -> '.join(chain + [nxt])}; set `jump: {NO_JUMP}` on one "
+                                     "of them to reach it directly")
+            if nxt in chain:
+                break  # a cycle not through h: reported when its own hosts are checked
+            chain.append(nxt)
+
+
 def _resolve(spec: InventorySpec, base: Path, path: str) -> Inventory:
     seen: set[str] = set()
     hosts: list[Host] = []
+    inherited: set[str] = set()
+    _check_var_names(spec.vars, "field 'vars'", path)
+    for g, gs in spec.groups.items():
+        _check_var_names(gs.vars, f"group {g!r}", path)
     for h in spec.hosts:
         if h.name in seen:
             raise InventoryError(f"{path}: host {h.name!r}: field 'name' is a duplicate; "
@@ -235,11 +377,16 @@ def _resolve(spec: InventorySpec, base: Path, path: str) -> Inventory:
                     f"{path}: host {h.name!r}: field 'groups' names unknown group {g!r}; "
                     f"declare it under 'groups:' (known: {', '.join(spec.groups) or 'none'})"
                 )
+        _check_var_names(h.vars, f"host {h.name!r}", path)
         merged: dict[str, Any] = dict(spec.vars)
         for g in h.groups:
             merged.update(spec.groups[g].vars)
         merged.update(h.vars)
+        _check_var_values(h.name, merged, path)
         d = spec.defaults
+        jump = h.jump if h.jump is not None else d.jump
+        if h.jump is None and d.jump is not None:
+            inherited.add(h.name)
         hosts.append(Host(
             name=h.name,
             connection=h.connection,
@@ -247,7 +394,7 @@ def _resolve(spec: InventorySpec, base: Path, path: str) -> Inventory:
             port=h.port if h.port is not None else d.port,
             user=h.user or d.user,
             identity_file=_resolve_path(h.identity_file or d.identity_file, base),
-            jump=h.jump if h.jump is not None else d.jump,
+            jump=None if jump == NO_JUMP else jump,
             gpus=h.gpus,
             groups=tuple(h.groups),
             vars=merged,
@@ -256,5 +403,6 @@ def _resolve(spec: InventorySpec, base: Path, path: str) -> Inventory:
     if clash:
         raise InventoryError(f"{path}: group {clash[0]!r} has the same name as a host; "
                              "rename one so --host is unambiguous")
+    _check_jumps(hosts, inherited, path)
     known = _resolve_path(spec.known_hosts, base) or os.path.expanduser("~/.ssh/known_hosts")
     return Inventory(path=path, known_hosts=known, hosts=tuple(hosts), groups=spec.groups)

@@ -7,8 +7,10 @@ and waits forever to connect; `connect()` fixes both for the host and every jump
 from __future__ import annotations
 
 import base64
+import binascii
 import getpass
 import hashlib
+import logging
 import os
 import shlex
 import socket
@@ -20,16 +22,27 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import fabric.runners
 import invoke
 import paramiko
 from fabric import Config, Connection
 
 from .errors import TorchrigError
-from .inventory import Host, Inventory
+from .inventory import ENV_NAME, Host, Inventory
 
 T = TypeVar("T")
 
 CONNECT_TIMEOUT = 10  # seconds; also used for the SSH banner and authentication
+# OpenSSH's ServerAliveInterval / ServerAliveCountMax: a server that answers no keepalive for
+# ALIVE_INTERVAL * ALIVE_COUNT seconds is gone (frozen, unplugged), even if TCP never says so.
+# A command that is merely quiet (apt, a benchmark) is not: sshd still answers.
+ALIVE_INTERVAL = 10
+ALIVE_COUNT = 3
+
+# paramiko logs its own tracebacks (e.g. "Error reading SSH protocol banner") through Python's
+# last-resort handler onto the terminal, before torchrig's one error line. A handler here keeps
+# them out; `invoke --debug` (a root handler) still shows them.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 class UnknownHostKey(TorchrigError):
@@ -54,17 +67,83 @@ def known_hosts_name(address: str, port: int | None) -> str:
 _known_hosts_lock = threading.Lock()
 
 
+class HostKeyRevoked(TorchrigError):
+    pass
+
+
+def parse_known_hosts(text: str) -> tuple[list, list[paramiko.PKey], list[str]]:
+    """(host key entries, revoked keys, notes) from known_hosts text, read as OpenSSH does:
+    a `@revoked` key is never accepted, for any host. `@cert-authority` lines (host
+    certificates, which paramiko cannot check) and unreadable lines are skipped with a note;
+    paramiko's own loader raises on them."""
+    entries, revoked, notes = [], [], []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        marker = None
+        if line.startswith("@"):
+            marker, _, line = line.partition(" ")
+            line = line.strip()
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, n)
+        except (paramiko.hostkeys.InvalidHostKey, paramiko.SSHException, ValueError,
+                binascii.Error):
+            entry = None
+        if entry is None:
+            notes.append(f"line {n}: not a host key line paramiko can read; skipped")
+        elif marker == "@revoked":
+            revoked.append(entry.key)
+        elif marker == "@cert-authority":
+            notes.append(f"line {n}: @cert-authority skipped (torchrig checks host keys, not "
+                         "host certificates: list the hosts' own keys)")
+        elif marker:
+            notes.append(f"line {n}: unknown marker {marker}; skipped")
+        else:
+            entries.append(entry)
+    bad = {k.asbytes() for k in revoked}
+    return [e for e in entries if e.key.asbytes() not in bad], revoked, notes
+
+
+_noted: set[tuple[str, str]] = set()
+
+
+def _load_known_hosts(client: paramiko.SSHClient, path: str) -> list[paramiko.PKey]:
+    """Fill the client's host keys from `path`; the revoked keys for the policy."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise TorchrigError(f"cannot read the known_hosts file {path} ({e.strerror})") from None
+    entries, revoked, notes = parse_known_hosts(text)
+    with _known_hosts_lock:
+        for note in notes:
+            if (path, note) not in _noted:  # once per run, not once per host and hop
+                _noted.add((path, note))
+                print(f"warning: {path}: {note}", file=sys.stderr)
+    client.get_host_keys()._entries.extend(entries)  # what HostKeys.load() does per line
+    return revoked
+
+
 class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
     """Refuse unknown keys (with the fingerprint and how to accept), or record them
     in the known_hosts file in use when accept_new is set (OpenSSH's accept-new).
-    A *changed* key never reaches this policy: paramiko raises BadHostKeyException."""
+    A *changed* key never reaches this policy: paramiko raises BadHostKeyException.
+    A key marked @revoked is refused either way."""
 
-    def __init__(self, known_hosts: str, accept_new: bool):
+    def __init__(self, known_hosts: str, accept_new: bool, revoked=()):
         self.known_hosts = known_hosts
         self.accept_new = accept_new
+        self.revoked = {k.asbytes() for k in revoked}
 
     def missing_host_key(self, client, hostname, key):
         fp = fingerprint(key)
+        if key.asbytes() in self.revoked:
+            raise HostKeyRevoked(
+                f"host key for {hostname} ({key.get_name()} {fp}) is marked @revoked in "
+                f"{self.known_hosts}; refusing to connect")
         if not self.accept_new:
             raise UnknownHostKey(
                 f"unknown host key for {hostname} ({key.get_name()} {fp}); not in "
@@ -82,11 +161,131 @@ class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
 
 
 def _secure(cxn: Connection, known_hosts: str, accept_new: bool) -> None:
-    cxn.client.set_missing_host_key_policy(HostKeyPolicy(known_hosts, accept_new))
-    if os.path.exists(known_hosts):
-        cxn.client.load_host_keys(known_hosts)
+    revoked = _load_known_hosts(cxn.client, known_hosts)
+    cxn.client.set_missing_host_key_policy(HostKeyPolicy(known_hosts, accept_new, revoked))
     if isinstance(cxn.gateway, Connection):  # ProxyJump hops, from ssh_config or inventory
         _secure(cxn.gateway, known_hosts, accept_new)
+
+
+class ConnectionLost(TorchrigError):
+    pass
+
+
+def _doing(command: str) -> str:
+    """A command line, shortened for an error message ('while running ...'): the script
+    inside privileged()'s `sudo -n -- bash -c '...'` wrapper, first line, at most 80 chars."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = []
+    if words[:3] == ["sudo", "-n", "--"]:
+        words = words[3:]
+    if words[:2] == ["bash", "-c"] and len(words) == 3:
+        command = words[2]
+    lines = [ln.strip() for ln in command.splitlines()
+             if ln.strip() and not ln.lstrip().startswith(("#", "set -"))]
+    first = lines[0] if lines else command.strip()
+    return first if len(first) <= 80 else first[:77] + "..."
+
+
+class SshConnection(Connection):
+    """Fabric's Connection, plus: `ProxyJump a,b` from ~/.ssh/config is followed in OpenSSH's
+    order (a first, then b through a; Fabric 3 starts at b); opening a jump channel times out;
+    and keepalives close a connection whose server stopped answering (_watch), so a run on it
+    ends with ConnectionLost instead of waiting forever."""
+
+    lost: str | None = None
+
+    def get_gateway(self):
+        spec = self.ssh_config.get("proxyjump")
+        if spec is None:
+            return super().get_gateway()
+        hops = [h.strip() for h in spec.split(",") if h.strip()]
+        if spec.strip().lower() == "none" or any(
+                self.derive_shorthand(h)["host"] == self.host for h in hops):
+            return None  # `none`, or a wildcard Host block that names this very host
+        gw = None
+        for hop in hops:
+            gw = SshConnection(hop, config=self.config.clone(), connect_timeout=CONNECT_TIMEOUT,
+                               **({"gateway": gw} if gw is not None else {}))
+        return gw
+
+    def open_gateway(self):
+        if not isinstance(self.gateway, Connection):
+            return super().open_gateway()
+        self.gateway.open()
+        return self.gateway.transport.open_channel(
+            "direct-tcpip", dest_addr=(self.host, int(self.port)), src_addr=("", 0),
+            timeout=CONNECT_TIMEOUT)
+
+    def open(self):
+        opened = super().open()
+        if self.transport is not None and not getattr(self, "_watched", False):
+            self._watched = True
+            _watch(self)
+        return opened
+
+    def check_alive(self, command: str, data: str | None = None) -> None:
+        if self.lost:
+            what = _doing(command) + (f" (script on stdin: {_doing(data)})" if data else "")
+            raise ConnectionLost(f"{self.lost} while running: {what}")
+
+    def run(self, command, **kwargs):
+        try:
+            result = super().run(command, **kwargs)
+        except Exception:
+            self.check_alive(command)
+            raise
+        self.check_alive(command)
+        return result
+
+    def put(self, *args, **kwargs):
+        try:
+            return super().put(*args, **kwargs)
+        except Exception:
+            self.check_alive("a file upload (sftp)")
+            raise
+
+
+def _watch(cxn: SshConnection) -> None:
+    """OpenSSH's ServerAlive*: every ALIVE_INTERVAL s a keepalive@openssh.com request that sshd
+    must answer (it refuses it, which is an answer); none within ALIVE_INTERVAL * ALIVE_COUNT s
+    closes the transport, which ends every read and command waiting on it."""
+    transport = cxn.transport
+    where = f"{cxn.user}@{cxn.host}" + (f":{cxn.port}" if cxn.port not in (None, 22) else "")
+
+    def probe_loop():
+        while transport.is_active():
+            probe = threading.Thread(target=transport.global_request,
+                                     args=("keepalive@openssh.com", None, True), daemon=True)
+            probe.start()
+            probe.join(ALIVE_INTERVAL * ALIVE_COUNT)
+            if probe.is_alive() and transport.is_active():
+                cxn.lost = (f"SSH connection to {where} lost: the server answered no keepalive "
+                            f"for {ALIVE_INTERVAL * ALIVE_COUNT}s (host frozen or unreachable)")
+                transport.close()
+                return
+            for _ in range(ALIVE_INTERVAL * 10):
+                if not transport.is_active():
+                    return
+                time.sleep(0.1)
+
+    threading.Thread(target=probe_loop, name=f"keepalive {where}", daemon=True).start()
+
+
+def _linear(runner: type) -> type:
+    """Invoke's runner joins all output so far on every chunk it reads, to feed watchers, even
+    when there are none: quadratic in a command's output (`exec` of one 8 MB line took 18 s)."""
+    class Linear(runner):
+        def respond(self, buffer_):
+            if self.watchers:
+                super().respond(buffer_)
+    Linear.__name__ = runner.__name__
+    return Linear
+
+
+_Remote = _linear(fabric.runners.Remote)
+_Local = _linear(invoke.runners.Local)
 
 
 class LocalConnection:
@@ -95,8 +294,8 @@ class LocalConnection:
     def __init__(self, host: Host):
         self.host = "localhost"
         self.user = getpass.getuser()
-        self._ctx = invoke.Context(invoke.Config(overrides={"run": {"hide": True,
-                                                                    "in_stream": False}}))
+        self._ctx = invoke.Context(invoke.Config(overrides={
+            "run": {"hide": True, "in_stream": False}, "runners": {"local": _Local}}))
 
     def run(self, command: str, **kwargs):
         return self._ctx.run(command, **kwargs)
@@ -110,13 +309,17 @@ def _jump(inv: Inventory, spec: str, accept_new: bool) -> Connection:
     for h in inv.hosts:
         if h.name == spec:
             return connect(h, inv, accept_new=accept_new)
-    cxn = Connection(spec, config=_config(), connect_timeout=CONNECT_TIMEOUT)
+    cxn = SshConnection(spec, config=_config(), connect_timeout=CONNECT_TIMEOUT)
     _secure(cxn, inv.known_hosts, accept_new)
     return cxn
 
 
 def _config() -> Config:
-    return Config(overrides={"timeouts": {"connect": CONNECT_TIMEOUT}, "run": {"hide": True, "in_stream": False}})
+    return Config(overrides={
+        "timeouts": {"connect": CONNECT_TIMEOUT},
+        "connect_kwargs": {"banner_timeout": CONNECT_TIMEOUT, "auth_timeout": CONNECT_TIMEOUT},
+        "run": {"hide": True, "in_stream": False},
+        "runners": {"remote": _Remote}})
 
 
 def connect(host: Host, inv: Inventory, accept_new: bool = False):
@@ -136,7 +339,7 @@ def connect(host: Host, inv: Inventory, accept_new: bool = False):
         kwargs["connect_kwargs"]["key_filename"] = [host.identity_file]
     if host.jump:
         kwargs["gateway"] = _jump(inv, host.jump, accept_new)
-    cxn = Connection(host.address, **kwargs)
+    cxn = SshConnection(host.address, **kwargs)
     _secure(cxn, inv.known_hosts, accept_new)
     return cxn
 
@@ -151,7 +354,7 @@ def sh(*argv: Any) -> str:
 def with_env(command: str, env: dict[str, str]) -> str:
     """Prefix `command` with env assignments, names checked and values quoted."""
     for k in env:
-        if not k.isidentifier():
+        if not ENV_NAME.fullmatch(k):
             raise TorchrigError(f"environment variable name {k!r} is not valid")
     return sh("env", *(f"{k}={v}" for k, v in env.items()), "bash", "-c", command)
 
@@ -226,8 +429,12 @@ def run_input(cxn, command: str, data: str, timeout: float = 600) -> Ran:
                 got = True
             if not got:
                 time.sleep(0.005)
+        cxn.check_alive(command, data)
         return Ran(chan.recv_exit_status(), out.decode(errors="replace"),
                    err.decode(errors="replace"))
+    except Exception:
+        cxn.check_alive(command, data)
+        raise
     finally:
         chan.close()
 
@@ -264,6 +471,8 @@ def describe_error(exc: BaseException) -> str:
         return "connection refused (is sshd running on that port?)"
     if isinstance(exc, OSError):
         return f"network error: {exc.strerror or exc}"
+    if isinstance(exc, paramiko.SSHException) and "protocol banner" in str(exc):
+        return f"no SSH server answered on that port ({exc})"
     if isinstance(exc, paramiko.SSHException):
         return f"SSH error: {exc}"
     if isinstance(exc, invoke.exceptions.CommandTimedOut):

@@ -4,11 +4,12 @@ import copy
 import os
 import re
 import subprocess
+import sys
 import time
 
 import pytest
 
-from conftest import invoke, write_inventory
+from conftest import REPO, invoke, write_inventory
 from torchrig import inventory
 from torchrig.remote import connect, run_priv, sh, with_env
 
@@ -102,13 +103,13 @@ QUOTING_EVIL = ["; touch /tmp/pwned", "$(touch /tmp/pwned)", "`touch /tmp/pwned`
 def test_quoting_on_real_host(testbed, inventory_doc, tmp_path, user):
     doc = copy.deepcopy(inventory_doc)
     doc["defaults"]["user"] = user
-    doc["hosts"][0]["vars"]["evil"] = QUOTING_EVIL[0]
+    doc["hosts"][0]["vars"]["env"] = {"EVIL": QUOTING_EVIL[0]}  # an inventory value too
     inv = inventory.load(write_inventory(tmp_path, doc))
     h = inv.host("gpu1")
     cxn = connect(h, inv)
     try:
         run_priv(cxn, "rm -f /tmp/pwned")
-        for evil in QUOTING_EVIL + [h.vars["evil"]]:
+        for evil in QUOTING_EVIL + [h.vars["env"]["EVIL"]]:
             out = run_priv(cxn, sh("printf", "%s", evil) + " && " + sh("printf", "|%s", evil)).stdout
             assert out == f"{evil}|{evil}"
             out = cxn.run(with_env('printf %s "$JOB_ARG"', {"JOB_ARG": evil})).stdout
@@ -148,3 +149,81 @@ def test_local_connection(tmp_path):
     r = invoke("exec", "-i", str(inv), "--sudo", "echo local-$(id -u) && hostname")
     assert r.returncode == 0, r.stderr
     assert "head | local-0" in r.stdout and f"head | {os.uname().nodename}" in r.stdout
+
+
+def _sshd_pids(name: str) -> list[int]:
+    from torchrig.testbed.machines import _inside, root_of
+    out = []
+    for pid in _inside(root_of(name)):
+        try:
+            if open(f"/proc/{pid}/comm").read().strip().startswith("sshd"):
+                out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+def test_frozen_host_ends_in_bounded_time(testbed):
+    """A host whose sshd stops answering mid-command (SIGSTOP: TCP stays up, nothing comes
+    back) ends that host's run with a clear error, instead of waiting forever."""
+    import signal
+    t0 = time.monotonic()
+    p = subprocess.Popen([sys.executable, "-m", "invoke", "exec", "-i", str(testbed), "-h", "gpu2",
+                          "sleep 300"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    time.sleep(4)
+    frozen = _sshd_pids("gpu2")
+    assert frozen
+    try:
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        out, err = p.communicate(timeout=120)
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        p.kill()
+    took = time.monotonic() - t0
+    assert p.returncode == 1, out + err
+    assert re.search(r"gpu2: SSH connection to admin@[\d.]+ lost: the server answered no keepalive "
+                     r"for 30s .*while running: sleep 300", err), err
+    assert "Traceback" not in out + err
+    assert took < 80, f"{took:.0f}s"
+
+
+def test_known_hosts_markers(testbed, inventory_doc, tmp_path):
+    """@revoked: that key is refused (even with --accept-new-host-keys), other hosts work;
+    @cert-authority: skipped with a warning, not a crash of every host."""
+    real = open(inventory_doc["known_hosts"]).read().splitlines()
+    ip1 = inventory_doc["hosts"][0]["address"]
+    mine = [ln.split(None, 1)[1] for ln in real if ln.startswith(ip1 + " ")]
+    kh = tmp_path / "known_hosts"
+    kh.write_text("\n".join([f"@cert-authority *.example.com {mine[0]}"] + real +
+                            [f"@revoked * {k}" for k in mine]) + "\n")
+    doc = copy.deepcopy(inventory_doc)
+    doc["known_hosts"] = str(kh)
+    inv = write_inventory(tmp_path, doc)
+    for extra in ([], ["--accept-new-host-keys"]):
+        r = invoke("exec", "-i", str(inv), "-h", "gpu1,gpu2", *extra, "hostname")
+        assert r.returncode == 1
+        assert re.search(r"gpu1: host key for [\d.]+ \(\S+ SHA256:\S+\) is marked @revoked", r.stderr)
+        assert "gpu2 | gpu2" in r.stdout and "gpu1 |" not in r.stdout
+        assert "@cert-authority skipped" in r.stderr and "Traceback" not in r.stderr
+    assert kh.read_text().count("\n") == len(real) + 1 + len(mine)  # nothing recorded
+
+
+def test_ssh_config_proxyjump_chain_in_order(testbed, inventory_doc, tmp_path):
+    """`ProxyJump gpu1,gpu2`: OpenSSH goes to gpu1, from there to gpu2, from there to the host,
+    so the host sees the connection come from gpu2 (Fabric alone came from gpu1)."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    ip1, ip2, ip3 = (h["address"] for h in inventory_doc["hosts"][:3])
+    key = inventory_doc["defaults"]["identity_file"]
+    (home / ".ssh/config").write_text(
+        f"Host via-chain\n  HostName {ip3}\n  ProxyJump {ip1},{ip2}\n"
+        f"Host *\n  User admin\n  IdentityFile {key}\n")
+    doc = {"known_hosts": inventory_doc["known_hosts"], "hosts": [{"name": "via-chain"}]}
+    inv = write_inventory(tmp_path, doc)
+    r = invoke("exec", "-i", str(inv), 'echo "from=${SSH_CONNECTION%% *}"; hostname',
+               env={"HOME": str(home)})
+    assert r.returncode == 0, r.stderr
+    assert f"via-chain | from={ip2}" in r.stdout and "via-chain | gpu3" in r.stdout

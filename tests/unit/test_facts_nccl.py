@@ -203,3 +203,20 @@ def test_command():
     argv = nccl_tests.command("AllGather", min_bytes="1M", max_bytes="1G", gpus=8, check=0, binary_dir="/opt/nccl-tests/build/")
     assert argv[0] == "/opt/nccl-tests/build/all_gather_perf"
     assert argv[-2:] == ["-c", "0"] and "-g" in argv and argv[argv.index("-g") + 1] == "8"
+
+
+def test_non_finite_values_are_not_measurements():
+    """A row whose busbw reads inf/nan/1e999 is not a measurement: it used to be kept
+    (inf passes every threshold); an unreadable average is None, not a ValueError."""
+    text = ("#       size         count      type   redop    root     time   algbw   busbw #wrong"
+            "     time   algbw   busbw #wrong\n"
+            "     8388608       2097152     float     sum      -1    100.0   83.89  1e999      0"
+            "    100.0   83.89  157.29      0\n"
+            "    16777216       4194304     float     sum      -1    200.0   83.89  157.29      0"
+            "    200.0   83.89     nan      0\n"
+            "    33554432       8388608     float     sum      -1    300.0   111.8  209.7      0"
+            "    300.0   111.8  209.7      0\n"
+            "# Avg bus bandwidth    : 1.2.3\n")
+    res = nccl_tests.parse(text)
+    assert [r.size for r in res.rows] == [33554432]
+    assert res.max_busbw_gbs == 209.7 and res.avg_busbw_gbs is None

@@ -319,3 +319,49 @@ def test_table_old_2line_layout_without_cuda_version():
 def test_table_without_banner_raises():
     with pytest.raises(ValueError):
         smi_table.parse("No devices were found\n")
+
+
+# ------------------------------------------------------- numbers and bytes that are not readings
+
+
+def test_query_parse_overflowing_number_is_a_value_error():
+    """'1e999' used to raise OverflowError (int(inf)), which no caller catches: verify and
+    launch aborted for every host. Now it is this host's QueryError (a ValueError)."""
+    row = QUERY_H100.splitlines()[0].replace(", 81559,", ", 1e999,")
+    with pytest.raises(smi_query.QueryError, match="not a finite number: '1e999'"):
+        smi_query.parse(row + "\n")
+    assert smi_query.convert("1e999") is None
+
+
+def test_verdict_of_a_host_with_overflowing_smi_value():
+    from torchrig.verify.evaluate import host_verdict
+    row = QUERY_H100.splitlines()[0].replace(", 81559,", ", 1e999,")
+    v = host_verdict("gpu1", {"smi_query": {"rc": 0, "out": row + "\n", "err": ""}}, 1, "cuda")
+    driver = next(c for c in v.checks if c.name == "driver")
+    assert driver.status == "FAIL" and "1e999" in driver.detail
+
+
+@pytest.mark.parametrize("script,want", [
+    ("torchrig/verify/scripts/verify_facts.py", {"query": "index", "venv": "/nonexistent"}),
+    ("torchrig/provision/scripts/gather_facts.py", {}),
+])
+def test_remote_fact_scripts_survive_non_utf8_output(tmp_path, script, want):
+    """lspci and nvidia-smi may print bytes that are not UTF-8 (a vendor string): the fact
+    scripts decode with replacement instead of dying with UnicodeDecodeError on the host."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[2]
+    for tool in ("nvidia-smi", "lspci"):
+        stub = tmp_path / tool
+        stub.write_bytes(b"#!/bin/sh\nprintf 'GPU \\377\\376 caf\\351\\n'\n")
+        stub.chmod(0o755)
+    r = subprocess.run([sys.executable, str(repo / script), json.dumps(want)],
+                       capture_output=True, timeout=120,
+                       env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}",
+                            "LC_ALL": "C.UTF-8"})
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    text = json.dumps(json.loads(r.stdout))
+    assert "GPU \\ufffd\\ufffd caf\\ufffd" in text

@@ -13,12 +13,12 @@ REPO = Path(__file__).resolve().parents[2]
 GOOD = """
 known_hosts: kh
 defaults: {user: ubuntu, identity_file: keys/id}
-vars: {a: shared, b: shared, api_token: s3cret}
+vars: {log_dir: /shared, data_dir: /shared, env: {API_TOKEN: s3cret}}
 groups:
-  train: {vars: {b: group, c: group}}
+  train: {vars: {data_dir: /group, checkpoint_dir: /group}}
   infer: {}
 hosts:
-  - {name: gpu1, address: 10.0.0.1, gpus: 2, groups: [train], vars: {c: host}}
+  - {name: gpu1, address: 10.0.0.1, gpus: 2, groups: [train], vars: {checkpoint_dir: /host}}
   - {name: gpu2, address: 10.0.0.2, port: 2222, user: root, groups: [train, infer]}
   - {name: head, connection: local}
   - {name: alias-only}
@@ -43,8 +43,9 @@ def test_defaults_vars_and_paths_resolve(tmp_path):
     assert g1.user == "ubuntu" and g1.port is None and g2.port == 2222 and g2.user == "root"
     assert g1.identity_file == str(tmp_path / "keys/id")
     assert inv.known_hosts == str(tmp_path / "kh")
-    assert g1.vars == {"a": "shared", "b": "group", "c": "host", "api_token": "s3cret"}
-    assert g2.vars["b"] == "group" and g2.vars["c"] == "group"
+    assert g1.vars == {"log_dir": "/shared", "data_dir": "/group", "checkpoint_dir": "/host",
+                       "env": {"API_TOKEN": "s3cret"}}
+    assert g2.vars["data_dir"] == "/group" and g2.vars["checkpoint_dir"] == "/group"
     assert head.is_local and head.address == "localhost"
     assert alias.address == "alias-only"  # so ~/.ssh/config Host aliases apply
 
@@ -117,3 +118,54 @@ def test_bad_inventory_message(tmp_path, text, pattern):
 def test_missing_file(tmp_path):
     with pytest.raises(InventoryError, match=r"nothere.yml: cannot read the inventory .*--inventory"):
         inventory.load(tmp_path / "nothere.yml")
+
+
+def test_yaml_merge_keys(tmp_path):
+    """`<<: *base` merges (the mapping's own keys win); it used to fail as a 'duplicate key'
+    check constructing the merge key."""
+    inv = inventory.load(write(tmp_path, """
+groups:
+  a: {vars: &shared {log_dir: /logs, data_dir: /data}}
+  b: {vars: {<<: *shared, data_dir: /other}}
+hosts:
+  - &gpu {name: gpu1, address: 10.0.0.1, gpus: 2, groups: [a]}
+  - <<: *gpu
+    name: gpu2
+    address: 10.0.0.2
+    groups: [b]
+"""))
+    g1, g2 = inv.hosts
+    assert (g2.gpus, g2.address, g2.groups) == (2, "10.0.0.2", ("b",))
+    assert g2.vars == {"log_dir": "/logs", "data_dir": "/other"}
+    assert g1.vars == {"log_dir": "/logs", "data_dir": "/data"}
+
+
+@pytest.mark.parametrize("text,pattern", [
+    ("hosts:\n  - <<: {name: gpu1}\n    name: gpu2\n    name: gpu3\n", r"duplicate key 'name'"),
+    ("a: &a [*a]\n" + HOSTS, r"line 1, column 4: not valid YAML: an alias refers to itself"),
+])
+def test_merge_and_aliases_still_checked(tmp_path, text, pattern):
+    with pytest.raises(InventoryError, match=pattern):
+        inventory.load(write(tmp_path, text))
+
+
+def test_jump_none_opts_out_of_defaults(tmp_path):
+    inv = inventory.load(write(tmp_path, "defaults: {jump: bastion}\n"
+                                         "hosts:\n  - {name: gpu1}\n  - {name: bastion, jump: none}\n"))
+    assert [h.jump for h in inv.hosts] == ["bastion", None]
+
+
+@pytest.mark.parametrize("var,value,pattern", [
+    ("checkpoint_dir", "/ckpt\tx", r"var 'checkpoint_dir': an absolute path without control"),
+    ("data_dir", "/d\x7f", r"var 'data_dir': an absolute path without control"),
+    ("env", {"OK": 1, "9LIVES": 1}, r"var 'env' '9LIVES' is not a valid environment variable"),
+    ("env", {"OK": [1]}, r"var 'env' 'OK': expected a string or number, got \[1\]"),
+    ("secret_env", "HF_TOKEN", r"var 'secret_env' expected a list, got 'HF_TOKEN'"),
+    ("accelerator", "tpu", r"var 'accelerator' expected 'cuda' or 'cpu', got 'tpu'"),
+    ("rdzv_prot", 29500, r"var 'rdzv_prot' is not a var torchrig reads; did you mean 'rdzv_port'"),
+])
+def test_vars_checked_at_load(tmp_path, var, value, pattern):
+    import yaml
+    p = write(tmp_path, yaml.safe_dump({"vars": {var: value}, "hosts": [{"name": "gpu1"}]}))
+    with pytest.raises(InventoryError, match=pattern):
+        inventory.load(p)

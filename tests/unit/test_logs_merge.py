@@ -182,3 +182,17 @@ def test_filters():
     assert len(filter_lines(evs, stream="stderr")) == 1
     assert len(filter_lines(evs, node="g1")) == 3 and len(filter_lines(evs)) == 5
     assert LineFilter(rank=0)(evs[0]) and not LineFilter(rank=0)(evs[3])
+
+
+
+@pytest.mark.parametrize("ts", ["1e20", 1e20, "nan", float("nan"), "inf", -5])
+def test_error_json_timestamp_out_of_range_is_unknown(ts):
+    """time.localtime(1e20) raises and nan sorts nowhere: such a timestamp aborted `logs
+    --failures` and launch --follow's failure report. It now reads as missing."""
+    from torchrig.logs.stream import failure_report
+    doc = {"message": {"message": "boom", "extraInfo": {"py_callstack": "tb", "timestamp": ts}}}
+    message, tb, when = parse_error_json(doc)
+    assert when is None
+    err = ErrorReport(node="gpu1", run="r_x", attempt=0, local_rank=0, global_rank=0,
+                      message=message, traceback=tb, timestamp=when, relpath="r_x/attempt_0/0/error.json")
+    assert "first failure" in failure_report([err])

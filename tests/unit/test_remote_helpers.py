@@ -104,3 +104,106 @@ def test_fan_out_isolates_failures():
     assert [(r.host, r.ok, r.value) for r in res] == [("a", True, "A"), ("b", False, None),
                                                       ("c", True, "C")]
     assert "connection refused" in res[1].error
+
+
+def _pub(tmp_path, name):
+    key = tmp_path / name
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    return (tmp_path / f"{name}.pub").read_text().split()[:2]  # [type, base64]
+
+
+def test_known_hosts_markers_as_openssh(tmp_path, capsys):
+    """@cert-authority is skipped with a note, @revoked keys are never accepted, a line paramiko
+    cannot read is skipped: paramiko's own loader raises on each (a traceback before)."""
+    from torchrig.remote import HostKeyPolicy, HostKeyRevoked, _load_known_hosts
+    good, ca, bad = (_pub(tmp_path, n) for n in ("good", "ca", "bad"))
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"@cert-authority *.example.com {' '.join(ca)}\n"
+                  f"10.0.0.1 {' '.join(good)}\n"
+                  f"10.0.0.2 {' '.join(bad)}\n"
+                  f"@revoked * {' '.join(bad)}\n"
+                  "10.0.0.3 ssh-ed25519 not-base64!\n")
+    client = paramiko.SSHClient()
+    revoked = _load_known_hosts(client, str(kh))
+    keys = client.get_host_keys()
+    assert keys.lookup("10.0.0.1")["ssh-ed25519"].get_base64() == good[1]
+    assert keys.lookup("10.0.0.2") is None  # its only key is revoked
+    err = capsys.readouterr().err
+    assert "line 1: @cert-authority skipped" in err and "line 5: not a host key line" in err
+    bad_key = paramiko.Ed25519Key(data=__import__("base64").b64decode(bad[1]))
+    for accept_new in (False, True):
+        with pytest.raises(HostKeyRevoked, match="10.0.0.2 .*@revoked"):
+            HostKeyPolicy(str(kh), accept_new, revoked).missing_host_key(client, "10.0.0.2",
+                                                                         bad_key)
+    assert kh.read_text().count("\n") == 5  # accept-new recorded nothing
+
+
+def test_ssh_config_proxyjump_hops_in_openssh_order(tmp_path, monkeypatch):
+    """`ProxyJump a,b`: ssh connects to a, from there to b, from there to the host. Fabric 3
+    chains them the other way round (b first)."""
+    from torchrig.inventory import Host, Inventory
+    from torchrig.remote import connect
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh/config").write_text("Host target\n  ProxyJump first,second\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    h = Host(name="target", connection="ssh", address="target", port=None, user=None,
+             identity_file=None, jump=None, gpus=None, groups=(), vars={})
+    inv = Inventory(path="i.yml", known_hosts=str(tmp_path / "kh"), hosts=(h,), groups={})
+    cxn = connect(h, inv)
+    hops = []
+    gw = cxn.gateway
+    while gw:
+        hops.append(gw.host)
+        gw = gw.gateway
+    assert hops == ["second", "first"]  # the host's own gateway is the last hop
+
+
+def test_prefixed_lines_long_line_is_linear():
+    """A single 8 MB line in 4 KB chunks (as Fabric delivers it) took 18 s: re-splitting the
+    growing buffer on every chunk is quadratic."""
+    import time
+    buf = io.StringIO()
+    p = PrefixedLines("h", buf)
+    chunk = "x" * 4096
+    t0 = time.monotonic()
+    for _ in range(2048):
+        p.write(chunk)
+    p.write("\nnext\n")
+    took = time.monotonic() - t0
+    assert buf.getvalue() == "h | " + chunk * 2048 + "\nh | next\n"
+    assert took < 1.0, f"{took:.1f}s for one 8 MB line"
+
+
+def test_with_env_names_full_match():
+    for bad in ("FOO\n", "1X", "A-B", "é"):
+        with pytest.raises(TorchrigError, match="not valid"):
+            with_env("true", {bad: "1"})
+
+
+def test_lost_connection_names_what_ran():
+    from torchrig.remote import _doing
+    line = privileged("systemctl show torchrig-x.service\nmore", "admin")
+    assert _doing(line) == "systemctl show torchrig-x.service"
+    assert _doing("x" * 100).endswith("...") and len(_doing("x" * 100)) == 80
+    assert _doing("#!/bin/bash\nset -euo pipefail\n# why\napt-get install -y x\n") == \
+        "apt-get install -y x"
+
+
+def test_exec_of_one_long_line_is_linear(tmp_path):
+    """The real `exec` on a `connection: local` host (the same Invoke runner code as over SSH):
+    one 8 MB line took 18-32 s (Invoke joined all output so far on every 1 KB chunk)."""
+    import os
+    import sys
+    import time
+    from pathlib import Path
+    inv = tmp_path / "inv.yml"
+    inv.write_text("hosts:\n  - {name: head, connection: local}\n")
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "invoke", "exec", "-i", str(inv),
+                        "head -c 8000000 /dev/zero | tr '\\0' x; echo; echo next"],
+                       cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
+                       timeout=120, env=os.environ)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("head | " + "x" * 8000000 + "\nhead | next\n")
+    assert took < 8, f"{took:.1f}s"

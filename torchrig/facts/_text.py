@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 # CSI sequences (colours, underline, cursor moves) and OSC sequences.
 _ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+
+
+def finite(text: str) -> float:
+    """float(text), refusing inf, nan and what overflows to them ('1e999'): not a reading, and
+    int() of one raises OverflowError, which would escape a parser's ValueError handling."""
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"not a finite number: {text!r}")
+    return v
 
 
 def strip_ansi(text: str) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from torchrig.facts._text import lines as _lines
+from torchrig.facts._text import finite, lines as _lines
 from torchrig.facts.busbw import canonical_op
 
 
@@ -157,11 +157,11 @@ def _wrong(tok: str) -> int | None:
 def _half(toks: list[str], old: bool) -> Half:
     time_s, alg, bus, last = toks
     return Half(
-        time_us=float(time_s),
-        algbw_gbs=float(alg),
-        busbw_gbs=float(bus),
+        time_us=finite(time_s),  # inf/nan: ValueError, the row is not a measurement
+        algbw_gbs=finite(alg),
+        busbw_gbs=finite(bus),
         wrong=None if old else _wrong(last),
-        error=(float(last) if _NUM.match(last) else None) if old else None,
+        error=(finite(last) if _NUM.match(last) else None) if old else None,
         time_text=time_s,
     )
 
@@ -227,7 +227,10 @@ def parse(text: str) -> Result:
             elif re.search(r"\bsize\b.*\bcount\b.*\btype\b", s):
                 layout = "new" if re.search(r"\broot\b", s) else "old"
             elif m := re.search(r"Avg bus bandwidth\s*:\s*([0-9.eE+-]+)", s):
-                avg = float(m.group(1))
+                try:
+                    avg = finite(m.group(1))
+                except ValueError:  # '1e999', '1.2.3': no average
+                    avg = None
             elif m := re.search(r"Out of bounds values\s*:\s*(\d+)\s*(\w+)?", s):
                 oob = int(m.group(1))
                 oob_ok = (m.group(2) == "OK") if m.group(2) else None

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from torchrig.facts._text import normalize
+from torchrig.facts._text import finite, normalize
 
 QUERY_FIELDS: list[str] = [
     "index",
@@ -102,7 +102,7 @@ def _int(value: str) -> int | None:
     if _INT.match(value):
         return int(value)
     if _FLOAT.match(value):
-        return int(float(value))
+        return int(finite(value))
     raise ValueError(f"not an integer: {value!r}")
 
 
@@ -131,7 +131,10 @@ def convert(value: str, unit: str | None = None) -> Any:
     if _INT.match(value):
         return int(value)
     if _FLOAT.match(value):
-        return float(value)
+        try:
+            return finite(value)
+        except ValueError:
+            return None  # 1e999, nan: no reading
     if value in _BOOL:
         return _BOOL[value]
     return value

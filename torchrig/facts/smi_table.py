@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from torchrig.facts._text import lines as _lines
+from torchrig.facts._text import finite, lines as _lines
 
 COMMAND: list[str] = ["nvidia-smi"]
 
@@ -102,7 +102,10 @@ def _opt_float(s: str | None) -> float | None:
     if s is None:
         return None
     m = re.match(r"^\s*(\d+(?:\.\d+)?)", s)
-    return float(m.group(1)) if m else None
+    try:
+        return finite(m.group(1)) if m else None
+    except ValueError:  # hundreds of digits overflow to inf
+        return None
 
 
 def _onoff(s: str | None) -> bool | None:

@@ -12,7 +12,7 @@ a = json.loads(sys.argv[1])
 out = {}
 r = subprocess.run(["systemctl", "show", a["unit"], "-p", "ActiveState", "-p", "SubState", "-p", "Result",
                     "-p", "NRestarts", "-p", "ActiveEnterTimestampMonotonic", "-p", "ExecMainStatus",
-                    "-p", "LoadState"], capture_output=True, text=True)
+                    "-p", "LoadState"], capture_output=True, text=True, errors="replace")
 props = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
 out["unit"] = props
 try:
@@ -40,7 +40,7 @@ if runs:
             progress = steps[-1]
 out["progress"] = progress
 r = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total",
-                    "--format=csv,noheader,nounits"], capture_output=True, text=True)
+                    "--format=csv,noheader,nounits"], capture_output=True, text=True, errors="replace")
 out["gpus"] = [dict(zip(("index", "util", "mem_used", "mem_total"), (x.strip() for x in ln.split(","))))
                for ln in r.stdout.splitlines() if ln.count(",") == 3] if r.returncode == 0 else []
 samples = []

@@ -101,7 +101,16 @@ class Truncated:
 Event = Union[Line, ErrorReport, Heartbeat, Truncated]
 
 
+# Up to 9999-12-31: time.localtime() of more raises (1e20), and nan fails both comparisons.
+_MAX_TIMESTAMP = 253402300799.0
+
+
 def _timestamp(v) -> float | None:
+    t = _any_timestamp(v)
+    return t if t is not None and 0 <= t <= _MAX_TIMESTAMP else None
+
+
+def _any_timestamp(v) -> float | None:
     if isinstance(v, bool) or v is None:
         return None
     if isinstance(v, (int, float)):

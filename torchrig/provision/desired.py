@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..errors import TorchrigError
 
@@ -69,6 +69,14 @@ class Settings(BaseModel):
     reboot_timeout: int = Field(ge=30)
     extra_pip_packages: list[str]
 
+    @field_validator("prefix", "data_dir", "checkpoint_dir", "log_dir")
+    @classmethod
+    def _plain_path(cls, v: str) -> str:
+        # These reach env and unit files line by line: a newline would add a line of its own.
+        if any(ord(c) < 32 or ord(c) == 127 for c in v):
+            raise ValueError("an absolute path without control characters (newline, tab, ...)")
+        return v
+
     @property
     def driver_branch(self) -> str:
         return self.driver_version.split(".")[0]
@@ -101,7 +109,8 @@ def settings_for(host_name: str, host_vars: dict[str, Any], inventory_path: str)
     except ValidationError as e:
         err = e.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
-        raise TorchrigError(f"{inventory_path}: host {host_name!r}: var {field!r}: {err['msg']} "
+        msg = err["msg"].removeprefix("Value error, ")
+        raise TorchrigError(f"{inventory_path}: host {host_name!r}: var {field!r}: {msg} "
                             f"(got {err.get('input')!r})") from None
 
 

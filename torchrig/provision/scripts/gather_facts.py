@@ -27,7 +27,8 @@ class Cmd:
         self.argv, self.done = argv, None
         try:
             self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      stdin=subprocess.DEVNULL, universal_newlines=True)
+                                      stdin=subprocess.DEVNULL, universal_newlines=True,
+                                      errors="replace")  # output need not be UTF-8
         except OSError:
             self.p, self.done = None, (127, "", "%s: command not found" % argv[0])
 
@@ -72,7 +73,7 @@ out["os_release"] = (read("/etc/os-release") or b"").decode(errors="replace")
 out["arch"] = os.uname().machine
 out["kernel"] = os.uname().release
 out["euid"] = os.geteuid()
-out["boot_id"] = (read("/proc/sys/kernel/random/boot_id") or b"").decode().strip()
+out["boot_id"] = (read("/proc/sys/kernel/random/boot_id") or b"").decode(errors="replace").strip()
 st = os.statvfs("/")
 out["disk_free_gb"] = round(st.f_bavail * st.f_frsize / 1e9, 1)
 rc, o, _ = cmd["lspci"].result()
@@ -163,7 +164,7 @@ out["nvidia_smi"] = {"rc": rc, "output": (o + e).strip()[-2000:]}
 venv = want.get("venv")
 pyver, dists = None, {}
 if venv and os.path.exists(os.path.join(venv, "bin", "python")):
-    cfg = (read(os.path.join(venv, "pyvenv.cfg")) or b"").decode()
+    cfg = (read(os.path.join(venv, "pyvenv.cfg")) or b"").decode(errors="replace")
     m = re.search(r"^version(?:_info)?\s*=\s*(\S+)", cfg, re.M)
     pyver = m.group(1) if m else "unknown"
     for meta in glob.glob(os.path.join(venv, "lib", "python3*", "site-packages", "*.dist-info", "METADATA")):

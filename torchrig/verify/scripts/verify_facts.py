@@ -20,7 +20,8 @@ out = {"hostname": socket.gethostname()}
 
 def run(argv, timeout=60):
     try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(argv, capture_output=True, text=True, errors="replace",
+                           timeout=timeout)  # lspci/nvidia-smi bytes need not be UTF-8
         return {"rc": r.returncode, "out": r.stdout, "err": r.stderr}
     except FileNotFoundError:
         return {"rc": 127, "out": "", "err": f"{argv[0]}: command not found"}
@@ -55,7 +56,8 @@ for meta in glob.glob(os.path.join(venv, "lib", "python3*", "site-packages", "to
         dists["torch"] = m.group(1).strip()
 out["dists"] = dists
 m = re.search(r"^version(?:_info)?\s*=\s*(\S+)",
-              open(os.path.join(venv, "pyvenv.cfg")).read() if os.path.exists(os.path.join(venv, "pyvenv.cfg")) else "", re.M)
+              open(os.path.join(venv, "pyvenv.cfg"), errors="replace").read()
+              if os.path.exists(os.path.join(venv, "pyvenv.cfg")) else "", re.M)
 out["python"] = m.group(1) if m else None
 
 if want.get("torch_runtime") and out["venv_exists"]:

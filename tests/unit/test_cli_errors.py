@@ -1,0 +1,142 @@
+"""Every bad input is one `error:` line naming what is wrong, exit status 1, no traceback.
+
+Each row runs the real CLI (`python -m invoke ...`, as a user would) on an input that printed a
+traceback, or was silently accepted, before. None needs a testbed: hosts that must be reached
+are a closed port or a local listener that is not an SSH server.
+"""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HOST = "hosts:\n  - {name: gpu1, address: 127.0.0.1, port: 1}\n"  # port 1: connection refused
+TWO = HOST + "  - {name: gpu2, address: 127.0.0.1, port: 1}\n"
+LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcdef", "bcdefg")) + HOST
+
+
+def cli(*args, timeout=60, env=None):
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout,
+                          env={**os.environ, "COLUMNS": "200", **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def not_ssh():
+    """A port that answers, but not as an SSH server."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            c.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+            c.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield srv.getsockname()[1]
+    srv.close()
+
+
+# (id, task args with {inv}/{kh} placeholders, inventory text (bytes allowed), expected error)
+ROWS = [
+    ("rank-not-a-number", ["logs", "-i", "{inv}", "--job", "j", "--rank", "abc"], HOST,
+     r"--rank 'abc': expected a whole number >= 0"),
+    ("timeout-with-unit", ["exec", "-i", "{inv}", "--timeout", "5s", "true"], HOST,
+     r"--timeout '5s': expected a whole number >= 1"),
+    ("nodes-word", ["launch", "-i", "{inv}", "--nodes", "two"], TWO,
+     r"--nodes 'two': expected a whole number >= 1"),
+    ("nodes-negative", ["launch", "-i", "{inv}", "--nodes=-1", "--dry-run"], TWO,
+     r"--nodes '-1': expected a whole number >= 1"),
+    ("int-default-flag", ["launch", "-i", "{inv}", "--max-restarts", "x"], HOST,
+     r"--max-restarts 'x': expected a whole number >= 0"),
+    ("since-overflow", ["logs", "-i", "{inv}", "--job", "j", "--since", "1e999"], HOST,
+     r"--since '1e999': expected a number >= 0"),
+    ("not-utf8", ["hosts", "-i", "{inv}"], b"hosts:\n  - {name: gpu\xff1}\n",
+     r"{inv}: line 2: not UTF-8 text \(byte 0xff\); save the inventory as UTF-8"),
+    ("list-as-key", ["hosts", "-i", "{inv}"], HOST + "? [a, b]\n: 1\n",
+     r"{inv}: line 3, column 3: not valid YAML: a mapping key must be a plain value, not a list"),
+    ("env-as-list", ["hosts", "-i", "{inv}"], "vars:\n  env: [A, B]\n" + HOST,
+     r"{inv}: host 'gpu1': var 'env' expected a mapping, got \['A', 'B'\]"),
+    ("env-bad-name", ["hosts", "-i", "{inv}"], "vars:\n  env: {\"FOO\\n\": 1}\n" + HOST,
+     r"{inv}: host 'gpu1': var 'env' 'FOO\\n' is not a valid environment variable name"),
+    ("prefix-newline", ["hosts", "-i", "{inv}"],
+     "vars:\n  prefix: \"/opt/x\\nLD_PRELOAD=/tmp/evil.so\"\n" + HOST,
+     r"{inv}: host 'gpu1': var 'prefix': an absolute path without control characters"),
+    ("log-dir-relative", ["hosts", "-i", "{inv}"], "vars:\n  log_dir: logs\n" + HOST,
+     r"{inv}: host 'gpu1': var 'log_dir': String should match pattern '\^/'"),
+    ("misspelt-var", ["hosts", "-i", "{inv}"],
+     "hosts:\n  - name: gpu1\n    vars: {driver_verison: 550}\n",
+     r"{inv}: host 'gpu1': var 'driver_verison' is not a var torchrig reads; "
+     r"did you mean 'driver_version'\?"),
+    ("jump-self-by-default", ["exec", "-i", "{inv}", "true"],
+     "defaults: {jump: bastion}\nhosts:\n  - {name: gpu1}\n  - {name: bastion}\n",
+     r"{inv}: host 'bastion': jump 'bastion' \(from defaults.jump\) is the host itself; "
+     r"set `jump: none` on it"),
+    ("jump-cycle", ["exec", "-i", "{inv}", "true"],
+     "hosts:\n  - {name: a, jump: b}\n  - {name: b, jump: c}\n  - {name: c, jump: a}\n",
+     r"{inv}: host 'a': jump hosts form a cycle: a -> b -> c -> a"),
+    ("billion-laughs", ["hosts", "-i", "{inv}"], LAUGHS,
+     r"{inv}: its aliases expand to more than 100000 values; refused"),
+    ("known-hosts-markers", ["exec", "-i", "{inv}", "true"],
+     "known_hosts: {kh}\n" + HOST, r"failed on 1 of 1 host\(s\): gpu1: cannot connect"),
+    ("not-an-ssh-server", ["exec", "-i", "{inv}", "true"],
+     "hosts:\n  - {name: gpu1, address: 127.0.0.1, port: {port}}\n",
+     r"failed on 1 of 1 host\(s\): gpu1: no SSH server answered on that port \(Error reading "
+     r"SSH protocol banner"),
+]
+
+
+@pytest.mark.parametrize("args,text,expected", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_bad_input_is_one_error_line(tmp_path, not_ssh, args, text, expected):
+    inv, kh = tmp_path / "inv.yml", tmp_path / "known_hosts"
+    key = tmp_path / "ca"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    pub = (tmp_path / "ca.pub").read_text().split()[:2]
+    kh.write_text(f"@cert-authority *.example.com {' '.join(pub)}\n@revoked * {' '.join(pub)}\n")
+    sub = {"{inv}": str(inv), "{kh}": str(kh), "{port}": str(not_ssh)}
+    if isinstance(text, str):
+        for k, v in sub.items():
+            text = text.replace(k, v)
+        text = text.encode()
+    inv.write_bytes(text)
+    r = cli(*(sub.get(a, a) for a in args))
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "Traceback" not in out and "paramiko" not in out, out
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1, r.stderr
+    assert re.match("error: " + expected.replace("{inv}", re.escape(str(inv))), errors[0]), errors[0]
+
+
+def test_known_hosts_markers_are_warned_once(tmp_path):
+    """The @cert-authority line is skipped with one warning per run, not one per host."""
+    kh = tmp_path / "known_hosts"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")],
+                   check=True)
+    kh.write_text("@cert-authority * " + " ".join((tmp_path / "k.pub").read_text().split()[:2]))
+    inv = tmp_path / "inv.yml"
+    inv.write_text(f"known_hosts: {kh}\n" + TWO)
+    r = cli("exec", "-i", str(inv), "true")
+    assert r.stderr.count("@cert-authority skipped") == 1, r.stderr
+    assert "InvalidHostKey" not in r.stdout + r.stderr
+
+
+def test_bad_config_setting_is_one_error_line(tmp_path):
+    """Invoke casts INVOKE_TORCHRIG_* to the default's type itself: int('x') was a traceback."""
+    inv = tmp_path / "inv.yml"
+    inv.write_text(HOST)
+    r = cli("exec", "-i", str(inv), "true", env={"INVOKE_TORCHRIG_PARALLEL": "x"})
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip() == "error: torchrig.parallel 'x': expected a whole number >= 1"
