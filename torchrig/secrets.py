@@ -67,10 +67,18 @@ class Redactor:
 
     @classmethod
     def for_hosts(cls, hosts: Iterable[Any]) -> Redactor:
-        """Every secret the hosts' vars hold (all hosts, not just the first)."""
+        """Every secret the hosts' vars hold; a name in any host's secret_env is secret in
+        every host's env (a job's env is the same on all its nodes)."""
+        hosts = list(hosts)
+        names = set().union(*(secret_env_names(h.vars.get("secret_env"),
+                                               f"host {h.name!r}: var 'secret_env'")
+                              for h in hosts))
         values: list[str] = []
         for h in hosts:
-            values += _secrets_in(h.vars, f"host {h.name!r}")
+            values += _secrets_in(h.vars)
+            env = h.vars.get("env")
+            if isinstance(env, dict):
+                values += [str(v) for k, v in env.items() if k in names]
         return cls(values)
 
     def text(self, s: str) -> str:
@@ -100,20 +108,12 @@ class Redactor:
         return value
 
 
-def _secrets_in(value: Any, where: str, secret: bool = False) -> list[str]:
-    """Secret strings inside a vars tree: under a secret-looking key, a secret_env-named env
-    entry, or credentials in a URL anywhere."""
+def _secrets_in(value: Any, secret: bool = False) -> list[str]:
+    """Secret strings inside a vars tree: under a secret-looking key, or credentials in a URL."""
     if isinstance(value, dict):
-        names = secret_env_names(value.get("secret_env"), f"{where}: var 'secret_env'") \
-            if "secret_env" in value else set()
-        out = []
-        for k, v in value.items():
-            out += _secrets_in(v, where, secret or is_secret(str(k)))
-        if isinstance(value.get("env"), dict):
-            out += [str(v) for k, v in value["env"].items() if k in names]
-        return out
+        return [s for k, v in value.items() for s in _secrets_in(v, secret or is_secret(str(k)))]
     if isinstance(value, (list, tuple)):
-        return [s for v in value for s in _secrets_in(v, where, secret)]
+        return [s for v in value for s in _secrets_in(v, secret)]
     if value is None or isinstance(value, bool):
         return []
     text = str(value)

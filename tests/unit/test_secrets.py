@@ -96,3 +96,58 @@ def test_launch_env_redaction_masks_url_passwords_in_values():
     env = {"DATA_URL": "s3://key:S3CR3T@bucket/x", "HF_TOKEN": "t", "MINE": "plain", "X": "y"}
     assert redact_env(env, {"MINE"}) == {"DATA_URL": "s3://key:***@bucket/x", "HF_TOKEN": MASK,
                                          "MINE": MASK, "X": "y"}
+
+
+# --- the CLI's output paths that need no host: every secret form, every mode ---------------
+
+SECRETS = {"hunter2@x", "p@ss", "ghp_Tok3nUser", "only-t0ken", "wandb-v4lue", "s3cr3t-pw",
+           "p@ss:w"}
+INVENTORY = """
+known_hosts: {kh}
+vars:
+  cuda_repo_url: http://mirror%40corp:p%40ss%3Aw@[fd00::5]:8080/cuda/repos
+  pip_index_url: https://alice:hunter2@x@pypi.internal/simple
+groups:
+  a: {{}}
+hosts:
+  - name: h1
+    address: 127.0.0.1
+    vars:
+      nccl_tests_source: https://ghp_Tok3nUser@github.com/NVIDIA/nccl-tests
+      env: {{WANDB_KEYLESS: wandb-v4lue, HF_HOME: /data}}
+  - name: h2
+    address: 127.0.0.1
+    port: 1
+    vars:
+      secret_env: WANDB_KEYLESS
+      db_password: s3cr3t-pw
+      mirror: https://:only-t0ken@h/x
+      extra_pip_packages: https://u:p@ss@h/pkg.whl
+"""
+
+
+def cli(tmp_path, *args):
+    import subprocess
+    import sys
+    from pathlib import Path
+    inv = tmp_path / "inv.yml"
+    kh = tmp_path / "kh"
+    kh.write_text("")
+    inv.write_text(INVENTORY.format(kh=kh))
+    return subprocess.run([sys.executable, "-m", "invoke", *args, "-i", str(inv)],
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("args", [["hosts"], ["hosts", "--json"], ["provision", "--dry-run"],
+                                  ["provision", "--dry-run", "--json"]])
+def test_cli_outputs_never_show_a_secret(tmp_path, args):
+    r = cli(tmp_path, *args)
+    out = r.stdout + r.stderr
+    assert "Traceback" not in out
+    leaked = [s for s in SECRETS if s in out]
+    assert not leaked, out
+    if args[0] == "hosts":
+        assert r.returncode == 0 and "WANDB_KEYLESS" in out and "/data" in out
+    else:  # h1's secret_env is h2's: masked there too; the var error line is masked as well
+        assert r.returncode == 1 and "error: " in out and "extra_pip_packages" in out
