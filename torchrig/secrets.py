@@ -114,10 +114,9 @@ def _secrets_in(value: Any, secret: bool = False) -> list[str]:
         return [s for k, v in value.items() for s in _secrets_in(v, secret or is_secret(str(k)))]
     if isinstance(value, (list, tuple)):
         return [s for v in value for s in _secrets_in(v, secret)]
-    if value is None or isinstance(value, bool):
-        return []
-    text = str(value)
-    return ([text] if secret else []) + url_credentials(text)
+    if not isinstance(value, str):
+        return []  # numbers and flags under a secret-looking name are masked by name only
+    return ([value] if secret else []) + url_credentials(value)
 
 
 _plain = Redactor()

@@ -212,3 +212,22 @@ def test_no_secret_in_any_output_file_or_command_line(testbed, secret_inventory)
     assert not hits, hits
     # no fixed-path leftovers in /tmp from provision (keyring .deb, tarball, netrc)
     assert not [p.name for p in (root / "tmp").iterdir() if p.name.startswith(("torchrig", "tmp."))]
+
+
+def test_benchmark_copy_ignores_a_planted_tmp_folder(testbed):
+    """Another local user pre-creates verify's old fixed folder with a symlink to a file of the
+    login user: verify --bandwidth must neither write through it nor run what is there."""
+    from torchrig.testbed.machines import root_of
+    root = root_of(HOST)
+    plant = ("useradd -M -s /usr/sbin/nologin mallory 2>/dev/null || true; "
+             "echo 'precious' > /home/admin/victim && chown admin: /home/admin/victim && "
+             "rm -rf /tmp/torchrig-verify && "
+             "runuser -u mallory -- sh -c 'mkdir -m 777 /tmp/torchrig-verify && "
+             "ln -s /home/admin/victim /tmp/torchrig-verify/allreduce_bench.py'")
+    invoke("exec", "-i", str(testbed), "-h", HOST, "--sudo", plant, check=True)
+    r = invoke("verify", "-i", str(testbed), "-h", HOST, "--bandwidth", "--json", timeout=600)
+    data = json.loads(r.stdout)
+    node = next(b for b in data["bandwidth"] if b["scope"] == "node")
+    assert node["result"] and node["result"]["world_size"] == 2, node  # the benchmark ran
+    assert (root / "home/admin/victim").read_text() == "precious\n"
+    assert not [p for p in (root / "tmp").iterdir() if p.name.startswith("tmp.")]  # removed
