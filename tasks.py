@@ -17,7 +17,8 @@ HOST_HELP = "host names or group names, comma-separated (default: every host)"
 
 
 def user_errors(fn):
-    """Turn a TorchrigError into its message and exit status 1, never a traceback."""
+    """Turn a TorchrigError into its message and exit status 1, never a traceback. Every
+    error line, a task's own included, goes through the redactor (URL credentials)."""
     @functools.wraps(fn)
     def wrapper(c, *args, **kwargs):
         from torchrig.errors import TorchrigError
@@ -26,6 +27,11 @@ def user_errors(fn):
         except TorchrigError as e:
             from torchrig.secrets import redact_text
             raise Exit(f"error: {redact_text(str(e))}", code=1) from None
+        except Exit as e:
+            from torchrig.secrets import redact_text
+            if isinstance(e.message, str):
+                raise Exit(redact_text(e.message), code=e.code) from None
+            raise
     return wrapper
 
 
