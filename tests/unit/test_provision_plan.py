@@ -283,3 +283,34 @@ def test_repo_url_keeps_ipv6_brackets_and_decodes_credentials():
     assert c.repo.url == "http://[fd00::5]:8080/cuda/repos/debian12/x86_64/"
     auth = [ch for ch in steps.cuda_repo(c) if isinstance(ch, FileChange) and ch.path == steps.AUTH_FILE][0]
     assert auth.content == "machine fd00::5\nlogin mirror@corp\npassword p@ss:w\n"
+
+
+def test_operator_tarball_travels_in_the_script_into_a_private_folder(tmp_path):
+    """nccl-tests from the operator's tarball: no upload to a fixed /tmp path; the script
+    carries it, extracts it under the prefix and leaves no temp file behind."""
+    import os
+    import subprocess
+    import tarfile
+    from torchrig.provision.apply import step_script
+    src = tmp_path / "src" / "nccl-tests-2.16.4"
+    src.mkdir(parents=True)
+    (src / "Makefile").write_text("all:\n")
+    tgz = tmp_path / "nccl-tests.tgz"
+    with tarfile.open(tgz, "w:gz") as t:
+        t.add(src, arcname=src.name)
+    prefix = tmp_path / "opt"
+    c = ctx(fresh(), prefix=str(prefix), nccl_tests_source=str(tgz))
+    script = step_script("nccl-tests", steps.nccl_tests(c), c.s)
+    assert "/tmp/torchrig" not in script and "$TORCHRIG_TMP" in script
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "make").write_text("#!/bin/sh\nexit 0\n")
+    (bin_ / "make").chmod(0o755)
+    tmp = tmp_path / "t"
+    tmp.mkdir()
+    subprocess.run(["bash", "-s"], input=script, text=True, check=True,
+                   env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "TMPDIR": str(tmp)})
+    assert (prefix / "nccl-tests/Makefile").read_text() == "all:\n"
+    assert list(tmp.iterdir()) == []
+    with pytest.raises(TorchrigError, match="var nccl_tests_source: cannot read /nope.tgz"):
+        step_script("nccl-tests", [], ctx(fresh(), nccl_tests_source="/nope.tgz").s)

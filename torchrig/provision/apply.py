@@ -169,7 +169,6 @@ def apply_host(inv: Inventory, p: Planned, reboot: bool, accept_new: bool = Fals
 def _apply_steps(cxn, ctx: Ctx, s: Settings, rep: HostReport, log) -> str | None:
     """Run each step's changes as one root script. The driver state ('no-driver', ...) if a
     step that needs the driver had to wait for it, else None."""
-    pre = preamble(s.apt_lock_timeout)
     state, _ = driver_state(ctx.facts)
     driver_changed, waiting = False, None
     for step in STEPS:
@@ -197,12 +196,7 @@ def _apply_steps(cxn, ctx: Ctx, s: Settings, rep: HostReport, log) -> str | None
             continue
         t = time.monotonic()
         log(rep.host, f"{step.name}: " + "; ".join(c.describe() for c in changes))
-        body = "\n".join(c.script for c in changes)
-        if step.name == "nccl-tests" and is_tarball(s.nccl_tests_source):
-            # the operator's tarball travels inside the root script, into its private folder
-            body = (f"printf %s {sh(b64(_read_tarball(s.nccl_tests_source)))} "
-                    f"| base64 -d > {NCCL_TARBALL}\n" + body)
-        r = run_root_script(cxn, pre + body + "\n")
+        r = run_root_script(cxn, step_script(step.name, changes, s))
         res = StepResult(step.name, "changed" if r.exited == 0 else "failed",
                          round(time.monotonic() - t, 2), [c.describe() for c in changes])
         if r.exited != 0:
@@ -211,6 +205,16 @@ def _apply_steps(cxn, ctx: Ctx, s: Settings, rep: HostReport, log) -> str | None
         if step.name == "driver" and r.exited == 0:
             driver_changed = True
     return waiting
+
+
+def step_script(name: str, changes: list, s: Settings) -> str:
+    """One step's root script: the preamble, then each change's snippet."""
+    body = "\n".join(c.script for c in changes)
+    if name == "nccl-tests" and is_tarball(s.nccl_tests_source):
+        # the operator's tarball travels inside the root script, into its private folder
+        body = (f"printf %s {sh(b64(_read_tarball(s.nccl_tests_source)))} "
+                f"| base64 -d > {NCCL_TARBALL}\n" + body)
+    return preamble(s.apt_lock_timeout) + body + "\n"
 
 
 def _read_tarball(path: str) -> bytes:
