@@ -314,3 +314,11 @@ def test_operator_tarball_travels_in_the_script_into_a_private_folder(tmp_path):
     assert list(tmp.iterdir()) == []
     with pytest.raises(TorchrigError, match="var nccl_tests_source: cannot read /nope.tgz"):
         step_script("nccl-tests", [], ctx(fresh(), nccl_tests_source="/nope.tgz").s)
+
+
+def test_netrc_entries_for_a_bare_token_and_refused_whitespace():
+    from torchrig.provision.desired import split_credentials
+    assert steps.netrc(split_credentials("https://:t0k@idx.internal/s"), "pip_index_url") == \
+        "machine idx.internal\npassword t0k\n"
+    with pytest.raises(TorchrigError, match="var 'pip_index_url': credentials with whitespace"):
+        steps.netrc(split_credentials("https://u:a%20b@idx.internal/s"), "pip_index_url")

@@ -124,12 +124,10 @@ def split_credentials(url: str) -> Credentialed:
     return Credentialed(clean, parts.hostname or "", dec(parts.username), dec(parts.password))
 
 
-RepoSource = Credentialed  # the CUDA apt source: credentials go to a 0600 apt auth file
-
-
-def repo_source(s: Settings, distro: str, arch: str) -> RepoSource:
+def repo_source(s: Settings, distro: str, arch: str) -> Credentialed:
+    """The CUDA apt source: its credentials go to a 0600 apt auth file."""
     c = split_credentials(s.cuda_repo_url.rstrip("/"))
-    return RepoSource(f"{c.url}/{distro}/{arch}/", c.host, c.login, c.password)
+    return Credentialed(f"{c.url}/{distro}/{arch}/", c.host, c.login, c.password)
 
 
 def driver_flavor(s: Settings, lspci: str | None) -> str:

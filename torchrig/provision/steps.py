@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..errors import TorchrigError
 from ..facts import os_release, smi_query
 from ..remote import sh
 from .changes import Cmd, FileChange, b64, file_change
@@ -166,13 +167,18 @@ def cuda_repo(c: Ctx) -> list[Change]:
     return out
 
 
-def netrc(c: Credentialed) -> str:
-    """A netrc entry (apt's auth.conf, curl --netrc-file and pip read this format)."""
-    return f"machine {c.host}\nlogin {c.login or ''}\npassword {c.password or ''}\n"
+def netrc(c: Credentialed, var: str) -> str:
+    """A netrc entry (apt's auth.conf, curl --netrc-file and pip read this format, which
+    splits on whitespace and has no quoting that all three share)."""
+    if any(ch.isspace() for ch in (c.login or "") + (c.password or "")):
+        raise TorchrigError(f"var {var!r}: credentials with whitespace cannot go into a netrc "
+                            "file; use a token without spaces")
+    return (f"machine {c.host}\n" + (f"login {c.login}\n" if c.login else "")
+            + f"password {c.password or ''}\n")
 
 
 def _auth_file(c: Ctx) -> list[FileChange]:
-    return file_change(c.facts, AUTH_FILE, netrc(c.repo), mode=0o600, secret=True)
+    return file_change(c.facts, AUTH_FILE, netrc(c.repo, 'cuda_repo_url'), mode=0o600, secret=True)
 
 
 def _install(c: Ctx, pins: dict[str, str], what: str) -> list[Change]:
@@ -263,7 +269,7 @@ def python_venv(c: Ctx) -> list[Change]:
         if index.login is not None:
             # credentials from a 0600 netrc file, not the URL: pip passes its index URL on
             # to the pip it runs for build dependencies, in that process's command line
-            script = (f"(umask 077; printf %s {sh(b64(netrc(index)))} | base64 -d > {PIP_NETRC})\n"
+            script = (f"(umask 077; printf %s {sh(b64(netrc(index, 'pip_index_url')))} | base64 -d > {PIP_NETRC})\n"
                       f"NETRC={PIP_NETRC} {script}")
         out.append(Cmd(f"pip install {' '.join(missing)} into {s.venv}", script))
     return out
