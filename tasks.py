@@ -331,14 +331,30 @@ def logs(c, inventory=None, host=None, job=None, follow=False, rank=None, since=
                 unit_name(job), follow=follow and not failures,
                 rank=None if rank is None else int(rank), grep=grep, since=when,
                 color=sys.stdout.isatty() if color is None else color)
+    red = _redactor(inv)
     if failures:
         res = run_follow(inv, chosen, o, printer=_NullPrinter())
         text = failure_report(res.errors)
-        print(text or f"job {job}: no rank wrote an error.json (no failure recorded)")
+        print(red.text(text) if text else f"job {job}: no rank wrote an error.json (no failure recorded)")
     else:
-        res = run_follow(inv, chosen, o)
+        res = run_follow(inv, chosen, o, printer=_redacting_printer(red, o.color))
     if res.lost:
         raise Exit("error: lost " + "; ".join(f"{h}: {w}" for h, w in res.lost.items()), code=1)
+
+
+def _redacting_printer(red, color: bool):
+    """The ranks' lines as logs prints them, through the redactor: a job that prints a secret
+    the inventory holds (or a URL with credentials) shows *** on the operator's terminal."""
+    from torchrig.logs.stream import Printer
+
+    class Redacting(Printer):
+        def line(self, item):
+            super().line(red.data(item))
+
+        def notice(self, text):
+            super().notice(red.text(text))
+
+    return Redacting(sys.stdout, color)
 
 
 class _NullPrinter:

@@ -231,3 +231,26 @@ def test_benchmark_copy_ignores_a_planted_tmp_folder(testbed):
     assert node["result"] and node["result"]["world_size"] == 2, node  # the benchmark ran
     assert (root / "home/admin/victim").read_text() == "precious\n"
     assert not [p for p in (root / "tmp").iterdir() if p.name.startswith("tmp.")]  # removed
+
+
+def test_logs_and_status_mask_what_a_job_prints(testbed, secret_inventory):
+    """A job that prints its secrets (env_check.py shows the env names it is given): `logs`
+    shows *** for each form (a secret_env name set on another host, a secret-looking name, a
+    URL's credentials); `status` and its --json too."""
+    inv = str(secret_inventory)
+    r = invoke("launch", "-i", inv, "-h", HOST, "--nodes", "1", "--job", "t-leak", "--script",
+               "env_check.py", "--nproc-per-node", "1",
+               "--env", "TORCHRIG_SHOW_ENV=WANDB_KEYLESS,HF_TOKEN,MIRROR", timeout=400)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = invoke("logs", "-i", inv, "-h", HOST, "--job", "t-leak", "-f", timeout=300)
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if "ENV_CHECK" in ln)
+    env = json.loads(line.split("ENV_CHECK ", 1)[1])["env"]
+    assert env == {"WANDB_KEYLESS": "***", "HF_TOKEN": "***",
+                   "MIRROR": "https://***@example.invalid/x"}, line
+    texts = [out.stdout + out.stderr, r.stdout + r.stderr]
+    for flags in ([], ["--json"]):
+        st = invoke("status", "-i", inv, "-h", HOST, "--job", "t-leak", *flags)
+        texts.append(st.stdout + st.stderr)
+    for text in texts:
+        _no_markers(text, "launch/logs/status")
