@@ -18,7 +18,8 @@ HOST_HELP = "host names or group names, comma-separated (default: every host)"
 
 def user_errors(fn):
     """Turn a TorchrigError into its message and exit status 1, never a traceback. Anything
-    else is a torchrig bug: one line too, with the traceback under `invoke --debug`."""
+    else is a torchrig bug: one line too, with the traceback under `invoke --debug`. Every
+    error line, a task's own included, goes through the redactor (URL credentials)."""
     @functools.wraps(fn)
     def wrapper(c, *args, **kwargs):
         import logging
@@ -26,14 +27,20 @@ def user_errors(fn):
         try:
             return fn(c, *args, **kwargs)
         except TorchrigError as e:
-            raise Exit(f"error: {e}", code=1) from None
-        except Exit:
+            from torchrig.secrets import redact_text
+            raise Exit(f"error: {redact_text(str(e))}", code=1) from None
+        except Exit as e:
+            from torchrig.secrets import redact_text
+            if isinstance(e.message, str):
+                raise Exit(redact_text(e.message), code=e.code) from None
             raise
         except Exception as e:  # noqa: BLE001
             if logging.getLogger().isEnabledFor(logging.DEBUG):  # invoke --debug
                 raise
-            raise Exit(f"error: {fn.__name__.rstrip('_')}: unexpected {type(e).__name__}: {e} "
-                       "(a torchrig bug; `invoke --debug ...` shows the traceback)", code=1) from None
+            from torchrig.secrets import redact_text
+            raise Exit(redact_text(f"error: {fn.__name__.rstrip('_')}: unexpected "
+                                   f"{type(e).__name__}: {e} (a torchrig bug; `invoke --debug "
+                                   "...` shows the traceback)"), code=1) from None
     return wrapper
 
 
@@ -71,18 +78,24 @@ def _inventory(c, path: str | None):
     return inventory.load(path or c.config.torchrig.inventory)
 
 
+def _redactor(inv):
+    """The one redactor for everything a task prints: every host's secrets, by form and value."""
+    from torchrig.secrets import Redactor
+    return Redactor.for_hosts(inv.hosts)
+
+
 @task(help={"inventory": INVENTORY_HELP, "host": HOST_HELP, "json": "print the hosts as JSON"})
 @user_errors
 def hosts(c, inventory=None, host=None, json_=False):
     """Show the selected inventory hosts with their resolved connection settings and vars."""
     from torchrig.report import hosts_table
-    from torchrig.secrets import redact
     inv = _inventory(c, inventory)
     chosen = inv.select(host)
+    red = _redactor(inv)
     if json_:
-        print(json.dumps([redact(h.model_dump()) for h in chosen], indent=2))
+        print(json.dumps([red.data(h.model_dump()) for h in chosen], indent=2))
     else:
-        hosts_table(inv, chosen)
+        hosts_table(inv, chosen, red)
 
 
 @task(name="exec",
@@ -125,20 +138,21 @@ def provision(c, inventory=None, host=None, dry_run=False, yes=False, reboot=Fal
     from torchrig.remote import fan_out
     inv = _inventory(c, inventory)
     chosen = inv.select(host)
+    red = _redactor(inv)
     par = _parallel(c)
     _warm("torchrig.report")
     gathered = fan_out(chosen, lambda h: plan_host(inv, h, accept_new_host_keys), parallel=par)
     from torchrig import report
     planned = [r.value for r in gathered if r.ok and r.value.report.ok]
     failed = [HostReport(r.host, ok=False, error=r.error) for r in gathered if not r.ok]
-    failed += [r.value.report for r in gathered if r.ok and not r.value.report.ok]
+    failed = red.data(failed + [r.value.report for r in gathered if r.ok and not r.value.report.ok])
     todo = [p for p in planned if any(s.status == "planned" for s in p.report.steps)]
     if dry_run or (todo and not yes):
         if json_ and dry_run:
-            print(json.dumps([p.report.as_dict() for p in planned] +
+            print(json.dumps([red.data(p.report).as_dict() for p in planned] +
                              [f.as_dict() for f in failed], indent=2))
         else:
-            report.provision_plan([p.report for p in planned] + failed)
+            report.provision_plan(red.data([p.report for p in planned]) + failed)
         if dry_run:
             _exit_if_failed(failed, "provision (dry run)")
             return
@@ -148,11 +162,12 @@ def provision(c, inventory=None, host=None, dry_run=False, yes=False, reboot=Fal
         if input(f"apply to {len(todo)} host(s)? [y/N] ").strip().lower() not in ("y", "yes"):
             raise Exit("nothing changed", code=1)
     from torchrig.execute import PrefixedLines  # whole lines: hosts' threads never interleave
-    log = (lambda h, m: None) if json_ else (lambda h, m: PrefixedLines(h, sys.stderr).write(m + "\n"))
+    log = (lambda h, m: None) if json_ else \
+        (lambda h, m: PrefixedLines(h, sys.stderr).write(red.text(m) + "\n"))
     applied = fan_out(planned, lambda p: apply_host(inv, p, reboot, accept_new_host_keys, log),
                       parallel=par, name=lambda p: p.host.name)
-    reports = [r.value if r.ok else HostReport(r.host, ok=False, error=r.error) for r in applied]
-    reports += failed
+    reports = red.data([r.value if r.ok else HostReport(r.host, ok=False, error=r.error)
+                        for r in applied]) + failed
     if json_:
         print(json.dumps([r.as_dict() for r in reports], indent=2))
     else:
@@ -249,9 +264,10 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", scrip
                       parallel=numbers["torchrig.parallel"])
     res = run_launch(inv, chosen, o, log=lambda m: print(m, file=sys.stderr))
     if dry_run:
+        red = _redactor(inv)
         for hname, files in res.rendered.items():
             for path, text in files.items():
-                print(f"--- {hname}:{path}\n{text}")
+                print(f"--- {hname}:{path}\n{red.text(text)}")
         print("dry run: nothing changed")
         return
     j = res.job
@@ -284,7 +300,7 @@ def status(c, inventory=None, host=None, job=None, json_=False, watch=None,
     chosen = inv.select(host)
     job = job or _latest_job(c, inv, chosen)
     while True:
-        res = run_status(inv, chosen, job, accept_new_host_keys, par)
+        res = _redactor(inv).data(run_status(inv, chosen, job, accept_new_host_keys, par))
         if json_:
             print(json.dumps({"job": job, "nodes": {r.host: (r.value if r.ok else {"error": r.error})
                                                      for r in res}}, indent=2))
@@ -355,14 +371,30 @@ def logs(c, inventory=None, host=None, job=None, follow=False, rank=None, since=
                 unit_name(job), follow=follow and not failures,
                 rank=rank, grep=grep, since=when,
                 color=sys.stdout.isatty() if color is None else color)
+    red = _redactor(inv)
     if failures:
         res = run_follow(inv, chosen, o, printer=_NullPrinter())
         text = failure_report(res.errors)
-        print(text or f"job {job}: no rank wrote an error.json (no failure recorded)")
+        print(red.text(text) if text else f"job {job}: no rank wrote an error.json (no failure recorded)")
     else:
-        res = run_follow(inv, chosen, o)
+        res = run_follow(inv, chosen, o, printer=_redacting_printer(red, o.color))
     if res.lost:
         raise Exit("error: lost " + "; ".join(f"{h}: {w}" for h, w in res.lost.items()), code=1)
+
+
+def _redacting_printer(red, color: bool):
+    """The ranks' lines as logs prints them, through the redactor: a job that prints a secret
+    the inventory holds (or a URL with credentials) shows *** on the operator's terminal."""
+    from torchrig.logs.stream import Printer
+
+    class Redacting(Printer):
+        def line(self, item):
+            super().line(red.data(item))
+
+        def notice(self, text):
+            super().notice(red.text(text))
+
+    return Redacting(sys.stdout, color)
 
 
 class _NullPrinter:

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from .inventory import Host, Inventory
 from .remote import Result
-from .secrets import redact
+from .secrets import Redactor
 
 # Not a terminal (CI logs, pipes): wide enough that tables do not wrap every cell.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -21,14 +21,14 @@ def styled(text: str, style: str) -> str:
     return f"[{style}]{escape(text)}[/]" if style else escape(text)
 
 
-def hosts_table(inv: Inventory, hosts: list[Host]) -> None:
+def hosts_table(inv: Inventory, hosts: list[Host], red: Redactor) -> None:
     t = Table(title=f"{inv.path}  (known_hosts: {inv.known_hosts})")
     for col in ("host", "connection", "address", "port", "user", "jump", "gpus", "groups", "vars"):
         t.add_column(col)
     for h in hosts:
         t.add_row(h.name, h.connection, h.address, str(h.port or 22), h.user or "(ssh default)",
                   h.jump or "", "" if h.gpus is None else str(h.gpus), ",".join(h.groups),
-                  ", ".join(f"{k}={v}" for k, v in redact(h.vars).items()))
+                  ", ".join(f"{k}={v}" for k, v in red.data(h.vars).items()))
     console.print(t)
 
 

@@ -182,3 +182,143 @@ def test_file_change_script_is_atomic_and_quoted(tmp_path):
     assert target.read_text() == "a 'b' $c\n" and oct(target.stat().st_mode & 0o777) == "0o640"
     assert not (tmp_path / "pwned").exists()
     assert list(target.parent.iterdir()) == [target]  # no temp file left beside it
+
+
+# --- credentials and temp files: the step scripts run for real with stand-in pip/git/make ---
+
+STANDIN = """#!/usr/bin/env python3
+import json, os, subprocess, sys
+rec = {"argv": sys.argv, "env_keys": sorted(os.environ)}
+if os.path.basename(sys.argv[0]) == "pip" and os.environ.get("NETRC"):
+    import netrc, stat
+    p = os.environ["NETRC"]
+    rec["netrc"] = netrc.netrc(p).authenticators("idx.internal")
+    rec["netrc_mode"] = oct(stat.S_IMODE(os.stat(p).st_mode))
+    rec["netrc_dir"] = os.path.dirname(p)
+    rec["netrc_dir_mode"] = oct(stat.S_IMODE(os.stat(os.path.dirname(p)).st_mode))
+if os.path.basename(sys.argv[0]) == "git":
+    helpers = [a.split("=", 1)[1] for a in sys.argv if a.startswith("credential.helper=")]
+    if helpers and helpers[-1]:
+        h = helpers[-1][1:]  # as git runs a '!' helper: through the shell, with 'get'
+        out = subprocess.run(["sh", "-c", h + ' "$@"', h, "get"], capture_output=True, text=True,
+                             input="protocol=https\\nhost=h\\n").stdout
+        rec["credential"] = dict(l.split("=", 1) for l in out.splitlines() if "=" in l)
+    url, dest = sys.argv[-2], sys.argv[-1]
+    os.makedirs(dest + "/.git")
+    open(dest + "/.git/config", "w").write(f'[remote "origin"]\\n\\turl = {url}\\n')
+with open(os.environ["STANDIN_LOG"], "a") as f:
+    f.write(json.dumps(rec) + "\\n")
+"""
+
+
+def run_steps(tmp_path, changes):
+    """Run changes' scripts under the real preamble, with pip/git/make stand-ins that record
+    their argv; return the records."""
+    import json
+    import os
+    import subprocess
+    from torchrig.provision.changes import preamble
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(exist_ok=True)
+    for name in ("git", "make", "pip"):
+        (bin_ / name).write_text(STANDIN)
+        (bin_ / name).chmod(0o755)
+    log = tmp_path / "standin.log"
+    script = preamble(5) + "\n".join(ch.script for ch in changes) + "\n"
+    r = subprocess.run(["bash", "-s"], input=script, capture_output=True, text=True,
+                       env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}",
+                            "STANDIN_LOG": str(log), "TMPDIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("tmp.")]  # temp folder removed
+    return [json.loads(ln) for ln in log.read_text().splitlines()]
+
+
+def test_pip_index_credentials_in_a_private_netrc_never_in_argv(tmp_path):
+    prefix = tmp_path / "opt"
+    (prefix / "venv/bin").mkdir(parents=True)
+    (prefix / "venv/bin/pip").symlink_to(tmp_path / "bin/pip")
+    c = ctx(fresh(venv={"python": "3.11.2", "dists": {}}), prefix=str(prefix),
+            pip_index_url="https://ci:p%40ss%3Aw0rd@idx.internal:8443/simple")
+    (cmd,) = steps.python_venv(c)
+    assert "w0rd" not in cmd.describe()
+    (rec,) = [r for r in run_steps(tmp_path, [cmd]) if r["argv"][0].endswith("pip")]
+    argv = " ".join(rec["argv"])
+    assert "--index-url https://idx.internal:8443/simple" in argv
+    assert "w0rd" not in argv and "ci:" not in argv
+    assert rec["netrc"] == ["ci", "", "p@ss:w0rd"]  # percent-decoded for pip
+    assert rec["netrc_mode"] == "0o600" and rec["netrc_dir_mode"] == "0o700"
+    assert rec["netrc_dir"].startswith(str(tmp_path) + "/tmp.")  # mktemp -d, not a fixed path
+
+
+@pytest.mark.parametrize("url,user,password", [
+    ("https://oauth2:glpat%2Ftok@git.internal/nccl-tests.git", "oauth2", "glpat/tok"),
+    ("https://ghp_T0KEN@github.com/NVIDIA/nccl-tests", "ghp_T0KEN", ""),
+    ("https://:only-t0ken@git.internal/r.git", "", "only-t0ken"),
+])
+def test_git_token_from_a_helper_never_in_argv_plan_or_clone_config(tmp_path, url, user, password):
+    prefix = tmp_path / "opt"
+    prefix.mkdir()
+    c = ctx(fresh(), prefix=str(prefix), nccl_tests_source=url)
+    (cmd,) = steps.nccl_tests(c)
+    secret = password or user
+    rep = make_plan(c)
+    assert secret not in repr(rep) and secret not in cmd.describe()
+    recs = run_steps(tmp_path, [cmd])
+    git = next(r for r in recs if r["argv"][0].endswith("git"))
+    assert not any(secret in a for r in recs for a in r["argv"])
+    assert git["credential"] == {"username": user, "password": password}
+    assert secret not in (prefix / "nccl-tests/.git/config").read_text()
+
+
+def test_no_step_uses_a_fixed_tmp_path():
+    c = ctx(fresh(), nccl_tests_source="/home/op/nccl-tests.tgz",
+            cuda_repo_url="https://u:p@mirror/cuda/repos")
+    scripts = [ch.script for st in steps.STEPS for ch in st.plan(c)]
+    assert any("cuda-keyring" in s for s in scripts) and any("tar -xzf" in s for s in scripts)
+    assert not [s for s in scripts if "/tmp" in s]
+
+
+def test_repo_url_keeps_ipv6_brackets_and_decodes_credentials():
+    c = ctx(fresh(), cuda_repo_url="http://mirror%40corp:p%40ss%3Aw@[fd00::5]:8080/cuda/repos")
+    assert c.repo.url == "http://[fd00::5]:8080/cuda/repos/debian12/x86_64/"
+    auth = [ch for ch in steps.cuda_repo(c) if isinstance(ch, FileChange) and ch.path == steps.AUTH_FILE][0]
+    assert auth.content == "machine fd00::5\nlogin mirror@corp\npassword p@ss:w\n"
+
+
+def test_operator_tarball_travels_in_the_script_into_a_private_folder(tmp_path):
+    """nccl-tests from the operator's tarball: no upload to a fixed /tmp path; the script
+    carries it, extracts it under the prefix and leaves no temp file behind."""
+    import os
+    import subprocess
+    import tarfile
+    from torchrig.provision.apply import step_script
+    src = tmp_path / "src" / "nccl-tests-2.16.4"
+    src.mkdir(parents=True)
+    (src / "Makefile").write_text("all:\n")
+    tgz = tmp_path / "nccl-tests.tgz"
+    with tarfile.open(tgz, "w:gz") as t:
+        t.add(src, arcname=src.name)
+    prefix = tmp_path / "opt"
+    c = ctx(fresh(), prefix=str(prefix), nccl_tests_source=str(tgz))
+    script = step_script("nccl-tests", steps.nccl_tests(c), c.s)
+    assert "/tmp/torchrig" not in script and "$TORCHRIG_TMP" in script
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "make").write_text("#!/bin/sh\nexit 0\n")
+    (bin_ / "make").chmod(0o755)
+    tmp = tmp_path / "t"
+    tmp.mkdir()
+    subprocess.run(["bash", "-s"], input=script, text=True, check=True,
+                   env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "TMPDIR": str(tmp)})
+    assert (prefix / "nccl-tests/Makefile").read_text() == "all:\n"
+    assert list(tmp.iterdir()) == []
+    with pytest.raises(TorchrigError, match="var nccl_tests_source: cannot read /nope.tgz"):
+        step_script("nccl-tests", [], ctx(fresh(), nccl_tests_source="/nope.tgz").s)
+
+
+def test_netrc_entries_for_a_bare_token_and_refused_whitespace():
+    from torchrig.provision.desired import split_credentials
+    assert steps.netrc(split_credentials("https://:t0k@idx.internal/s"), "pip_index_url") == \
+        "machine idx.internal\npassword t0k\n"
+    with pytest.raises(TorchrigError, match="var 'pip_index_url': credentials with whitespace"):
+        steps.netrc(split_credentials("https://u:a%20b@idx.internal/s"), "pip_index_url")

@@ -104,3 +104,29 @@ def test_bandwidth_check_recomputes_busbw_from_raw_numbers():
     assert evaluate.bandwidth_check("bw", slow, "nvswitch", "A100", {"nvswitch": 50}).status == PASS
     assert evaluate.bandwidth_check("bw", None, "nvswitch", "", None, "ssh died").status == NOT_RUN
     assert evaluate.bandwidth_check("bw", {**res, "wrong_total": 4}, "nvswitch", "", None).status == FAIL
+
+
+def test_benchmark_copy_goes_to_a_private_folder_removed_afterwards(tmp_path):
+    """verify --bandwidth's command, run for real with a stand-in python: the benchmark arrives
+    on stdin in a fresh 0700 folder (no fixed /tmp path to plant a symlink in), then is gone."""
+    import os
+    import subprocess
+    from torchrig.verify.run import BENCH, HostOpts, _bench_cmd
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin/python").write_text(
+        "#!/bin/sh\nfor a; do case $a in *allreduce_bench.py) f=$a;; esac; done\n"
+        "stat -c '%a %U' \"$(dirname \"$f\")\" > \"$OUT\"; echo \"$f\" >> \"$OUT\"; "
+        "cmp -s \"$f\" \"$EXPECT\" && echo same >> \"$OUT\"; echo \"$@\" >> \"$OUT\"\n")
+    (venv / "bin/python").chmod(0o755)
+    cmd = _bench_cmd(HostOpts(str(venv), "/opt/torchrig", "cpu", 29400, {}, "10.0.0.1"), 2,
+                     ["--standalone"], {})
+    tmpdir = tmp_path / "t"
+    tmpdir.mkdir()
+    out = tmp_path / "out"
+    subprocess.run(["bash", "-c", cmd], input=BENCH.read_text(), text=True, check=True,
+                   env={**os.environ, "TMPDIR": str(tmpdir), "OUT": str(out), "EXPECT": str(BENCH)})
+    mode, path, same, argv = out.read_text().splitlines()
+    assert mode.split()[0] == "700" and path.startswith(f"{tmpdir}/tmp.") and same == "same"
+    assert f"--nproc-per-node 2 {path} --min-bytes" in argv
+    assert list(tmpdir.iterdir()) == []  # removed when the command ended

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from ..errors import TorchrigError
 from ..render import env_quote, render, systemd_quote
-from ..secrets import MASK, is_secret
+from ..secrets import MASK, is_secret, redact_text
 
 JOB_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")
 TORCHRUN_GRACE = 30          # torchrun: SIGTERM to workers, then SIGKILL after this long
@@ -44,7 +44,8 @@ def parse_env(items: list[str]) -> dict[str, str]:
 
 
 def redact_env(env: dict[str, str], secret_keys: set[str]) -> dict[str, str]:
-    return {k: (MASK if k in secret_keys or is_secret(k) else v) for k, v in env.items()}
+    """For display: secret names masked whole, URL credentials in any other value masked."""
+    return {k: (MASK if k in secret_keys or is_secret(k) else redact_text(v)) for k, v in env.items()}
 
 
 @dataclass

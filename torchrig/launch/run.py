@@ -11,6 +11,7 @@ from ..errors import TorchrigError
 from ..inventory import Host, Inventory
 from ..provision.desired import settings_for
 from ..remote import fan_out, run_once, sh
+from ..secrets import secret_env_names
 from ..verify.run import verify
 from .plan import (GPU_SAMPLER, SAMPLER_PATH, Job, Node, check_job_name, env_path, job_port,
                    parse_env, redact_env, render_env, render_gpumon, render_unit, split_args,
@@ -66,7 +67,9 @@ def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
         raise TorchrigError(f"--script {o.script!r}: no such file in {PAYLOAD}")
     args = split_args(o.args)
     first_vars = hosts[0].vars
-    secret_keys = set(first_vars.get("secret_env") or [])
+    secret_keys = set().union(*(secret_env_names(h.vars.get("secret_env"),
+                                                 f"{inv.path}: host {h.name!r}: var 'secret_env'")
+                                for h in hosts))
     nodes = [_node(inv, h, i, o.nproc, interfaces.get(h.name)) for i, h in enumerate(hosts)]
     if o.script == "train.py" and not any(a.startswith("--ckpt-dir") for a in args):
         args = ["--ckpt-dir", f"{nodes[0].checkpoint_dir}/{o.job}"] + args

@@ -10,9 +10,9 @@ from pathlib import Path
 from ..errors import TorchrigError
 from ..inventory import Host, Inventory
 from ..remote import connect, login_user, privileged, run_input, sh
-from .changes import SCRIPTS, FileChange, preamble
+from .changes import SCRIPTS, FileChange, b64, preamble
 from .desired import Settings, settings_for
-from .steps import STEPS, Ctx, driver_state, fact_request, preflight
+from .steps import NCCL_TARBALL, STEPS, Ctx, driver_state, fact_request, is_tarball, preflight
 
 PAYLOAD_REQUIREMENTS = Path(__file__).resolve().parents[2] / "payload" / "requirements.txt"
 
@@ -169,7 +169,6 @@ def apply_host(inv: Inventory, p: Planned, reboot: bool, accept_new: bool = Fals
 def _apply_steps(cxn, ctx: Ctx, s: Settings, rep: HostReport, log) -> str | None:
     """Run each step's changes as one root script. The driver state ('no-driver', ...) if a
     step that needs the driver had to wait for it, else None."""
-    pre = preamble(s.apt_lock_timeout)
     state, _ = driver_state(ctx.facts)
     driver_changed, waiting = False, None
     for step in STEPS:
@@ -197,9 +196,7 @@ def _apply_steps(cxn, ctx: Ctx, s: Settings, rep: HostReport, log) -> str | None
             continue
         t = time.monotonic()
         log(rep.host, f"{step.name}: " + "; ".join(c.describe() for c in changes))
-        if step.name == "nccl-tests" and s.nccl_tests_source.endswith((".tar.gz", ".tgz")):
-            cxn.put(s.nccl_tests_source, "/tmp/torchrig-nccl-tests.tgz")
-        r = run_root_script(cxn, pre + "\n".join(c.script for c in changes) + "\n")
+        r = run_root_script(cxn, step_script(step.name, changes, s))
         res = StepResult(step.name, "changed" if r.exited == 0 else "failed",
                          round(time.monotonic() - t, 2), [c.describe() for c in changes])
         if r.exited != 0:
@@ -208,6 +205,23 @@ def _apply_steps(cxn, ctx: Ctx, s: Settings, rep: HostReport, log) -> str | None
         if step.name == "driver" and r.exited == 0:
             driver_changed = True
     return waiting
+
+
+def step_script(name: str, changes: list, s: Settings) -> str:
+    """One step's root script: the preamble, then each change's snippet."""
+    body = "\n".join(c.script for c in changes)
+    if name == "nccl-tests" and is_tarball(s.nccl_tests_source):
+        # the operator's tarball travels inside the root script, into its private folder
+        body = (f"printf %s {sh(b64(_read_tarball(s.nccl_tests_source)))} "
+                f"| base64 -d > {NCCL_TARBALL}\n" + body)
+    return preamble(s.apt_lock_timeout) + body + "\n"
+
+
+def _read_tarball(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise TorchrigError(f"var nccl_tests_source: cannot read {path} ({e.strerror})") from None
 
 
 def _merge(before: list[StepResult], after: list[StepResult]) -> list[StepResult]:

@@ -50,7 +50,7 @@ class FileChange:
     def script(self) -> str:
         if self.content is None:
             return sh("rm", "-f", "--", self.path)
-        data = base64.b64encode(self.content.encode()).decode()
+        data = b64(self.content)
         d = posixpath.dirname(self.path)
         # temp file beside the target, then rename: readers never see a half-written file
         return "\n".join([
@@ -61,6 +61,12 @@ class FileChange:
             f"chown {sh(self.owner + ':' + self.group)} \"$tmp\"",
             f"mv -f \"$tmp\" {sh(self.path)}",
         ])
+
+
+def b64(text: str | bytes) -> str:
+    """Base64 of text or bytes: a script carries file contents as `printf %s B64 | base64 -d`
+    (printf is a shell builtin: the contents never show in a command line)."""
+    return base64.b64encode(text.encode() if isinstance(text, str) else text).decode()
 
 
 def file_change(facts: dict, path: str, content: str | None, mode: int = 0o644,
@@ -79,7 +85,9 @@ def file_change(facts: dict, path: str, content: str | None, mode: int = 0o644,
 
 def preamble(lock_timeout: int) -> str:
     """Every apt-get and dpkg call goes through apt_get/dpkg_run: non-interactive, config files
-    kept, and first wait for the dpkg lock (naming its holder) up to lock_timeout."""
+    kept, and first wait for the dpkg lock (naming its holder) up to lock_timeout.
+    TORCHRIG_TMP: a private folder (mktemp -d: root's, 0700, a fresh random name) for
+    downloads and credentials, removed however the script ends: no fixed path under /tmp."""
     wait = (SCRIPTS / "apt_lock_wait.py").read_text()
     opts = ("-o DPkg::Lock::Timeout={t} -o Dpkg::Options::=--force-confdef "
             "-o Dpkg::Options::=--force-confold").format(t=int(lock_timeout))
@@ -90,5 +98,7 @@ def preamble(lock_timeout: int) -> str:
         f"apt_wait() {{ python3 -c \"$TORCHRIG_APT_WAIT\" {int(lock_timeout)}; }}",
         f"apt_get() {{ apt_wait; apt-get -q -y {opts} \"$@\"; }}",
         "dpkg_run() { apt_wait; dpkg --force-confdef --force-confold \"$@\"; }",
+        "TORCHRIG_TMP=$(mktemp -d)",
+        "trap 'rm -rf -- \"$TORCHRIG_TMP\"' EXIT",
         "",
     ])

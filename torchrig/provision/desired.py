@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -115,21 +115,28 @@ def settings_for(host_name: str, host_vars: dict[str, Any], inventory_path: str)
 
 
 @dataclass(frozen=True)
-class RepoSource:
-    """The CUDA apt source for one host: URL without credentials, plus the credentials
-    (kept in a 0600 apt auth file, never in the URL, a plan or any output)."""
+class Credentialed:
+    """A URL split into the URL without credentials (safe for a command line, a config file or
+    a plan) and its credentials, percent-decoded (for a 0600 file or a process's environment)."""
 
     url: str
-    host: str
+    host: str          # for a netrc/auth file `machine` line (no brackets, no port)
     login: str | None
     password: str | None
 
 
-def repo_source(s: Settings, distro: str, arch: str) -> RepoSource:
-    parts = urlsplit(s.cuda_repo_url.rstrip("/"))
-    netloc = parts.hostname + (f":{parts.port}" if parts.port else "") if parts.hostname else ""
-    clean = urlunsplit((parts.scheme, netloc, f"{parts.path}/{distro}/{arch}/", "", ""))
-    return RepoSource(clean, parts.hostname or "", parts.username, parts.password)
+def split_credentials(url: str) -> Credentialed:
+    parts = urlsplit(url)
+    hostport = parts.netloc.rpartition("@")[2]  # keeps an IPv6 address's brackets and the port
+    clean = urlunsplit((parts.scheme, hostport, parts.path, parts.query, parts.fragment))
+    dec = (lambda v: None if v is None else unquote(v))
+    return Credentialed(clean, parts.hostname or "", dec(parts.username), dec(parts.password))
+
+
+def repo_source(s: Settings, distro: str, arch: str) -> Credentialed:
+    """The CUDA apt source: its credentials go to a 0600 apt auth file."""
+    c = split_credentials(s.cuda_repo_url.rstrip("/"))
+    return Credentialed(f"{c.url}/{distro}/{arch}/", c.host, c.login, c.password)
 
 
 def driver_flavor(s: Settings, lspci: str | None) -> str:

@@ -7,10 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..errors import TorchrigError
 from ..facts import os_release, smi_query
 from ..remote import sh
-from .changes import Cmd, FileChange, file_change
-from .desired import DISTROS, DRIVER_PACKAGE, RepoSource, Settings, driver_flavor, repo_source
+from .changes import Cmd, FileChange, b64, file_change
+from .desired import (DISTROS, DRIVER_PACKAGE, Credentialed, Settings, driver_flavor, repo_source,
+                      split_credentials)
 
 Change = Cmd | FileChange
 
@@ -21,6 +23,10 @@ BLACKLIST_FILE = "/etc/modprobe.d/blacklist-nouveau.conf"
 UNATTENDED_FILE = "/etc/apt/apt.conf.d/51torchrig-nvidia-hold"
 CUDA_ENV_FILE = "/etc/torchrig/cuda.env"
 ETC_DIR = "/etc/torchrig"
+# Inside the step script's private temp folder (see changes.preamble), never a fixed /tmp path.
+KEYRING_DEB = '"$TORCHRIG_TMP"/cuda-keyring.deb'
+PIP_NETRC = '"$TORCHRIG_TMP"/pip-netrc'
+NCCL_TARBALL = '"$TORCHRIG_TMP"/nccl-tests.tgz'
 
 BLACKLIST = "# torchrig: the NVIDIA driver needs nouveau out of the way\nblacklist nouveau\noptions nouveau modeset=0\n"
 UNATTENDED = (
@@ -54,7 +60,7 @@ class Ctx:
         return os_release.cuda_repo_arch(self.facts.get("arch", ""))
 
     @property
-    def repo(self) -> RepoSource:
+    def repo(self) -> Credentialed:
         return repo_source(self.s, self.distro or "", self.arch or "")
 
     @property
@@ -141,12 +147,11 @@ def cuda_repo(c: Ctx) -> list[Change]:
     out: list[Change] = []
     if c.pkg("cuda-keyring") is None:
         netrc = f"--netrc-file {sh(AUTH_FILE)} " if r.login else ""
-        deb = "/tmp/torchrig-cuda-keyring.deb"
         if r.login:
             out += _auth_file(c)
         out.append(Cmd(f"install the repository signing key (cuda-keyring from {r.url})",
-                       f"curl -fsSL --retry 3 {netrc}-o {sh(deb)} {sh(r.url + 'cuda-keyring_1.1-1_all.deb')}\n"
-                       f"dpkg_run -i {sh(deb)}\nrm -f {sh(deb)}"))
+                       f"curl -fsSL --retry 3 {netrc}-o {KEYRING_DEB} {sh(r.url + 'cuda-keyring_1.1-1_all.deb')}\n"
+                       f"dpkg_run -i {KEYRING_DEB}"))
     elif r.login:
         out += _auth_file(c)
     source = (f"# torchrig: NVIDIA CUDA repository ({c.distro}/{c.arch})\n"
@@ -162,10 +167,18 @@ def cuda_repo(c: Ctx) -> list[Change]:
     return out
 
 
+def netrc(c: Credentialed, var: str) -> str:
+    """A netrc entry (apt's auth.conf, curl --netrc-file and pip read this format, which
+    splits on whitespace and has no quoting that all three share)."""
+    if any(ch.isspace() for ch in (c.login or "") + (c.password or "")):
+        raise TorchrigError(f"var {var!r}: credentials with whitespace cannot go into a netrc "
+                            "file; use a token without spaces")
+    return (f"machine {c.host}\n" + (f"login {c.login}\n" if c.login else "")
+            + f"password {c.password or ''}\n")
+
+
 def _auth_file(c: Ctx) -> list[FileChange]:
-    r = c.repo
-    body = f"machine {r.host}\nlogin {r.login}\npassword {r.password or ''}\n"
-    return file_change(c.facts, AUTH_FILE, body, mode=0o600, secret=True)
+    return file_change(c.facts, AUTH_FILE, netrc(c.repo, 'cuda_repo_url'), mode=0o600, secret=True)
 
 
 def _install(c: Ctx, pins: dict[str, str], what: str) -> list[Change]:
@@ -247,12 +260,18 @@ def python_venv(c: Ctx) -> list[Change]:
     reqs = [f"torch=={s.torch_version}"] + c.payload_requirements + list(s.extra_pip_packages)
     missing = [r for r in reqs if not _satisfied(r, dists)]
     if missing:
+        index = split_credentials(s.pip_index_url)
         args = [f"{s.venv}/bin/pip", "install", "--quiet", "--disable-pip-version-check",
-                "--index-url", s.pip_index_url]
+                "--index-url", index.url]
         if s.pip_trusted_host:
             args += ["--trusted-host", s.pip_trusted_host]
-        out.append(Cmd(f"pip install {' '.join(missing)} into {s.venv}",
-                       sh(*args, *missing)))
+        script = sh(*args, *missing)
+        if index.login is not None:
+            # credentials from a 0600 netrc file, not the URL: pip passes its index URL on
+            # to the pip it runs for build dependencies, in that process's command line
+            script = (f"(umask 077; printf %s {sh(b64(netrc(index, 'pip_index_url')))} | base64 -d > {PIP_NETRC})\n"
+                      f"NETRC={PIP_NETRC} {script}")
+        out.append(Cmd(f"pip install {' '.join(missing)} into {s.venv}", script))
     return out
 
 
@@ -269,18 +288,35 @@ def nccl_tests(c: Ctx) -> list[Change]:
     binary = f"{s.prefix}/nccl-tests/build/all_reduce_perf"
     if c.facts.get("paths", {}).get(binary):
         return []
-    src = s.nccl_tests_source
-    build = (f"make -C {sh(s.prefix + '/nccl-tests')} -j\"$(nproc)\" MPI=0 "
+    dest = sh(s.prefix + "/nccl-tests")
+    build = (f"make -C {dest} -j\"$(nproc)\" MPI=0 "
              f"CUDA_HOME={sh(s.cuda_home)} NCCL_HOME=/usr")
-    if src.endswith((".tar.gz", ".tgz")):
-        fetch = (f"rm -rf {sh(s.prefix + '/nccl-tests')} && mkdir -p {sh(s.prefix + '/nccl-tests')}\n"
-                 f"tar -xzf /tmp/torchrig-nccl-tests.tgz --strip-components=1 -C {sh(s.prefix + '/nccl-tests')}")
-        return [Cmd(f"build nccl-tests from {src} (pushed from the operator)",
+    if is_tarball(s.nccl_tests_source):
+        fetch = (f"rm -rf {dest} && mkdir -p {dest}\n"
+                 f"tar -xzf {NCCL_TARBALL} --strip-components=1 -C {dest}")
+        return [Cmd(f"build nccl-tests from {s.nccl_tests_source} (pushed from the operator)",
                     fetch + "\n" + build)]
-    fetch = (f"rm -rf {sh(s.prefix + '/nccl-tests')}\n"
-             f"git clone --quiet --depth 1 --branch {sh(s.nccl_tests_version)} {sh(src)} "
-             f"{sh(s.prefix + '/nccl-tests')}")
-    return [Cmd(f"build nccl-tests {s.nccl_tests_version} from {src}", fetch + "\n" + build)]
+    src = split_credentials(s.nccl_tests_source)
+    git = ["git"]
+    if src.login is not None:
+        # git asks this helper (its command line names only variables); the clone's config
+        # keeps the URL without credentials. The empty value first drops any configured helper
+        # (one that stores credentials would write them to disk).
+        git += ["-c", "credential.helper=", "-c", "credential.helper=" + GIT_CREDENTIALS]
+    creds = (f"TORCHRIG_GIT_USER={sh(src.login)} TORCHRIG_GIT_PASSWORD={sh(src.password or '')} "
+             if src.login is not None else "")  # in git's environment (root's), not its argv
+    fetch = (f"rm -rf {dest}\n" + creds + "GIT_TERMINAL_PROMPT=0 "
+             + sh(*git, "clone", "--quiet", "--depth", "1", "--branch", s.nccl_tests_version,
+                  src.url) + f" {dest}")
+    return [Cmd(f"build nccl-tests {s.nccl_tests_version} from {src.url}", fetch + "\n" + build)]
+
+
+GIT_CREDENTIALS = ('!f() { test "$1" = get && printf "username=%s\\npassword=%s\\n" '
+                   '"$TORCHRIG_GIT_USER" "$TORCHRIG_GIT_PASSWORD"; }; f')
+
+
+def is_tarball(source: str) -> bool:
+    return source.endswith((".tar.gz", ".tgz"))
 
 
 def service_user(c: Ctx) -> list[Change]:

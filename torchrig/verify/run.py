@@ -19,7 +19,6 @@ from .evaluate import Check, HostVerdict
 
 SCRIPT = Path(__file__).parent / "scripts" / "verify_facts.py"
 BENCH = Path(__file__).resolve().parents[2] / "payload" / "allreduce_bench.py"
-REMOTE_BENCH = "/tmp/torchrig-verify/allreduce_bench.py"
 LISTENER = ("import socket,sys\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
             "s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen(64)\n"
             "while True:\n    c, _ = s.accept(); c.close()\n")
@@ -129,22 +128,20 @@ def _nproc(v: HostVerdict | None, o: HostOpts) -> int:
 
 
 def _bench_cmd(o: HostOpts, nproc: int, rdzv: list[str], env: dict[str, str]) -> str:
+    """The benchmark script arrives on stdin into a private folder (mktemp -d: the login
+    user's, 0700, a fresh name; removed when the command ends), never a fixed /tmp path
+    that another local user could plant a symlink or their own code in."""
     sizes = ["--min-bytes", "1048576", "--max-bytes", "16777216", "--iters", "5"] \
         if o.accelerator == "cpu" else ["--min-bytes", "8388608", "--max-bytes", "1073741824"]
-    argv = [f"{o.venv}/bin/python", "-m", "torch.distributed.run", *rdzv,
-            "--nproc-per-node", str(nproc), REMOTE_BENCH, *sizes, "--json", "-"]
-    return with_env(sh(*argv), {"OMP_NUM_THREADS": "1", **env})
-
-
-def _push_bench(inv, h: Host, accept_new: bool) -> None:
-    r = run_once(h, inv, f"mkdir -p {sh(str(Path(REMOTE_BENCH).parent))} && cat > {sh(REMOTE_BENCH)}",
-                 accept_new=accept_new, timeout=60, data=BENCH.read_text())
-    if r.exited != 0:
-        raise TorchrigError(f"cannot copy the benchmark: {r.stderr.strip()}")
+    run = (sh(f"{o.venv}/bin/python", "-m", "torch.distributed.run", *rdzv,
+              "--nproc-per-node", str(nproc)) + ' "$TORCHRIG_BENCH" ' + sh(*sizes, "--json", "-"))
+    return ("d=$(mktemp -d) && trap 'rm -rf -- \"$d\"' EXIT && "
+            'export TORCHRIG_BENCH="$d/allreduce_bench.py" && cat > "$TORCHRIG_BENCH" && '
+            + with_env(run, {"OMP_NUM_THREADS": "1", **env}))
 
 
 def _run_bench(inv, h: Host, cmd: str, accept_new: bool, timeout: int = 300) -> dict:
-    r = run_once(h, inv, cmd, accept_new=accept_new, timeout=timeout)
+    r = run_once(h, inv, cmd, accept_new=accept_new, timeout=timeout, data=BENCH.read_text())
     m = re.search(r"^ALLREDUCE_JSON (.+)$", r.stdout, re.M)
     if r.exited != 0:
         tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
@@ -155,13 +152,6 @@ def _run_bench(inv, h: Host, cmd: str, accept_new: bool, timeout: int = 300) -> 
 def _bandwidth(inv, hosts: list[Host], opts: dict[str, HostOpts], rep: Report,
                accept_new: bool, parallel: int) -> None:
     by_name = {v.host: v for v in rep.hosts}
-    pushed = fan_out(hosts, lambda h: _push_bench(inv, h, accept_new), parallel=parallel)
-    if not all(p.ok for p in pushed):
-        for p in pushed:
-            if not p.ok:
-                rep.bandwidth.append({"scope": "push", "hosts": [p.host],
-                                      "check": Check("bandwidth", evaluate.NOT_RUN, p.error)})
-        return
     # within each node
     intra = fan_out(hosts, lambda h: _run_bench(
         inv, h, _bench_cmd(opts[h.name], _nproc(by_name.get(h.name), opts[h.name]), ["--standalone"], {}),
