@@ -105,6 +105,11 @@ class RunVars(BaseModel):
                 raise ValueError(f"{k!r}: expected a string or number, got {v!r}")
         return env
 
+    @field_validator("secret_env", mode="before")
+    @classmethod
+    def _one_name(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v  # one name, not a set of its characters
+
 
 KNOWN_VARS = sorted(set(DEFAULTS) | set(RunVars.model_fields))
 

