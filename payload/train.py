@@ -516,11 +516,13 @@ def ckpt_name(step: int) -> str:
 
 
 def list_checkpoints(ckpt_dir: str) -> list[str]:
-    """Complete checkpoint paths, oldest first (temp files are ignored)."""
+    """Complete checkpoint paths, oldest first (temp files are ignored). Ordered by step
+    number: names are padded to 8 digits only, so from step 100,000,000 on the name order is
+    not the step order."""
     if not ckpt_dir or not os.path.isdir(ckpt_dir):
         return []
-    names = sorted(n for n in os.listdir(ckpt_dir) if CKPT_RE.match(n))
-    return [os.path.join(ckpt_dir, n) for n in names]
+    found = [(int(m.group(1)), n) for n in os.listdir(ckpt_dir) if (m := CKPT_RE.match(n))]
+    return [os.path.join(ckpt_dir, n) for _, n in sorted(found)]
 
 
 def cleanup_temp_files(ckpt_dir: str) -> list[str]:

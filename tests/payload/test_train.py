@@ -246,6 +246,21 @@ def test_corrupt_newest_checkpoint_is_skipped(det_runs, tmp_path):
     torch.load(ck / "ckpt_00000030.pt", weights_only=True)
 
 
+def test_checkpoints_ordered_by_step_past_eight_digits(tmp_path):
+    """Names are padded to 8 digits: from step 100,000,000 on, name order is not step order,
+    and --keep must still delete the oldest, and resume must pick the newest."""
+    ck = tmp_path / "ck"
+    steps_saved = [99_999_998, 99_999_999, 100_000_000, 100_000_001]
+    for s in steps_saved:
+        train.save_checkpoint(str(ck), s, {"model": {}, "optimizer": {}, "step": s}, keep=2)
+    assert sorted(os.listdir(ck)) == ["ckpt_100000000.pt", "ckpt_100000001.pt"]
+    (ck / "ckpt_99999999.pt").write_bytes((ck / "ckpt_100000000.pt").read_bytes())  # an older one
+    assert [Path(p).name for p in train.list_checkpoints(str(ck))] == [
+        "ckpt_99999999.pt", "ckpt_100000000.pt", "ckpt_100000001.pt"]
+    path, st = train.find_latest_checkpoint(str(ck))
+    assert Path(path).name == "ckpt_100000001.pt" and st["step"] == 100_000_001
+
+
 # ------------------------------------------------------------------ kill during a write
 
 SAVER = r"""
