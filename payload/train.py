@@ -1252,9 +1252,9 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     # A finished worker exits with os._exit, not through interpreter finalization: the process
-    # group's C++ threads (gloo's workers and connection loop) outlive destroy_process_group,
-    # and one still releasing a collective's tensors while Python finalizes takes the GIL
-    # from a dying interpreter: SIGABRT ("terminate called without an active exception")
-    # after a clean "done" on some runs, and torchrun then restarts the finished group or
-    # waits in its exit barrier. Everything this script writes is flushed and fsynced first.
+    # group's C++ threads (gloo's workers, which take the GIL to free tensors Python dropped,
+    # and its connection loop) outlive destroy_process_group, and on some runs one of them
+    # called std::terminate while the main thread was finalizing ("terminate called without
+    # an active exception", SIGABRT after a clean "done"); torchrun then restarted the
+    # finished group or waited in its exit barrier. Everything written is flushed first.
     exit_now(main())
