@@ -163,7 +163,7 @@ def test_killed_rank_restarts_group_and_resumes(testbed):
     assert after == sorted(after) and len(after) == len(set(after))
 
 
-SHORT_JOBS = 8
+SHORT_JOBS = 10
 
 
 def test_short_jobs_end_cleanly_every_time(testbed):
@@ -176,8 +176,9 @@ def test_short_jobs_end_cleanly_every_time(testbed):
     for job in jobs:  # one after another: a job may still run while the next starts
         r = launch(testbed, job, "--args", "--max-steps 6 --log-every 2 --ckpt-every 3")
         assert r.returncode == 0, r.stderr
-    ended = {}
-    while len(ended) < len(jobs) and time.monotonic() - t0 < 170:
+    ended, launched = {}, time.monotonic()
+    # a rank that aborts at teardown leaves its peer node in torchrun's 300 s exit barrier
+    while len(ended) < len(jobs) and time.monotonic() - launched < 240:
         for job in [j for j in jobs if j not in ended]:
             _, st = status(testbed, job)
             if st and all(n["unit"]["ActiveState"] in ("inactive", "failed")
