@@ -20,6 +20,7 @@ Stable, machine-readable output (rank 0 unless noted):
     ckpt step=S path=PATH write_s=SECONDS
     signal SIGTERM received: stopping after step S       (then a checkpoint at S, exit 0)
     done step=S loss=L ckpt=PATH
+    done step=S ckpt=PATH (nothing to train: ...)       (resumed at or past the last step: exit 0)
     param_hash rank=R step=S sha256=HEX                              (every rank, --dump-param-hash)
     batch_size=N                                                       (--find-batch-size)
 """
@@ -568,11 +569,13 @@ def ckpt_name(step: int) -> str:
 
 
 def list_checkpoints(ckpt_dir: str) -> list[str]:
-    """Complete checkpoint paths, oldest first (temp files are ignored)."""
+    """Complete checkpoint paths, oldest first (temp files are ignored). Ordered by step
+    number: names are padded to 8 digits only, so from step 100,000,000 on the name order is
+    not the step order."""
     if not ckpt_dir or not os.path.isdir(ckpt_dir):
         return []
-    names = sorted(n for n in os.listdir(ckpt_dir) if CKPT_RE.match(n))
-    return [os.path.join(ckpt_dir, n) for n in names]
+    found = [(int(m.group(1)), n) for n in os.listdir(ckpt_dir) if (m := CKPT_RE.match(n))]
+    return [os.path.join(ckpt_dir, n) for _, n in sorted(found)]
 
 
 def cleanup_temp_files(ckpt_dir: str) -> list[str]:
@@ -993,10 +996,31 @@ def train(args) -> int:
         set_deterministic()
     ctx = setup_distributed(args.device, args.init_timeout)
     try:
-        return _train(args, ctx)
-    finally:
+        rc = _train(args, ctx)
+    except BaseException:
+        # A failing rank leaves at once: its peers may be gone, so no barrier. torchrun sees
+        # the exit status and restarts (or ends) the whole group either way.
         if ctx.initialized and dist.is_initialized():
             dist.destroy_process_group()
+        raise
+    finish_distributed(ctx)
+    return rc
+
+
+def finish_distributed(ctx: DistCtx):
+    """Leave the process group in step with the peers: a barrier, so that no rank tears down
+    its connections while a peer still waits on one of its collectives, then destroy it."""
+    if ctx.initialized and dist.is_initialized():
+        barrier(ctx)
+        dist.destroy_process_group()
+
+
+def exit_now(rc: int):
+    """End the process without interpreter finalization (see the __main__ block)."""
+    for f in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            f.flush()
+    os._exit(rc)
 
 
 def _train(args, ctx: DistCtx) -> int:
@@ -1088,6 +1112,10 @@ def _train(args, ctx: DistCtx) -> int:
             resumed_from = path
             log(ctx, f"resume step={start_step} epoch={epoch} ckpt={path}")
             del state
+    if start_step >= total_steps:  # e.g. restarted after the final checkpoint: nothing to do
+        log(ctx, f"done step={start_step} ckpt={resumed_from} (nothing to train: the checkpoint "
+                 f"is at or past the last step)")
+        return 0
 
     model = raw_model
     if args.compile:
@@ -1323,4 +1351,10 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # A finished worker exits with os._exit, not through interpreter finalization: the process
+    # group's C++ threads (gloo's workers, which take the GIL to free tensors Python dropped,
+    # and its connection loop) outlive destroy_process_group, and on some runs one of them
+    # called std::terminate while the main thread was finalizing ("terminate called without
+    # an active exception", SIGABRT after a clean "done"); torchrun then restarted the
+    # finished group or waited in its exit barrier. Everything written is flushed first.
+    exit_now(main())

@@ -248,6 +248,37 @@ def test_corrupt_newest_checkpoint_is_skipped(det_runs, tmp_path):
     torch.load(ck / "ckpt_00000030.pt", weights_only=True)
 
 
+def test_resume_at_or_past_last_step_exits_0_without_training(det_runs, tmp_path):
+    """A group restarted after its final checkpoint (say a peer failed at teardown) must end
+    at once: no step, no loss (before: a step-less 'done step=24 loss=nan')."""
+    _, _, _, d = det_runs
+    ck = tmp_path / "ck"
+    shutil.copytree(d / "full", ck)
+    for max_steps in (24, 20):  # at, and past (a shorter --max-steps), the last step
+        p = run_torchrun([*DET_ARGS, "--ckpt-dir", ck, "--max-steps", max_steps])
+        assert p.returncode == 0, _fail_msg(p)
+        assert "resume step=24 " in p.stdout
+        assert re.search(r"^done step=24 ckpt=\S+ckpt_00000024\.pt \(nothing to train", p.stdout,
+                         re.M), p.stdout
+        assert not steps(p.stdout) and "loss=" not in p.stdout
+    assert sorted(os.listdir(ck)) == sorted(os.listdir(d / "full"))
+
+
+def test_checkpoints_ordered_by_step_past_eight_digits(tmp_path):
+    """Names are padded to 8 digits: from step 100,000,000 on, name order is not step order,
+    and --keep must still delete the oldest, and resume must pick the newest."""
+    ck = tmp_path / "ck"
+    steps_saved = [99_999_998, 99_999_999, 100_000_000, 100_000_001]
+    for s in steps_saved:
+        train.save_checkpoint(str(ck), s, {"model": {}, "optimizer": {}, "step": s}, keep=2)
+    assert sorted(os.listdir(ck)) == ["ckpt_100000000.pt", "ckpt_100000001.pt"]
+    (ck / "ckpt_99999999.pt").write_bytes((ck / "ckpt_100000000.pt").read_bytes())  # an older one
+    assert [Path(p).name for p in train.list_checkpoints(str(ck))] == [
+        "ckpt_99999999.pt", "ckpt_100000000.pt", "ckpt_100000001.pt"]
+    path, st = train.find_latest_checkpoint(str(ck))
+    assert Path(path).name == "ckpt_100000001.pt" and st["step"] == 100_000_001
+
+
 # ------------------------------------------------------------------ kill during a write
 
 SAVER = r"""
