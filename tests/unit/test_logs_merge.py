@@ -83,19 +83,19 @@ def test_offsets_dedup_and_truncation():
     t = Tracker()
     assert t.feed("n", rec("L", out(), 10, "a")) != []
     assert t.feed("n", rec("L", out(), 20, "b")) != []
-    assert t.offsets_for("n") == {out(): 20} and t.offsets_for("other") == {}
+    assert t.offsets_for("n") == {out(): [20, None]} and t.offsets_for("other") == {}
     # a replay after reconnect: at or before the known offset -> dropped
     assert t.feed("n", rec("L", out(), 10, "a")) == []
     assert t.feed("n", rec("L", out(), 20, "b")) == []
     assert [l.text for l in t.feed("n", rec("L", out(), 25, "c"))] == ["c"]
     # offsets_for is a copy
     t.offsets_for("n")[out()] = 0
-    assert t.offsets_for("n") == {out(): 25}
+    assert t.offsets_for("n") == {out(): [25, None]}
     # truncation: back to 0, and the rank is learned again
     t.feed("n", rec("L", out(l=1), 90, start_line(4, 1)))
     assert t.feed("n", rec("T", out(l=1), 0)) == [Truncated("n", out(l=1), lines=1)]
     assert t.feed("n", rec("T", out(l=1), 0)) == [Truncated("n", out(l=1), lines=0)]
-    assert t.offsets_for("n")[out(l=1)] == 0 and t.global_rank("n", R, 0, 1) is None
+    assert t.offsets_for("n")[out(l=1)] == [0, None] and t.global_rank("n", R, 0, 1) is None
     (l,) = t.feed("n", rec("L", out(l=1), 5, "new"))
     assert l.text == "new" and l.global_rank is None
 
