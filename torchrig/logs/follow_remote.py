@@ -57,6 +57,7 @@ MAX_LINE from the line's start, the last piece ending at the newline (memory sta
 files are read in CHUNK-sized pieces. Exit status 0 (2: bad arguments).
 """
 
+import errno
 import hashlib
 import json
 import os
@@ -113,33 +114,32 @@ def kind_of(mode):
     return "not a regular file"
 
 
-def open_dir(name, dir_fd=None):
-    """A descriptor of directory `name` (in dir_fd), never through a symlink; None if missing."""
+def opened(name, flags, dir_fd, refused):
+    """os.open(name, flags, dir_fd=dir_fd); None if `name` is not there (yet, or any more);
+    Refused("<what it is>, <refused>") if it is there but cannot be opened so (a symlink)."""
     try:
-        return os.open(name, OPEN_DIR, dir_fd=dir_fd)
+        return os.open(name, flags, dir_fd=dir_fd)
     except OSError as e:
-        if e.errno == 2:  # ENOENT: not there (yet), or gone
+        if e.errno == errno.ENOENT:
             return None
         try:
             mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
         except OSError:
             return None
-        raise Refused(kind_of(mode) + ", not followed")
+        raise Refused(kind_of(mode) + ", " + refused)
+
+
+def open_dir(name, dir_fd=None):
+    """A descriptor of directory `name` (in dir_fd), never through a symlink; None if missing."""
+    return opened(name, OPEN_DIR, dir_fd, "not followed")
 
 
 def open_file(name, dir_fd):
     """(file object, stat) of regular file `name` in dir_fd, never through a symlink and never
     blocking (O_NONBLOCK); None if it vanished; Refused for anything else."""
-    try:
-        fd = os.open(name, OPEN_FILE, dir_fd=dir_fd)
-    except OSError as e:
-        if e.errno == 2:
-            return None
-        try:
-            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
-        except OSError:
-            return None
-        raise Refused(kind_of(mode) + ", not read")
+    fd = opened(name, OPEN_FILE, dir_fd, "not read")
+    if fd is None:
+        return None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)

@@ -200,6 +200,7 @@ def follow(inv: Inventory, hosts: list[Host], o: Options, printer: Printer | Non
 
     # cleared files, per node, told as one notice per attempt folder: [folder, lines]
     cleared: dict[str, list] = {}
+    refused: set = set()  # Skipped events told (the follower tells them again on reconnect)
 
     def tell_cleared(node: str) -> None:
         folder, n = cleared.pop(node, (None, 0))
@@ -228,7 +229,8 @@ def follow(inv: Inventory, hosts: list[Host], o: Options, printer: Printer | Non
             elif isinstance(ev, merge.ErrorReport):
                 with lock:
                     result.errors.append(ev)
-            elif isinstance(ev, merge.Skipped):
+            elif isinstance(ev, merge.Skipped) and ev not in refused:
+                refused.add(ev)
                 printer.notice(f"{node}: {ev.relpath}: {ev.reason} (written by the job; the "
                                f"follower reads only regular files and follows no link)")
             if on_event:
