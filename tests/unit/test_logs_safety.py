@@ -195,3 +195,21 @@ def test_printer_and_failure_report_never_pass_escapes(tmp_path):
     rep = failure_report(reports)
     assert "\x1b" not in rep and "\x07" not in rep
     assert "boom\\x1b[31m" in rep and "\n  \\x1b]52;c;Y29weQ==\\x07clip" in rep
+
+
+def test_file_refilled_on_the_same_inode_between_two_scans(tmp_path):
+    """In follow mode too: rewritten in place, longer, before the next scan sees it shrink."""
+    from test_logs_follow import finish, read_until, start
+    f = rank_dir(tmp_path) / "stdout.log"
+    append(f, "start rank=1 local_rank=0 host=h\nold\n")
+    p = start(tmp_path, follow=True, idle_exit=2.0, poll=1.0)
+    got: list[str] = []
+    read_until(p, lambda r: r.endswith("\told"), got)
+    with open(f, "r+b") as fh:  # one write: a scan never sees the file shorter
+        fh.write(b"start rank=4 local_rank=0 host=h\nnew content, and longer than before\n")
+    finish(p, got)
+    tr = Tracker()
+    shown = [prefix(e) + " " + e.text for r in got for e in tr.feed("h", r) if isinstance(e, Line)]
+    assert shown == ["[h/r1] start rank=1 local_rank=0 host=h", "[h/r1] old",
+                     "[h/r4] start rank=4 local_rank=0 host=h",
+                     "[h/r4] new content, and longer than before"]

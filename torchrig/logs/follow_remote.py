@@ -229,6 +229,9 @@ class LogFile(Tracked):
                 self.since = None
             pos = self.offset + len(self.pending)
             restart = self.replaced(f, st) or st.st_size < pos
+            if not restart and self.told is not None and st.st_size > pos:
+                # refilled between two scans on a reused inode: only its head tells
+                restart = not same_file(f, st, self.told)
             if restart:
                 self.restart(out)
                 pos = 0
@@ -237,8 +240,11 @@ class LogFile(Tracked):
                 return 0
             f.seek(pos)
             done = 0
-            while done < PASS_BUDGET:
-                chunk = f.read(min(CHUNK, PASS_BUDGET - done))
+            # no further than the size whose head was just checked: bytes written after it
+            # may belong to a refilled file, checked at the next scan
+            budget = min(PASS_BUDGET, st.st_size - pos)
+            while done < budget:
+                chunk = f.read(min(CHUNK, budget - done))
                 if not chunk:
                     break
                 done += len(chunk)
