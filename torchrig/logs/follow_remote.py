@@ -144,7 +144,10 @@ def open_file(name, dir_fd):
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise Refused(kind_of(st.st_mode) + ", not read")
-    if st.st_nlink != 1:  # a hard link to a file the job does not own (e.g. /etc/shadow)
+    if st.st_nlink == 0:  # removed since the scan (torchrun clearing a folder)
+        os.close(fd)
+        return None
+    if st.st_nlink > 1:  # a hard link to a file the job does not own (e.g. /etc/shadow)
         os.close(fd)
         raise Refused("a file with %d hard links, not read" % st.st_nlink)
     return os.fdopen(fd, "rb"), st
