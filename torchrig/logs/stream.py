@@ -106,6 +106,8 @@ def _stream(cxn, command: str, data: str, on_line: Callable[[str], None],
                 time.sleep(0.01)
             while chan.recv_stderr_ready():
                 err = (err + chan.recv_stderr(65536))[-STDERR_KEEP:]
+        while chan.recv_stderr_ready():
+            err = (err + chan.recv_stderr(65536))[-STDERR_KEEP:]
         return chan.recv_exit_status(), _tail(err)
     finally:
         chan.close()
