@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from torchrig.logs.merge import (ErrorReport, Heartbeat, Line, LineFilter, PathInfo, Tracker,
-                                 Truncated, filter_lines, first_failure, parse_error_json,
-                                 parse_path, prefix)
+from torchrig.logs.merge import (ErrorReport, Heartbeat, Line, LineFilter, PathInfo, Skipped,
+                                 Tracker, Truncated, filter_lines, first_failure,
+                                 parse_error_json, parse_path, prefix)
 
 R = "job-1_abc123"
 
@@ -182,3 +182,20 @@ def test_filters():
     assert len(filter_lines(evs, stream="stderr")) == 1
     assert len(filter_lines(evs, node="g1")) == 3 and len(filter_lines(evs)) == 5
     assert LineFilter(rank=0)(evs[0]) and not LineFilter(rank=0)(evs[3])
+
+
+def test_identity_travels_with_the_offset_and_refusals_become_events():
+    t = Tracker()
+    assert t.feed("n", f"I\t{out()}\t123:40:abcdef0123456789\n") == []
+    t.feed("n", rec("L", out(), 40, start_line(2, 0)))
+    assert t.offsets_for("n") == {out(): [40, "123:40:abcdef0123456789"]}
+    # replaced: offset and identity start over, the next I record is the new file's
+    t.feed("n", rec("T", out(), 0))
+    assert t.offsets_for("n") == {out(): [0, None]}
+    t.feed("n", f"I\t{out()}\t124:9:0000000000000000\n")
+    assert t.offsets_for("n")[out()] == [0, "124:9:0000000000000000"]
+    assert t.feed("n", f"W\t{R}/attempt_0/1/stdout.log\ta FIFO, not read\n") == [
+        Skipped("n", f"{R}/attempt_0/1/stdout.log", "a FIFO, not read")]
+    assert t.feed("n", "I\tnot/a/path\tx\n") == [] and t.malformed[-1] == ("n", "I\tnot/a/path\tx")
+    with pytest.raises(ValueError):
+        parse_path(f"{R}/attempt_0/\u00b2/stdout.log")  # isdigit(), but not a rank
