@@ -50,7 +50,8 @@ def test_planted_symlink_and_fifo_are_not_read_and_logs_completes(testbed):
         assert f"{HOST}: t-plant_abc123/attempt_0/3: a symbolic link, not followed" in r.stderr
     # root created nothing in the job's folder, and no follower is left blocked on the FIFO
     assert sh(testbed, HOST, f"find {LOG_DIR}/t-plant -mindepth 1 -user root") == ""
-    assert sh(testbed, HOST, "pgrep -xf 'python3 -' || true") == ""
+    assert sh(testbed, HOST, "pgrep -f '^python3 (-I )?-( |$)' || true") == ""
+    sh(testbed, HOST, f"rm -rf {LOG_DIR}/t-plant")
 
 
 def test_file_replaced_while_disconnected_is_read_from_its_start(testbed):
@@ -75,7 +76,7 @@ def test_file_replaced_while_disconnected_is_read_from_its_start(testbed):
             time.sleep(0.2)
         # the connection's far end stops (a silent link), the file is removed and refilled by
         # the restarted worker, longer than before, then the link drops for good
-        pid = sh(testbed, HOST, "pgrep -xf 'python3 -'")
+        pid = sh(testbed, HOST, "pgrep -f '^python3 (-I )?-( |$)'")
         assert pid.isdigit(), pid
         sh(testbed, HOST, f"kill -STOP {pid}")
         as_user(testbed, f"rm {f} && {{ echo 'start rank=5 local_rank=0 host=gpu1 pid=2'; "

@@ -32,7 +32,7 @@ def local_inventory(tmp_path: Path, log_dir: Path) -> Path:
 
 
 def followers() -> list[int]:
-    """Pids of follower processes (`python3 -`) started by this test process."""
+    """Pids of follower processes (`python3 -I -`) started by this test process."""
     kids: dict[int, list[int]] = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -48,7 +48,7 @@ def followers() -> list[int]:
                 argv = Path(f"/proc/{k}/cmdline").read_bytes().split(b"\0")[:-1]
             except OSError:
                 continue
-            if argv and argv[0].endswith(b"python3") and argv[1:] == [b"-"]:
+            if argv and argv[0].endswith(b"python3") and argv[-1] == b"-":
                 found.append(k)
     return found
 

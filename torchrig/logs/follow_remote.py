@@ -1,10 +1,12 @@
 """Follow torchrun's per-rank log files on a node and stream them as records on stdout.
 
-Runs ON THE NODE as root, standard library only, Python 3.6+, the whole script on stdin
-with its arguments in its first line (stream.follower_input), so nothing shows in argv
-(offsets of many restarts x ranks exceed the per-argument limit):
+Runs ON THE NODE as root, standard library only, Python 3.6+, as `python3 -I -` (isolated:
+no module is imported from the working directory or PYTHON* variables) with the whole script
+on stdin and its arguments in its first line (stream.follower_input), so nothing shows in
+argv (offsets of many restarts x ranks exceed the per-argument limit):
 
-    python3 - < (ARGS = '{"dir": "/var/log/torchrig/JOB", "offsets": {}, ...}' + this file)
+    ARGS = '{"dir": "/var/log/torchrig/JOB", "offsets": {}, "follow": true, ...}'
+    <this file>
 
 Arguments (one JSON object, the ARGS string):
     dir           torchrun's --log-dir (torchrig: /var/log/torchrig/<job>/)

@@ -23,6 +23,7 @@ from ..remote import LocalConnection, connect, login_user, privileged, CONNECT_T
 from . import merge
 
 FOLLOWER = Path(__file__).parent / "follow_remote.py"
+FOLLOWER_CMD = "python3 -I -"  # isolated: root imports nothing from the cwd or PYTHON* vars
 HEARTBEAT_S = 5
 SILENCE_S = 20          # no record (not even a heartbeat) for this long: reconnect
 RETRY_S = 2             # pause between reconnects
@@ -255,7 +256,7 @@ def follow(inv: Inventory, hosts: list[Host], o: Options, printer: Printer | Non
             try:
                 cxn = connect(h, inv)
                 try:
-                    rc, err = _stream(cxn, privileged("python3 -", login_user(cxn)),
+                    rc, err = _stream(cxn, privileged(FOLLOWER_CMD, login_user(cxn)),
                                       follower_input(args), on_line, SILENCE_S)
                 finally:
                     cxn.close()
