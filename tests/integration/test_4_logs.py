@@ -76,7 +76,7 @@ def test_file_replaced_while_disconnected_is_read_from_its_start(testbed):
             time.sleep(0.2)
         # the connection's far end stops (a silent link), the file is removed and refilled by
         # the restarted worker, longer than before, then the link drops for good
-        pid = sh(testbed, HOST, "pgrep -f '^python3 (-I )?-( |$)'")
+        pid = sh(testbed, HOST, "pgrep -n -f '^python3 (-I )?-( |$)'")  # the newest: this one
         assert pid.isdigit(), pid
         sh(testbed, HOST, f"kill -STOP {pid}")
         as_user(testbed, f"rm {f} && {{ echo 'start rank=5 local_rank=0 host=gpu1 pid=2'; "
