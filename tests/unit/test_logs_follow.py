@@ -1,5 +1,5 @@
-"""follow_remote.py run for real (`python - ARGS_JSON`, script on stdin, as over SSH) against
-a temp dir laid out like torchrun's --log-dir; its records fed through merge.Tracker."""
+"""follow_remote.py run for real (`python -`, arguments and script on stdin, as over SSH)
+against a temp dir laid out like torchrun's --log-dir; its records fed through merge.Tracker."""
 
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ import time
 from pathlib import Path
 
 
-import torchrig.logs
 from torchrig.logs.merge import ErrorReport, Line, Tracker, Truncated, prefix
+from torchrig.logs.stream import follower_input
 
-SCRIPT = (Path(torchrig.logs.__file__).parent / "follow_remote.py").read_bytes()
 RUN = "job-1_abc123"
 
 
@@ -32,25 +31,27 @@ def append(path: Path, data: str | bytes) -> None:
         f.write(data.encode() if isinstance(data, str) else data)
 
 
-def args(root: Path, **kw) -> str:
+def args(root: Path, **kw) -> bytes:
     a = {"dir": str(root), "offsets": {}, "follow": False, "unit": None, "poll": 0.05,
          "idle_exit": None}
     a.update(kw)
-    return json.dumps(a)
+    return follower_input(a).encode()
 
 
-def run_once(root: Path, env=None, **kw) -> list[str]:
-    p = subprocess.run([sys.executable, "-", args(root, **kw)], input=SCRIPT,
+def run_once(root: Path, env=None, ident=False, **kw) -> list[str]:
+    """The records of one pass (I records left out unless `ident`)."""
+    p = subprocess.run([sys.executable, "-"], input=args(root, **kw),
                        capture_output=True, timeout=60, env=env)
     assert p.returncode == 0, p.stderr.decode()
     assert b"\r" not in p.stdout
-    return p.stdout.decode("utf-8").split("\n")[:-1] if p.stdout else []
+    recs = p.stdout.decode("utf-8").split("\n")[:-1] if p.stdout else []
+    return recs if ident else [r for r in recs if not r.startswith("I\t")]
 
 
 def start(root: Path, env=None, **kw) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-", args(root, **kw)], stdin=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-"], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    p.stdin.write(SCRIPT)
+    p.stdin.write(args(root, **kw))
     p.stdin.close()
     p.stdin = None  # so communicate() does not touch it again
     return p
@@ -127,18 +128,19 @@ def test_resume_with_offsets_no_repeats_no_gaps(tmp_path):
     append(d0 / "stdout.log", "step=50 lo")  # a partial line at the cut
 
     tr = Tracker()
-    first = run_once(tmp_path)
+    first = run_once(tmp_path, ident=True)
     ev1 = [e for r in first for e in tr.feed("gpu1", r)]
     offs = tr.offsets_for("gpu1")
-    assert offs[REL0] == len((d0 / "stdout.log").read_bytes()) - len("step=50 lo")
+    assert offs[REL0][0] == len((d0 / "stdout.log").read_bytes()) - len("step=50 lo")
 
     append(d0 / "stdout.log", "ss=1.0\n" + "".join(f"step={i}\n" for i in range(51, 80)))
     append(d1 / "stderr.log", "late warning\n")
-    second = run_once(tmp_path, offsets=offs)
+    second = run_once(tmp_path, offsets=offs, ident=True)
     ev2 = [e for r in second for e in tr.feed("gpu1", r)]
     # the remote side resumed exactly: nothing at or before the given offsets came again
+    assert not [r for r in second if r.startswith("T\t")]
     for rel, off, _ in L(second):
-        assert off > offs.get(rel, 0)
+        assert off > offs[rel][0] if rel in offs else True
     for rank, name in ((d0, "stdout.log"), (d1, "stdout.log"), (d1, "stderr.log")):
         rel = str((rank / name).relative_to(tmp_path))
         assert rebuild(L(first, rel) + L(second, rel)) == (rank / name).read_bytes(), rel
@@ -204,14 +206,14 @@ def test_truncation_in_follow_and_on_resume(tmp_path):
     with open(f, "wb") as fh:  # truncated in place
         fh.write(b"new\n")
     finish(p, got)
-    tail = [r for r in got if not r.startswith("H")][-2:]
+    tail = [r for r in got if r[0] not in "HI"][-2:]
     assert tail == [f"T\t{REL0}\t0", f"L\t{REL0}\t4\tnew"]
 
     tr = Tracker()
     ev = [e for r in got for e in tr.feed("n", r)]
     assert Truncated("n", REL0, lines=3) in ev  # one, two, three: no longer in the file
     assert [e.text for e in ev if isinstance(e, Line)] == ["one", "two", "three", "new"]
-    assert tr.offsets_for("n") == {REL0: 4}
+    assert tr.offsets_for("n")[REL0][0] == 4
 
     # on resume, an offset beyond the file's size also means truncation
     recs = run_once(tmp_path, offsets={REL0: 100})
@@ -234,7 +236,7 @@ def test_attempt_folder_deleted_and_reused(tmp_path):
     # a new file with more bytes than the old offset: only "replaced" can tell
     append(d / "stdout.log", "start rank=6 local_rank=1 host=h\nnew content, longer than before\n")
     finish(p, got)
-    recs = [r for r in got if not r.startswith("H") and rel in r]
+    recs = [r for r in got if r[0] not in "HI" and rel in r]
     assert recs[-3:] == [f"T\t{rel}\t0", f"L\t{rel}\t33\tstart rank=6 local_rank=1 host=h",
                          f"L\t{rel}\t65\tnew content, longer than before"]
     tr = Tracker()
@@ -254,15 +256,15 @@ def test_error_json_once_and_with_rank(tmp_path):
                        "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  x\n",
                                      "timestamp": "1700000000"}}}
     (d / "error.json").write_text(json.dumps(doc, indent=2))
-    recs = run_once(tmp_path)
+    recs = run_once(tmp_path, ident=True)
     e_recs = [r for r in recs if r.startswith("E\t")]
     rel = f"{RUN}/attempt_0/2/error.json"
     size = (d / "error.json").stat().st_size
     assert len(e_recs) == 1 and e_recs[0].startswith(f"E\t{rel}\t{size}\t")
     assert json.loads(e_recs[0].split("\t", 3)[3]) == doc
     # error.json comes after the rank's stdout, so the global rank is known
-    assert [r.split("\t")[1].rsplit("/", 1)[1] for r in recs] == ["stdout.log", "stderr.log",
-                                                                   "error.json"]
+    assert [r.split("\t")[1].rsplit("/", 1)[1] for r in recs if r[0] != "I"] == [
+        "stdout.log", "stderr.log", "error.json"]
     tr = Tracker()
     ev = [e for r in recs for e in tr.feed("gpu3", r)]
     (rep,) = [e for e in ev if isinstance(e, ErrorReport)]
@@ -327,8 +329,9 @@ def test_follow_ends_when_unit_stops_after_draining(tmp_path):
 
 def test_missing_dir_and_bad_arguments(tmp_path):
     assert run_once(tmp_path / "nope") == []
-    p = subprocess.run([sys.executable, "-", "{not json"], input=SCRIPT, capture_output=True,
-                       timeout=30)
+    script = follower_input({}).split("\n", 1)[1]
+    p = subprocess.run([sys.executable, "-"], input=("ARGS = '{not json'\n" + script).encode(),
+                       capture_output=True, timeout=30)
     assert p.returncode == 2 and b"bad arguments" in p.stderr
 
 

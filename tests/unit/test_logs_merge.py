@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from torchrig.logs.merge import (ErrorReport, Heartbeat, Line, LineFilter, PathInfo, Tracker,
-                                 Truncated, filter_lines, first_failure, parse_error_json,
-                                 parse_path, prefix)
+from torchrig.logs.merge import (ErrorReport, Heartbeat, Line, LineFilter, PathInfo, Skipped,
+                                 Tracker, Truncated, filter_lines, first_failure,
+                                 parse_error_json, parse_path, prefix)
 
 R = "job-1_abc123"
 
@@ -83,19 +83,19 @@ def test_offsets_dedup_and_truncation():
     t = Tracker()
     assert t.feed("n", rec("L", out(), 10, "a")) != []
     assert t.feed("n", rec("L", out(), 20, "b")) != []
-    assert t.offsets_for("n") == {out(): 20} and t.offsets_for("other") == {}
+    assert t.offsets_for("n") == {out(): [20, None]} and t.offsets_for("other") == {}
     # a replay after reconnect: at or before the known offset -> dropped
     assert t.feed("n", rec("L", out(), 10, "a")) == []
     assert t.feed("n", rec("L", out(), 20, "b")) == []
     assert [l.text for l in t.feed("n", rec("L", out(), 25, "c"))] == ["c"]
     # offsets_for is a copy
     t.offsets_for("n")[out()] = 0
-    assert t.offsets_for("n") == {out(): 25}
+    assert t.offsets_for("n") == {out(): [25, None]}
     # truncation: back to 0, and the rank is learned again
     t.feed("n", rec("L", out(l=1), 90, start_line(4, 1)))
     assert t.feed("n", rec("T", out(l=1), 0)) == [Truncated("n", out(l=1), lines=1)]
     assert t.feed("n", rec("T", out(l=1), 0)) == [Truncated("n", out(l=1), lines=0)]
-    assert t.offsets_for("n")[out(l=1)] == 0 and t.global_rank("n", R, 0, 1) is None
+    assert t.offsets_for("n")[out(l=1)] == [0, None] and t.global_rank("n", R, 0, 1) is None
     (l,) = t.feed("n", rec("L", out(l=1), 5, "new"))
     assert l.text == "new" and l.global_rank is None
 
@@ -196,3 +196,20 @@ def test_error_json_timestamp_out_of_range_is_unknown(ts):
     err = ErrorReport(node="gpu1", run="r_x", attempt=0, local_rank=0, global_rank=0,
                       message=message, traceback=tb, timestamp=when, relpath="r_x/attempt_0/0/error.json")
     assert "first failure" in failure_report([err])
+
+
+def test_identity_travels_with_the_offset_and_refusals_become_events():
+    t = Tracker()
+    assert t.feed("n", f"I\t{out()}\t123:40:abcdef0123456789\n") == []
+    t.feed("n", rec("L", out(), 40, start_line(2, 0)))
+    assert t.offsets_for("n") == {out(): [40, "123:40:abcdef0123456789"]}
+    # replaced: offset and identity start over, the next I record is the new file's
+    t.feed("n", rec("T", out(), 0))
+    assert t.offsets_for("n") == {out(): [0, None]}
+    t.feed("n", f"I\t{out()}\t124:9:0000000000000000\n")
+    assert t.offsets_for("n")[out()] == [0, "124:9:0000000000000000"]
+    assert t.feed("n", f"W\t{R}/attempt_0/1/stdout.log\ta FIFO, not read\n") == [
+        Skipped("n", f"{R}/attempt_0/1/stdout.log", "a FIFO, not read")]
+    assert t.feed("n", "I\tnot/a/path\tx\n") == [] and t.malformed[-1] == ("n", "I\tnot/a/path\tx")
+    with pytest.raises(ValueError):
+        parse_path(f"{R}/attempt_0/\u00b2/stdout.log")  # isdigit(), but not a rank

@@ -1,12 +1,18 @@
 """Follow torchrun's per-rank log files on a node and stream them as records on stdout.
 
-Runs ON THE NODE, standard library only, Python 3.6+:
+Runs ON THE NODE as root, standard library only, Python 3.6+, as `python3 -I -` (isolated:
+no module is imported from the working directory or PYTHON* variables) with the whole script
+on stdin and its arguments in its first line (stream.follower_input), so nothing shows in
+argv (offsets of many restarts x ranks exceed the per-argument limit):
 
-    python3 - '{"dir": "/var/log/torchrig/JOB", "offsets": {}, "follow": true, ...}' < follow_remote.py
+    ARGS = '{"dir": "/var/log/torchrig/JOB", "offsets": {}, "follow": true, ...}'
+    <this file>
 
-Arguments (one JSON object, argv[1]):
+Arguments (one JSON object, the ARGS string):
     dir           torchrun's --log-dir (torchrig: /var/log/torchrig/<job>/)
-    offsets       {relpath: byte offset}: where the operator already is (resume after reconnect)
+    offsets       {relpath: [byte offset, identity or null]}: where the operator already is
+                  (resume after reconnect). A file whose identity differs (removed and
+                  refilled while the operator was away) is read again from its start.
     follow        false: one pass, then exit. true: keep polling (see exit rules below)
     unit          systemd unit of the job, or null. With follow: exit once
                   `systemctl is-active UNIT` is no longer active/activating/reloading/deactivating
@@ -24,6 +30,12 @@ Files followed, relative to dir (torchrun --redirects 3 --tee 3 layout):
     <run>/attempt_<N>/<local_rank>/stdout.log, stderr.log, error.json
 <run> is <rdzv_id>_<random>: a new one per torchrun start; attempt_<N+1> per group restart.
 
+The folder and everything in it belong to the job (the service user), and this runs as root:
+it is walked through directory descriptors, every component opened with O_NOFOLLOW, so no
+symlink is ever followed (not even `dir` itself); a file is read only if it is a regular file
+with a single link (a FIFO would block, a hard link may be someone else's file); names other
+than torchrun's are skipped. Nothing is ever written there. What is refused is told once (W).
+
 Records, one per line on stdout, fields separated by one TAB, UTF-8 (invalid bytes replaced):
     L<TAB>relpath<TAB>offset<TAB>text   one log line; offset = byte offset just after its
                                         newline (resume point). The text is the line without
@@ -34,6 +46,12 @@ Records, one per line on stdout, fields separated by one TAB, UTF-8 (invalid byt
                                         content: {"torchrig_unparsed": "<text>"})
     T<TAB>relpath<TAB>0                 the file shrank or was replaced (folder reused):
                                         reading restarts at 0; lines that follow are new
+    I<TAB>relpath<TAB>identity          the file's identity, "<inode>:<n>:<sha256 of its first
+                                        n bytes, 16 hex>", before its first L/E record of a
+                                        session and again while n grows (up to HEAD bytes);
+                                        the operator hands it back with the offset on resume
+    W<TAB>relpath<TAB>reason            a followed name that is not read (a symlink, a FIFO,
+                                        ...), once per session; "." is dir itself
     H<TAB>unix_time                     heartbeat (follow mode), so a dead connection shows
 
 A line longer than MAX_LINE bytes is emitted in pieces of MAX_LINE bytes, cut at multiples of
@@ -41,8 +59,12 @@ MAX_LINE from the line's start, the last piece ending at the newline (memory sta
 files are read in CHUNK-sized pieces. Exit status 0 (2: bad arguments).
 """
 
+import errno
+import hashlib
 import json
 import os
+import re
+import stat
 import subprocess
 import sys
 import time
@@ -51,8 +73,18 @@ CHUNK = 256 * 1024
 PASS_BUDGET = 4 * 1024 * 1024  # bytes per file per scan, so one huge file cannot starve others
 MAX_LINE = 1024 * 1024
 MAX_ERROR_JSON = 4 * 1024 * 1024
+HEAD = 4096  # bytes of a file's start hashed into its identity
 STREAMS = ("stdout.log", "stderr.log", "error.json")  # this order: start line before stderr
 RUNNING = ("active", "activating", "reloading", "deactivating")
+CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | CLOEXEC
+OPEN_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | CLOEXEC  # NONBLOCK: a FIFO never blocks
+# names torchrun gives (job names are [a-z0-9_-], mkdtemp adds [a-z0-9_]); anything else (a
+# newline or TAB would break the record framing, an escape sequence the operator's terminal)
+# is skipped
+RUN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}\Z")
+ATTEMPT_RE = re.compile(r"attempt_([0-9]{1,9})\Z")
+RANK_RE = re.compile(r"[0-9]{1,9}\Z")
 
 
 class Out:
@@ -71,45 +103,153 @@ class Out:
         self.buf.flush()
 
 
+class Refused(Exception):
+    """A name that is there but is not read: its reason goes to the operator once."""
+
+
+def kind_of(mode):
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def opened(name, flags, dir_fd, refused):
+    """os.open(name, flags, dir_fd=dir_fd); None if `name` is not there (yet, or any more);
+    Refused("<what it is>, <refused>") if it is there but cannot be opened so (a symlink)."""
+    try:
+        return os.open(name, flags, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return None
+        try:
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        except OSError:
+            return None
+        raise Refused(kind_of(mode) + ", " + refused)
+
+
+def open_dir(name, dir_fd=None):
+    """A descriptor of directory `name` (in dir_fd), never through a symlink; None if missing."""
+    return opened(name, OPEN_DIR, dir_fd, "not followed")
+
+
+def open_file(name, dir_fd):
+    """(file object, stat) of regular file `name` in dir_fd, never through a symlink and never
+    blocking (O_NONBLOCK); None if it vanished; Refused for anything else."""
+    fd = opened(name, OPEN_FILE, dir_fd, "not read")
+    if fd is None:
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise Refused(kind_of(st.st_mode) + ", not read")
+    if st.st_nlink == 0:  # removed since the scan (torchrun clearing a folder)
+        os.close(fd)
+        return None
+    if st.st_nlink > 1:  # a hard link to a file the job does not own (e.g. /etc/shadow)
+        os.close(fd)
+        raise Refused("a file with %d hard links, not read" % st.st_nlink)
+    return os.fdopen(fd, "rb"), st
+
+
+def identity(f, st):
+    """'<inode>:<n>:<hash>' of an open file: inode and a hash of its first n <= HEAD bytes, so a
+    file removed and refilled (even on a reused inode) does not pass for the old one."""
+    head = os.pread(f.fileno(), HEAD, 0)
+    return "%d:%d:%s" % (st.st_ino, len(head), hashlib.sha256(head).hexdigest()[:16])
+
+
+def same_file(f, st, ident):
+    """Whether the open file is the one `ident` (from identity()) was taken of."""
+    try:
+        ino, n, digest = str(ident).split(":")
+        ino, n = int(ino), int(n)
+    except ValueError:
+        return False
+    if st.st_ino != ino or st.st_size < n:
+        return False
+    return hashlib.sha256(os.pread(f.fileno(), n, 0)).hexdigest()[:16] == digest
+
+
 def text_of(raw):
     if raw.endswith(b"\r"):
         raw = raw[:-1]
     return raw.decode("utf-8", "replace").replace("\r", "\\r")
 
 
-class LogFile:
-    """A .log file: `offset` is what was emitted, `pending` the partial line read after it."""
+class Tracked:
+    """What LogFile and ErrorFile share: identity across scans and sessions."""
 
-    def __init__(self, rel, offset):
-        self.rel, self.offset, self.pending = rel, offset, b""
+    def __init__(self, rel, expect):
+        self.rel = rel
         self.ident = None  # (dev, inode) once opened in this session
         self.gone = False  # missing from a scan after having been opened: a new file if seen again
+        self.expect = expect  # identity the operator resumed with, checked at the first open
+        self.told = None  # identity last sent (I record)
+
+    def replaced(self, f, st):
+        """True if the open file is not the one read so far (this session or the last)."""
+        key = (st.st_dev, st.st_ino)
+        new = self.gone or (self.ident is not None and key != self.ident)
+        if self.expect is not None:
+            new = new or not same_file(f, st, self.expect)
+            self.expect = None
+        self.ident, self.gone = key, False
+        return new
+
+    def tell_identity(self, f, st, out, force=False):
+        """Send the identity before data of a new session, and again while its hashed head
+        grows, so the operator always resumes with the longest head known."""
+        n = int(self.told.split(":")[1]) if self.told else -1
+        if force or self.told is None or (n < HEAD and st.st_size > n):
+            self.told = identity(f, st)
+            out.record("I", self.rel, self.told)
+
+
+class LogFile(Tracked):
+    """A .log file: `offset` is what was emitted, `pending` the partial line read after it."""
+
+    def __init__(self, rel, offset, expect=None, since=None):
+        Tracked.__init__(self, rel, expect)
+        self.offset, self.pending = offset, b""
+        self.since = since  # first open: a file last written before it is read from its end
 
     def restart(self, out):
         out.record("T", self.rel, "0")
         self.offset, self.pending = 0, b""
 
-    def read(self, path, out):
+    def read(self, dir_fd, name, out):
         """Read up to PASS_BUDGET new bytes; return how many were read."""
-        try:
-            f = open(path, "rb")
-        except OSError:
+        opened = open_file(name, dir_fd)
+        if opened is None:
             return 0  # vanished between the scan and now
+        f, st = opened
         with f:
-            st = os.fstat(f.fileno())
-            ident = (st.st_dev, st.st_ino)
+            if self.since is not None:
+                if st.st_mtime < self.since:
+                    self.offset = st.st_size
+                self.since = None
             pos = self.offset + len(self.pending)
-            replaced = self.gone or (self.ident is not None and ident != self.ident)
-            if replaced or st.st_size < pos:
+            restart = self.replaced(f, st) or st.st_size < pos
+            if not restart and self.told is not None and st.st_size > pos:
+                # refilled between two scans on a reused inode: only its head tells
+                restart = not same_file(f, st, self.told)
+            if restart:
                 self.restart(out)
                 pos = 0
-            self.ident, self.gone = ident, False
+            self.tell_identity(f, st, out, force=restart)
             if st.st_size == pos:
                 return 0
             f.seek(pos)
             done = 0
-            while done < PASS_BUDGET:
-                chunk = f.read(min(CHUNK, PASS_BUDGET - done))
+            # no further than the size whose head was just checked: bytes written after it
+            # may belong to a refilled file, checked at the next scan
+            budget = min(PASS_BUDGET, st.st_size - pos)
+            while done < budget:
+                chunk = f.read(min(CHUNK, budget - done))
                 if not chunk:
                     break
                 done += len(chunk)
@@ -149,77 +289,119 @@ class LogFile:
             self.pending = b""
 
 
-class ErrorFile:
-    """error.json: emitted once, whole; emitted again only if replaced (size or inode change)."""
+class ErrorFile(Tracked):
+    """error.json: emitted once, whole; emitted again only if replaced (size or identity)."""
 
-    def __init__(self, rel, offset):
-        self.rel, self.done_size, self.ident, self.tries = rel, offset or None, None, 0
-        self.gone = False
+    def __init__(self, rel, offset, expect=None, since=None):
+        Tracked.__init__(self, rel, expect)
+        self.done_size, self.tries = offset or None, 0
 
-    def read(self, path, out, final):
-        try:
-            with open(path, "rb") as f:
-                st = os.fstat(f.fileno())
-                ident = (st.st_dev, st.st_ino)
-                if self.done_size is not None:
-                    same = not self.gone and self.ident in (None, ident)
-                    self.gone = False
-                    if st.st_size == self.done_size and same:
-                        self.ident = ident
-                        return False
-                    out.record("T", self.rel, "0")  # replaced: a new failure report
-                    self.done_size = None
-                if st.st_size == 0 and not final:
-                    return False  # being created
-                raw = f.read(MAX_ERROR_JSON)
-        except OSError:
+    def read(self, dir_fd, name, out, final):
+        opened = open_file(name, dir_fd)
+        if opened is None:
             return False
-        text = raw.decode("utf-8", "replace")
-        try:
-            doc = json.loads(text)
-        except ValueError:
-            # torch writes it with one json.dump: probably caught mid-write. Retry a few scans.
-            self.tries += 1
-            if self.tries < 10 and not final:
-                return False
-            doc = {"torchrig_unparsed": text}
+        f, st = opened
+        with f:
+            replaced = self.replaced(f, st)
+            if self.done_size is not None:
+                if st.st_size == self.done_size and not replaced:
+                    return False
+                out.record("T", self.rel, "0")  # replaced: a new failure report
+                self.done_size = None
+            if st.st_size == 0 and not final:
+                return False  # being created
+            raw = f.read(MAX_ERROR_JSON)
+            text = raw.decode("utf-8", "replace")
+            try:
+                doc = json.loads(text)
+            except ValueError:
+                # torch writes it with one json.dump: probably caught mid-write. Retry a few scans.
+                self.tries += 1
+                if self.tries < 10 and not final:
+                    return False
+                doc = {"torchrig_unparsed": text}
+            self.tell_identity(f, st, out, force=True)
         self.tries = 0
-        self.done_size, self.ident = st.st_size, ident
+        self.done_size = st.st_size
         out.record("E", self.rel, str(st.st_size), json.dumps(doc, sort_keys=True))
         return True
 
 
-def listdir(path):
+def entries(dir_fd):
     try:
-        return sorted(os.listdir(path))
-    except OSError:  # missing, vanished, not a directory
+        return os.listdir(dir_fd)
+    except OSError:  # vanished
         return []
 
 
-def scan(root):
-    """Yield relpaths of the followed files that exist now, in a stable order."""
-    for run in listdir(root):
-        rp = os.path.join(root, run)
-        attempts = [a for a in listdir(rp) if a.startswith("attempt_") and a[8:].isdigit()]
-        for att in sorted(attempts, key=lambda a: int(a[8:])):
-            ap = os.path.join(rp, att)
-            ranks = [r for r in listdir(ap) if r.isdigit()]
-            for rank in sorted(ranks, key=int):
-                names = set(listdir(os.path.join(ap, rank)))
-                for name in STREAMS:
-                    if name in names:
-                        yield "/".join((run, att, rank, name))
+class Tree:
+    """The job's log folder, walked through directory descriptors (see the module doc)."""
+
+    def __init__(self, root, out):
+        self.root, self.out, self.warned = root, out, set()
+
+    def refuse(self, rel, why):
+        if rel not in self.warned:
+            self.warned.add(rel)
+            self.out.record("W", rel, why)
+
+    def _sub(self, dir_fd, name, rel):
+        try:
+            return open_dir(name, dir_fd)
+        except Refused as e:
+            self.refuse(rel, str(e))
+            return None
+
+    def scan(self):
+        """Yield (relpath, rank folder descriptor, file name) for the followed files that exist
+        now, in a stable order; each descriptor stays open until the next item is asked for."""
+        root = self._sub(None, self.root, ".")
+        if root is None:
+            return
+        try:
+            for run in sorted(n for n in entries(root) if RUN_RE.match(n)):
+                rfd = self._sub(root, run, run)
+                if rfd is None:
+                    continue
+                try:
+                    atts = [(int(m.group(1)), n) for n in entries(rfd)
+                            for m in [ATTEMPT_RE.match(n)] if m]
+                    for _, att in sorted(atts):
+                        afd = self._sub(rfd, att, run + "/" + att)
+                        if afd is None:
+                            continue
+                        try:
+                            ranks = sorted(int(n) for n in entries(afd) if RANK_RE.match(n))
+                            for rank in ranks:
+                                rel = "/".join((run, att, str(rank)))
+                                kfd = self._sub(afd, str(rank), rel)
+                                if kfd is None:
+                                    continue
+                                try:
+                                    names = set(entries(kfd))
+                                    for name in STREAMS:
+                                        if name in names:
+                                            yield rel + "/" + name, kfd, name
+                                finally:
+                                    os.close(kfd)
+                        finally:
+                            os.close(afd)
+                finally:
+                    os.close(rfd)
+        finally:
+            os.close(root)
 
 
 class Follower:
     def __init__(self, root, offsets, out, since=None):
-        self.root, self.out, self.files, self.since = root, out, {}, since
+        self.tree, self.out, self.files, self.since = Tree(root, out), out, {}, since
         for rel, off in (offsets or {}).items():
-            self.files[rel] = self._new(rel, int(off))
+            off, ident = (off, None) if isinstance(off, int) else off
+            self.files[rel] = self._new(rel, int(off), ident)
 
-    @staticmethod
-    def _new(rel, off):
-        return ErrorFile(rel, off) if rel.endswith("/error.json") else LogFile(rel, off)
+    def _new(self, rel, off, ident=None, since=None):
+        kind = ErrorFile if rel.endswith("/error.json") else LogFile
+        return kind(rel, off, ident, since)
 
     def one_pass(self, final=False):
         """Read whatever is new; True if anything was emitted (heartbeats excluded)."""
@@ -228,24 +410,18 @@ class Follower:
         while more:  # repeat while some file hit its per-scan budget
             more = False
             seen = set()
-            for rel in scan(self.root):
+            for rel, dir_fd, name in self.tree.scan():
                 seen.add(rel)
                 st = self.files.get(rel)
-                path = os.path.join(self.root, *rel.split("/"))
-                if st is None:
-                    start = 0
-                    if self.since is not None:  # --since: files last written before it are skipped
-                        try:
-                            info = os.stat(path)
-                            if info.st_mtime < self.since:
-                                start = info.st_size
-                        except OSError:
-                            pass
-                    st = self.files[rel] = self._new(rel, start)
-                if isinstance(st, ErrorFile):
-                    st.read(path, self.out, final)
-                elif st.read(path, self.out) >= PASS_BUDGET:
-                    more = True
+                if st is None:  # --since: files last written before it are read from their end
+                    st = self.files[rel] = self._new(rel, 0, since=self.since)
+                try:
+                    if isinstance(st, ErrorFile):
+                        st.read(dir_fd, name, self.out, final)
+                    elif st.read(dir_fd, name, self.out) >= PASS_BUDGET:
+                        more = True
+                except Refused as e:
+                    self.tree.refuse(rel, str(e))
                 self.out.flush()
             for rel, st in self.files.items():
                 if rel not in seen and st.ident is not None:
@@ -269,11 +445,11 @@ def unit_state(unit):
     return p.stdout.strip() or None
 
 
-def main(argv):
+def main(text):
     try:
-        args = json.loads(argv[1])
+        args = json.loads(text)
         root = args["dir"]
-    except (IndexError, ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError) as e:
         sys.stderr.write("follow_remote: bad arguments: %r\n" % (e,))
         return 2
     follow = bool(args.get("follow"))
@@ -327,7 +503,7 @@ def main(argv):
 
 if __name__ == "__main__":
     try:
-        code = main(sys.argv)
+        code = main(globals().get("ARGS"))
     except (BrokenPipeError, KeyboardInterrupt):
         # the operator went away: nobody is left to read anything
         try:

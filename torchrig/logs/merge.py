@@ -1,12 +1,17 @@
 """Operator side of log following: turn follow_remote.py's records into rank-labelled lines.
 
 Pure: no I/O. One Tracker per `logs` session, fed with every record from every node, and kept
-across reconnects: it remembers the byte offset reached in every file so that
-`Tracker.offsets_for(node)` can be handed back to follow_remote.py (no loss), and it drops
-records at or before a known offset (no repetition).
+across reconnects: it remembers the byte offset reached in every file, and the file's identity,
+so that `Tracker.offsets_for(node)` can be handed back to follow_remote.py (no loss; a file
+replaced meanwhile is read from its start), and it drops records at or before a known offset
+(no repetition).
 
 Record format (see follow_remote.py): TAB-separated, one per line:
-    L relpath offset text | E relpath size json | T relpath 0 | H unix_time
+    L relpath offset text | E relpath size json | T relpath 0 | I relpath identity |
+    W relpath reason | H unix_time
+
+Rank output is the job's text: `printable()` neutralises control characters before a terminal
+sees them.
 
 Display prefix (`prefix`):
     [gpu2/r3]        node gpu2, global rank 3, stdout, attempt 0
@@ -27,6 +32,10 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Pattern, Union
 
 STREAMS = {"stdout.log": "stdout", "stderr.log": "stderr", "error.json": "error"}
+_ATTEMPT = re.compile(r"attempt_([0-9]+)")
+_DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() also takes '²', which int() refuses
+# C0 controls but TAB and newline, DEL, C1 controls (0x9b is a CSI on its own)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 # The payload's first stdout line on every rank (payload/train.py). An optional "[...]:" prefix
 # is allowed in case a launcher decorates lines; the line must otherwise start with it.
@@ -50,10 +59,18 @@ def parse_path(relpath: str) -> PathInfo:
     if len(parts) != 4:
         raise ValueError(f"not a torchrun log path: {relpath!r}")
     run, att, rank, name = parts
-    if (not run or not att.startswith("attempt_") or not att[8:].isdigit()
-            or not rank.isdigit() or name not in STREAMS):
+    m = _ATTEMPT.fullmatch(att)
+    if not run or not m or not _DIGITS.fullmatch(rank) or name not in STREAMS:
         raise ValueError(f"not a torchrun log path: {relpath!r}")
-    return PathInfo(run, int(att[8:]), int(rank), STREAMS[name])
+    return PathInfo(run, int(m.group(1)), int(rank), STREAMS[name])
+
+
+def printable(text: str, newlines: bool = False) -> str:
+    """`text` safe to write to a terminal: every control character but TAB (and newline when
+    `newlines`) shown as \\xNN, so a job cannot retitle the terminal, move the cursor or
+    erase what was printed before."""
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return text if newlines else text.replace("\n", "\\x0a")
 
 
 @dataclass(frozen=True)
@@ -98,7 +115,16 @@ class Truncated:
     lines: int = 0
 
 
-Event = Union[Line, ErrorReport, Heartbeat, Truncated]
+@dataclass(frozen=True)
+class Skipped:
+    """The follower found something at a followed name that it does not read (a symlink, a
+    FIFO, ...): told once per connection."""
+    node: str
+    relpath: str
+    reason: str
+
+
+Event = Union[Line, ErrorReport, Heartbeat, Truncated, Skipped]
 
 
 # Up to 9999-12-31: time.localtime() of more raises (1e20), and nan fails both comparisons.
@@ -171,13 +197,16 @@ class Tracker:
 
     def __init__(self) -> None:
         self._offsets: dict[str, dict[str, int]] = {}
+        self._idents: dict[str, dict[str, str]] = {}  # node -> relpath -> follower's identity
         self._ranks: dict[tuple[str, str, int, int], int] = {}
         self._lines: dict[tuple[str, str], int] = {}  # (node, relpath) -> lines read from it
         self.malformed: list[tuple[str, str]] = []  # (node, record) that could not be parsed
 
-    def offsets_for(self, node: str) -> dict[str, int]:
-        """{relpath: offset} to pass to follow_remote.py as "offsets" on (re)connect."""
-        return dict(self._offsets.get(node, {}))
+    def offsets_for(self, node: str) -> dict[str, list]:
+        """{relpath: [offset, identity or None]} to pass to follow_remote.py as "offsets" on
+        (re)connect."""
+        idents = self._idents.get(node, {})
+        return {rel: [off, idents.get(rel)] for rel, off in self._offsets.get(node, {}).items()}
 
     def global_rank(self, node: str, run: str, attempt: int, local_rank: int) -> int | None:
         return self._ranks.get((node, run, attempt, local_rank))
@@ -198,6 +227,12 @@ class Tracker:
         try:
             if kind == "H" and len(parts) == 2:
                 return [Heartbeat(node, float(parts[1]))]
+            if kind == "W" and len(parts) == 3:
+                return [Skipped(node, parts[1], parts[2])]
+            if kind == "I" and len(parts) == 3:
+                parse_path(parts[1])
+                self._idents.setdefault(node, {})[parts[1]] = parts[2]
+                return []
             if kind in ("L", "E") and len(parts) == 4:
                 rel, off, payload = parts[1], int(parts[2]), parts[3]
                 info = parse_path(rel)
@@ -212,6 +247,7 @@ class Tracker:
         key = (node, info.run, info.attempt, info.local_rank)
         if kind == "T":
             known[rel] = 0
+            self._idents.get(node, {}).pop(rel, None)
             if info.stream == "stdout":
                 self._ranks.pop(key, None)  # the folder was reused: learn the rank again
             return [Truncated(node, rel, self._lines.pop((node, rel), 0))]

@@ -1,12 +1,16 @@
 """`invoke logs`: run follow_remote.py on every node over SSH and merge what comes back.
 
 One thread per node. A dropped connection (or one silent past the heartbeat timeout) is
-reopened with the offsets the Tracker holds, so lines are neither lost nor repeated.
+reopened with the offsets (and file identities) the Tracker holds, so lines are neither lost
+nor repeated; each drop gets its own `reconnect_for` window. `connection: local` hosts run the
+follower as a local process, the same way.
 """
 
 from __future__ import annotations
 
 import json
+import selectors
+import subprocess
 import sys
 import threading
 import time
@@ -15,12 +19,15 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from ..inventory import Host, Inventory
-from ..remote import connect, login_user, privileged, sh, CONNECT_TIMEOUT
+from ..remote import LocalConnection, connect, login_user, privileged, CONNECT_TIMEOUT
 from . import merge
 
 FOLLOWER = Path(__file__).parent / "follow_remote.py"
+FOLLOWER_CMD = "python3 -I -"  # isolated: root imports nothing from the cwd or PYTHON* vars
 HEARTBEAT_S = 5
 SILENCE_S = 20          # no record (not even a heartbeat) for this long: reconnect
+RETRY_S = 2             # pause between reconnects
+STDERR_KEEP = 2000      # characters of the follower's stderr kept to say why it failed
 COLORS = ["36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91"]
 
 
@@ -33,7 +40,7 @@ class Options:
     rank: int | None = None
     grep: str | None = None
     since: float | None = None            # unix time: skip files last written before it
-    reconnect_for: float = 120.0          # give up on a node after this long unreachable
+    reconnect_for: float = 120.0          # give up on a node after this long unreachable (per drop)
     color: bool = False
 
 
@@ -45,16 +52,45 @@ class Outcome:
     reconnects: int = 0
 
 
-def _stream(cxn, command: str, data: str, on_line: Callable[[str], None], silence: float) -> int | None:
-    """Run `command` (stdin = data) and call on_line for each stdout line as it arrives.
-    Returns the exit status, or None if the connection went silent or dropped."""
+def follower_input(args: dict) -> str:
+    """What goes on the follower's stdin: its arguments as the script's first line, then the
+    script. `python3 -` reads its program from stdin, so the arguments (offsets of every file
+    ever read: too long for one argv word after many restarts) never touch argv."""
+    return f"ARGS = {json.dumps(args)!r}\n" + FOLLOWER.read_text()
+
+
+class _Lines:
+    """Bytes in, whole lines out: a record cut short by a dropped connection is never fed
+    (its offset would claim the whole line)."""
+
+    def __init__(self, on_line: Callable[[str], None]):
+        self.buf, self.on_line = b"", on_line
+
+    def feed(self, chunk: bytes) -> None:
+        self.buf += chunk
+        if b"\n" in chunk:
+            *lines, self.buf = self.buf.split(b"\n")
+            for ln in lines:
+                self.on_line(ln.decode("utf-8", errors="replace"))
+
+
+def _tail(b: bytes) -> str:
+    return b[-STDERR_KEEP:].decode("utf-8", errors="replace").strip()
+
+
+def _stream(cxn, command: str, data: str, on_line: Callable[[str], None],
+            silence: float) -> tuple[int | None, str]:
+    """Run `command` (stdin = data) and call on_line for each whole stdout line as it arrives.
+    Returns (exit status or None if the connection went silent or dropped, stderr's tail)."""
+    if isinstance(cxn, LocalConnection):
+        return _stream_local(command, data, on_line, silence)
     cxn.open()
     chan = cxn.client.get_transport().open_session(timeout=CONNECT_TIMEOUT)
+    lines, err = _Lines(on_line), b""
     try:
         chan.exec_command(command)
         chan.sendall(data.encode())
         chan.shutdown_write()
-        buf = b""
         last = time.monotonic()
         while True:
             if chan.recv_ready():
@@ -62,23 +98,76 @@ def _stream(cxn, command: str, data: str, on_line: Callable[[str], None], silenc
                 if not chunk:
                     break
                 last = time.monotonic()
-                buf += chunk
-                *lines, buf = buf.split(b"\n")
-                for ln in lines:
-                    on_line(ln.decode("utf-8", errors="replace"))
+                lines.feed(chunk)
             elif chan.exit_status_ready() and not chan.recv_ready():
                 break
             elif time.monotonic() - last > silence:
-                return None
+                return None, _tail(err)
             else:
                 time.sleep(0.01)
             while chan.recv_stderr_ready():
-                chan.recv_stderr(65536)
-        if buf:
-            on_line(buf.decode("utf-8", errors="replace"))
-        return chan.recv_exit_status()
+                err = (err + chan.recv_stderr(65536))[-STDERR_KEEP:]
+        while chan.recv_stderr_ready():
+            err = (err + chan.recv_stderr(65536))[-STDERR_KEEP:]
+        return chan.recv_exit_status(), _tail(err)
     finally:
         chan.close()
+
+
+def _stream_local(command: str, data: str, on_line: Callable[[str], None],
+                  silence: float) -> tuple[int | None, str]:
+    """_stream for `connection: local`: the same command in a local bash."""
+    p = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    lines, err = _Lines(on_line), b""
+    try:
+        try:
+            p.stdin.write(data.encode())
+            p.stdin.close()
+        except BrokenPipeError:
+            pass
+        sel = selectors.DefaultSelector()
+        sel.register(p.stdout, selectors.EVENT_READ)
+        sel.register(p.stderr, selectors.EVENT_READ)
+        open_ = 2
+        while open_:
+            ready = sel.select(timeout=silence)
+            if not ready:
+                return None, _tail(err)
+            for key, _ in ready:
+                chunk = key.fileobj.read1(65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    open_ -= 1
+                elif key.fileobj is p.stdout:
+                    lines.feed(chunk)
+                else:
+                    err = (err + chunk)[-STDERR_KEEP:]
+        return p.wait(), _tail(err)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        p.stdout.close()
+        p.stderr.close()
+
+
+class Window:
+    """Reconnect window of one node: `reconnect_for` seconds from the first failure since the
+    last connection that worked, so every drop gets its own window, however late it comes."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic):
+        self.seconds, self.clock, self.down_since = seconds, clock, None
+
+    def worked(self) -> None:
+        self.down_since = None
+
+    def failed(self) -> bool:
+        """Note a failure; True while retrying is still within the window."""
+        now = self.clock()
+        if self.down_since is None:
+            self.down_since = now
+        return now - self.down_since <= self.seconds
 
 
 class Printer:
@@ -91,7 +180,7 @@ class Printer:
 
     def notice(self, text: str) -> None:
         with self.lock:
-            self.err.write(f"logs: {text}\n")
+            self.err.write(f"logs: {merge.printable(text)}\n")
             self.err.flush()
 
     def line(self, item: merge.Line) -> None:
@@ -100,7 +189,7 @@ class Printer:
             key = item.global_rank if item.global_rank is not None else hash((item.node, item.local_rank))
             p = f"\x1b[{COLORS[key % len(COLORS)]}m{p}\x1b[0m"
         with self.lock:
-            self.out.write(f"{p} {item.text}\n")
+            self.out.write(f"{p} {merge.printable(item.text)}\n")
             self.out.flush()
 
 
@@ -111,10 +200,10 @@ def follow(inv: Inventory, hosts: list[Host], o: Options, printer: Printer | Non
     keep = merge.LineFilter(o.rank, o.grep)
     result = Outcome()
     lock = threading.Lock()
-    script = FOLLOWER.read_text()
 
     # cleared files, per node, told as one notice per attempt folder: [folder, lines]
     cleared: dict[str, list] = {}
+    refused: set = set()  # Skipped events told (the follower tells them again on reconnect)
 
     def tell_cleared(node: str) -> None:
         folder, n = cleared.pop(node, (None, 0))
@@ -124,7 +213,7 @@ def follow(inv: Inventory, hosts: list[Host], o: Options, printer: Printer | Non
                            f"{n} line(s) read from it before are no longer on disk "
                            f"(journalctl -u {o.unit} on {node} keeps them)")
 
-    def handle(node: str, raw: str) -> None:
+    def handle(node: str, raw: str) -> list:
         with lock:
             events = tracker.feed(node, raw)
         for ev in events:
@@ -143,38 +232,52 @@ def follow(inv: Inventory, hosts: list[Host], o: Options, printer: Printer | Non
             elif isinstance(ev, merge.ErrorReport):
                 with lock:
                     result.errors.append(ev)
+            elif isinstance(ev, merge.Skipped) and ev not in refused:
+                refused.add(ev)
+                printer.notice(f"{node}: {ev.relpath}: {ev.reason} (written by the job; the "
+                               f"follower reads only regular files and follows no link)")
             if on_event:
                 on_event(ev)
+        return events
 
     def node_loop(h: Host) -> None:
-        down_since = None
+        window = Window(o.reconnect_for)
         while True:
             with lock:
                 offsets = tracker.offsets_for(h.name)
             args = {"dir": o.log_dir[h.name], "offsets": offsets, "follow": o.follow,
                     "unit": o.unit if o.follow else None, "heartbeat": HEARTBEAT_S,
                     "since": o.since}
+            heard = [0]  # events of this connection, the opening heartbeat not counted
+
+            def on_line(ln: str) -> None:
+                heard[0] += len(handle(h.name, ln))
+
             try:
                 cxn = connect(h, inv)
                 try:
-                    rc = _stream(cxn, privileged("python3 - " + sh(json.dumps(args)), login_user(cxn)),
-                                 script, lambda ln: handle(h.name, ln), SILENCE_S)
+                    rc, err = _stream(cxn, privileged(FOLLOWER_CMD, login_user(cxn)),
+                                      follower_input(args), on_line, SILENCE_S)
                 finally:
                     cxn.close()
                 tell_cleared(h.name)
                 if rc == 0:
                     return
                 why = "connection went silent" if rc is None else f"follower exited {rc}"
+                why += f": {err.splitlines()[-1]}" if err else ""
             except Exception as e:  # noqa: BLE001 - any transport error: reconnect below
                 why = f"{type(e).__name__}: {e}"
-            down_since = down_since or time.monotonic()
-            if not o.follow or time.monotonic() - down_since > o.reconnect_for:
+            # it worked if it brought more than the opening heartbeat (a follower that fails
+            # on start every time, having read nothing new, must not retry forever)
+            if heard[0] > 1:
+                window.worked()
+            if not o.follow or not window.failed():
                 with lock:
-                    result.lost[h.name] = why
+                    result.lost[h.name] = merge.printable(why)
                 return
             with lock:
                 result.reconnects += 1
-            time.sleep(2)
+            time.sleep(RETRY_S)
 
     threads = [threading.Thread(target=node_loop, args=(h,), daemon=True) for h in hosts]
     for t in threads:
@@ -190,5 +293,6 @@ def failure_report(errors: list, tracker: merge.Tracker | None = None) -> str | 
     if first is None:
         return None
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(first.timestamp)) if first.timestamp else "?"
+    text = f"{first.message}\n{first.traceback or ''}".rstrip()
     return (f"first failure: {merge.prefix(first)} attempt {first.attempt} at {when}\n"
-            f"{first.message}\n{first.traceback or ''}".rstrip())
+            + merge.printable(text, newlines=True))
