@@ -92,10 +92,13 @@ if runs:
 for _, _, _, fd in runs:
     os.close(fd)
 out["progress"] = progress
-r = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total",
-                    "--format=csv,noheader,nounits"], capture_output=True, text=True)
+try:
+    r = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total",
+                        "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+except (OSError, subprocess.TimeoutExpired):
+    r = None
 out["gpus"] = [dict(zip(("index", "util", "mem_used", "mem_total"), (x.strip() for x in ln.split(","))))
-               for ln in r.stdout.splitlines() if ln.count(",") == 3] if r.returncode == 0 else []
+               for ln in r.stdout.splitlines() if ln.count(",") == 3] if r and r.returncode == 0 else []
 samples = []
 util_dir, util_name = os.path.split(a["util_file"])
 dir_fd = open_dir(util_dir)
