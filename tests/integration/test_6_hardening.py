@@ -151,6 +151,25 @@ def test_two_launches_at_once_on_a_gpu_node(testbed, inventory_doc, tmp_path):
         invoke("stop", "-i", str(testbed), "-h", "gpu1", "--job", "t-race-b", timeout=300)
 
 
+def test_two_launches_of_one_job_at_once(testbed):
+    """Both pass the early 'already running' check; one runs the job, the other is refused
+    with a clear line and leaves the running job alone."""
+    cmd = [sys.executable, "-m", "invoke", "launch", "-i", str(testbed), "-h", "gpu1",
+           "--job", "t-twice", "--args", "--max-steps 100000 --log-every 50"]
+    env = {**__import__("os").environ, **ENV}
+    procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        outs = [p.communicate(timeout=400) for p in procs]
+        assert sorted(p.returncode for p in procs) == [0, 1], outs
+        err = next(e for p, (_, e) in zip(procs, outs) if p.returncode == 1)
+        assert err.startswith("error: ") and "Traceback" not in err, err
+        assert ("meanwhile" in err or "already running" in err), err
+        assert sh(testbed, "gpu1", "systemctl show -p ActiveState --value torchrig-t-twice") == "active"
+    finally:
+        invoke("stop", "-i", str(testbed), "-h", "gpu1", "--job", "t-twice", timeout=300)
+
+
 def _payload(tmp_path, tag):
     p = tmp_path / f"payload-{tag}"
     (p / "pkg").mkdir(parents=True)

@@ -207,3 +207,11 @@ def test_every_rendered_line_is_one_directive():
         for text in texts:
             for ln in text.splitlines():
                 assert not ln or ln.startswith(("#", "[")) or re.match(r"[A-Za-z_][A-Za-z0-9_]*=", ln), ln
+
+
+def test_each_launch_marks_the_unit_it_wrote():
+    a, b = job(1), job(1)
+    assert a.launch_id != b.launch_id
+    unit = plan.render_unit(a, a.nodes[0])
+    assert plan.launch_marker(a) in unit.splitlines()
+    assert plan.launch_marker(b) not in unit.splitlines()

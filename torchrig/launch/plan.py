@@ -4,6 +4,7 @@ Pure: nothing here connects or runs anything."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -98,6 +99,9 @@ class Job:
     env: dict[str, str] = field(default_factory=dict)
     rdzv_timeout: int = 300          # how long nodes wait for each other (then the job ends)
     secret_keys: set[str] = field(default_factory=set)
+    # marks the unit files this launch wrote: another launch of the same job at the same time
+    # may overwrite them, and then this one must neither start nor remove what it finds
+    launch_id: str = field(default_factory=lambda: os.urandom(8).hex())
 
     @property
     def nnodes(self) -> int:
@@ -161,8 +165,13 @@ def render_env(job: Job, n: Node, redact: bool = False) -> str:
                   env=[(k, env_quote(v)) for k, v in env.items()])
 
 
+def launch_marker(job: Job) -> str:
+    """A whole line of the unit file naming the launch that wrote it."""
+    return f"# torchrig launch {job.launch_id}"
+
+
 def render_unit(job: Job, n: Node) -> str:
-    return render("etc/systemd/system/torchrig-JOB.service.j2",
+    return render("etc/systemd/system/torchrig-JOB.service.j2", marker=launch_marker(job),
                   job=job.name, host=n.host, node_rank=n.node_rank, nnodes=job.nnodes,
                   user=n.user, workdir=systemd_path(job.release), env_file=env_path(job.name),
                   exec_start=" ".join(systemd_quote(a) for a in torchrun_argv(job, n)),

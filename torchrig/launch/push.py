@@ -59,7 +59,9 @@ flock -w 300 9 || {{ echo "error: another push to $base held its lock for 300 s"
 
 PROBE = """set -e
 base={base}
-if [ -f "$base/releases/{h}/.complete" ]; then echo HAVE; exit 0; fi
+mkdir -p "$base"
+""" + LOCK + """# found: touched under the lock, so no sweep deletes it before this launch writes its unit
+if [ -f "$base/releases/{h}/.complete" ]; then touch "$base/releases/{h}"; echo HAVE; exit 0; fi
 # the release current points at: the delta is computed against it, and built from it by name
 cur=$(readlink "$base/current" 2>/dev/null || true)
 echo "${{cur##*/}}"

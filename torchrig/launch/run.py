@@ -13,8 +13,8 @@ from ..provision.desired import settings_for
 from ..remote import fan_out, run_once, sh
 from ..verify.run import verify
 from .plan import (GPU_SAMPLER, JOB_RE, SAMPLER_PATH, Job, Node, check_job_name, env_path,
-                   gpumon_paths, job_of_unit, job_port, parse_env, redact_env, render_env,
-                   render_gpumon, render_unit, split_args, unit_name, unit_path)
+                   gpumon_paths, job_of_unit, job_port, launch_marker, parse_env, redact_env,
+                   render_env, render_gpumon, render_unit, split_args, unit_name, unit_path)
 from .push import push_to
 
 PAYLOAD = Path(__file__).resolve().parents[2] / "payload"
@@ -24,6 +24,18 @@ GPU_SAMPLE_S = 30  # seconds between GPU utilisation samples
 # stopping (deactivating) still writes its last checkpoint for up to TimeoutStopSec
 BUSY_STATES = "active,activating,deactivating,reloading"
 BUSY_UNITS = f"systemctl list-units 'torchrig-*.service' --state={BUSY_STATES} --plain --no-legend"
+# Install, start and undo on a node hold a lock on the jobs folder (root's; flock on the folder
+# itself), so two launches at once see each other's units complete and in a known state.
+LOCK = """exec 9<{jobs}
+flock -w 300 9 || {{ echo "error: another launch held the lock on {jobs} for 300 s" >&2; exit 3; }}
+"""
+# refuses when the job's own unit is busy: a launch of the same job started it meanwhile
+OWN_BUSY = """case "$(systemctl show -p ActiveState --value {name})" in
+  active|activating|deactivating|reloading)
+    echo "error: job {job} was started on this node meanwhile (another launch at the same time?)" >&2
+    exit 3;;
+esac
+"""
 
 
 @dataclass
@@ -161,14 +173,14 @@ def launch(inv: Inventory, hosts: list[Host], o: LaunchOptions, log=print) -> La
                         parallel=o.parallel, name=lambda n: n.host)
     bad = [f"{r.host}: {r.error}" for r in installed if not r.ok]
     if bad:
-        _stop_all(inv, hosts, job.name, o, remove=True)
+        _undo(inv, hosts, job, o, remove=True)
         raise TorchrigError("nothing started: installing the job failed: " + "; ".join(bad))
-    started = fan_out(hosts, lambda h: _start(inv, h, job.name, o.accept_new), parallel=o.parallel)
+    started = fan_out(hosts, lambda h: _start(inv, h, job, o.accept_new), parallel=o.parallel)
     problems = [f"{r.host}: {r.error}" for r in started if not r.ok]
     if not problems:
         problems = _confirm(inv, hosts, job, o)
     if problems:
-        _stop_all(inv, hosts, job.name, o, remove=False)
+        _undo(inv, hosts, job, o, remove=False)
         raise TorchrigError(f"job {job.name} did not start on every node, so it was stopped on "
                             "all of them: " + "; ".join(problems))
     out.started = True
@@ -178,7 +190,7 @@ def launch(inv: Inventory, hosts: list[Host], o: LaunchOptions, log=print) -> La
 
 INSTALL = """set -euo pipefail
 install -d -m 0755 {jobs}
-python3 - {dirs_args} <<'TORCHRIG_PY'
+""" + LOCK + OWN_BUSY + """python3 - {dirs_args} <<'TORCHRIG_PY'
 {dirs_script}
 TORCHRIG_PY
 umask 077
@@ -216,7 +228,7 @@ def _install(inv, h: Host, job: Job, n: Node, accept_new) -> None:
         dirs_args=sh(json.dumps({"user": n.user, "dirs": [[n.log_dir, job.name],
                                                            [n.checkpoint_dir, job.name]]})),
         env=sh(env_path(job.name)),
-        unit=sh(unit_path(job.name)), name=sh(unit_name(job.name)),
+        unit=sh(unit_path(job.name)), name=sh(unit_name(job.name)), job=job.name,
         env_b64=b64(render_env(job, n)), unit_b64=b64(render_unit(job, n)))
     r = run_once(h, inv, "bash -s", root=True, accept_new=accept_new, timeout=120, data=script)
     if r.exited != 0:
@@ -229,25 +241,27 @@ def _refusal(stderr: str) -> str | None:
     return lines[-1] if lines else None
 
 
-# Start under a lock on the jobs folder, re-checking there that the GPUs are free: two launches
-# at once of different jobs on one GPU node cannot both pass the earlier check and both start.
+# Start under the lock, only the unit this launch wrote, re-checking there that the GPUs are
+# free: two launches at once of different jobs on one GPU node cannot both pass the earlier
+# check and both start.
 START = """set -eu
-exec 9<{jobs}
-flock -w 120 9 || {{ echo "error: another launch held the lock on {jobs} for 120 s" >&2; exit 3; }}
-busy=$({busy_units} | awk '{{print $1}}' | grep -xE {unit_re} | grep -vxF {unit} || true)
+""" + LOCK + """grep -qxF {marker} {unit_file} || {{
+  echo "error: another launch of job {job} replaced its unit on this node meanwhile" >&2; exit 3; }}
+""" + OWN_BUSY + """busy=$({busy_units} | awk '{{print $1}}' | grep -xE {unit_re} | grep -vxF {name} || true)
 if [ {exclusive} = 1 ] && [ -n "$busy" ]; then
   echo "error: another job started on this node's GPUs meanwhile: $(echo $busy)" >&2; exit 3
 fi
-systemctl start {unit}
+systemctl start {name}
 """
 
 
-def _start(inv, h: Host, job: str, accept_new) -> None:
+def _start(inv, h: Host, job: Job, accept_new) -> None:
     exclusive = h.vars.get("accelerator", "cuda") == "cuda"
-    script = START.format(jobs=sh(JOBS_DIR), busy_units=BUSY_UNITS, unit=sh(unit_name(job)),
-                          unit_re=sh(rf"torchrig-{JOB_RE.pattern}\.service"),
+    script = START.format(jobs=sh(JOBS_DIR), busy_units=BUSY_UNITS, name=sh(unit_name(job.name)),
+                          unit_file=sh(unit_path(job.name)), marker=sh(launch_marker(job)),
+                          job=job.name, unit_re=sh(rf"torchrig-{JOB_RE.pattern}\.service"),
                           exclusive=int(exclusive))
-    r = run_once(h, inv, "bash -s", root=True, accept_new=accept_new, timeout=180, data=script)
+    r = run_once(h, inv, "bash -s", root=True, accept_new=accept_new, timeout=400, data=script)
     if r.exited != 0:
         raise TorchrigError(_refusal(r.stderr) or f"systemctl start failed: {r.stderr.strip()[-300:]}")
 
@@ -298,14 +312,25 @@ def _journal(inv, name: str, hosts: list[Host], job: str, o: LaunchOptions) -> s
         return f"(journal unavailable: {e})"
 
 
-def _stop_all(inv, hosts: list[Host], job: str, o: LaunchOptions, remove: bool) -> list:
-    def one(h: Host):
-        cmd = sh("systemctl", "stop", unit_name(job))
-        if remove:
-            cmd += " ; " + sh("rm", "-f", unit_path(job), env_path(job), *gpumon_paths(job)) \
-                + " ; systemctl daemon-reload"
-        return run_once(h, inv, cmd, root=True, accept_new=o.accept_new, timeout=300).exited
-    return fan_out(hosts, one, parallel=o.parallel)
+# What a failed launch undoes: only a unit that this launch wrote (a launch of the same job at
+# the same time may have replaced it, or started it), stopped and, if asked, removed.
+UNDO = """[ -d {jobs} ] || exit 0
+exec 9<{jobs}
+flock -w 300 9 || exit 3
+grep -qxF {marker} {unit_file} 2>/dev/null || exit 0
+systemctl stop {name}
+{remove}
+"""
+
+
+def _undo(inv, hosts: list[Host], job: Job, o: LaunchOptions, remove: bool) -> list:
+    rm = (sh("rm", "-f", unit_path(job.name), env_path(job.name), *gpumon_paths(job.name))
+          + " && systemctl daemon-reload") if remove else ""
+    script = UNDO.format(jobs=sh(JOBS_DIR), marker=sh(launch_marker(job)),
+                         unit_file=sh(unit_path(job.name)), name=sh(unit_name(job.name)), remove=rm)
+    return fan_out(hosts, lambda h: run_once(h, inv, "bash -s", root=True, accept_new=o.accept_new,
+                                             timeout=400, data=script).exited,
+                   parallel=o.parallel)
 
 
 STOP_CHECK = """u={unit}
