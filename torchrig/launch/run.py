@@ -139,8 +139,8 @@ def launch(inv: Inventory, hosts: list[Host], o: LaunchOptions, log=print) -> La
         if not r.ok:
             raise TorchrigError(f"nothing started: {r.host}: {r.error}")
         if o.job in r.value:
-            raise TorchrigError(f"nothing started: job {o.job!r} is already running (or still "
-                                f"stopping) on {r.host}; "
+            raise TorchrigError(f"nothing started: job {o.job!r} is already running on {r.host} "
+                                "(or still stopping); "
                                 f"`invoke stop --job {o.job}` first, or pick another --job")
         h = next(x for x in hosts if x.name == r.host)
         if r.value and h.vars.get("accelerator", "cuda") == "cuda":
