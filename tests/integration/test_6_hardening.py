@@ -66,7 +66,8 @@ def test_leftover_symlink_where_a_job_folder_goes_is_refused(testbed):
     try:
         r = launch(testbed, "t-left", "--args", "--max-steps 3", hosts=h)
         assert r.returncode == 1, r.stdout + r.stderr
-        assert r.stderr.startswith("error: nothing started") and len(r.stderr.strip().splitlines()) == 1
+        errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+        assert len(errors) == 1 and errors[0].startswith("error: nothing started"), r.stderr
         assert f"{LOGS}/t-left exists and is a symlink" in r.stderr, r.stderr
         assert "Traceback" not in r.stderr
         assert owner(testbed, h, "/var/lib/h2-canary") == "root:root 755"
@@ -141,7 +142,7 @@ def test_two_launches_at_once_on_a_gpu_node(testbed, inventory_doc, tmp_path):
         codes = sorted(p.returncode for p in procs)
         assert codes == [0, 1], outs
         err = next(e for p, (_, e) in zip(procs, outs) if p.returncode == 1)
-        assert err.startswith("error: ") and "Traceback" not in err, err
+        assert "\nerror: " in "\n" + err and "Traceback" not in err, err
         assert "already runs job(s)" in err or "another job started on this node's GPUs" in err, err
         running = sh(testbed, "gpu1", "systemctl list-units 'torchrig-t-race-*' --state=active "
                                       "--plain --no-legend | wc -l")
@@ -163,7 +164,7 @@ def test_two_launches_of_one_job_at_once(testbed):
         outs = [p.communicate(timeout=400) for p in procs]
         assert sorted(p.returncode for p in procs) == [0, 1], outs
         err = next(e for p, (_, e) in zip(procs, outs) if p.returncode == 1)
-        assert err.startswith("error: ") and "Traceback" not in err, err
+        assert "\nerror: " in "\n" + err and "Traceback" not in err, err
         assert ("meanwhile" in err or "already running" in err), err
         assert sh(testbed, "gpu1", "systemctl show -p ActiveState --value torchrig-t-twice") == "active"
     finally:
