@@ -173,7 +173,7 @@ def test_two_launches_of_one_job_at_once(testbed):
 
 def _payload(tmp_path, tag):
     p = tmp_path / f"payload-{tag}"
-    (p / "pkg").mkdir(parents=True)
+    (p / "pkg").mkdir(parents=True, exist_ok=True)
     (p / "train.py").write_text(f"print({tag!r})\n")
     for i in range(20):
         (p / "pkg" / f"m{i}.py").write_text(f"X = {i}  # {tag}\n")
@@ -206,11 +206,11 @@ def test_a_release_about_to_be_used_is_not_swept(testbed, tmp_path):
     from torchrig.launch.push import push_to
     inv = load(testbed)
     h = inv.select("gpu1")[0]
-    push = lambda tag: push_to(h, inv, _payload(tmp_path, tag), "/opt/torchrig")[0]  # noqa: E731
-    first = push("old")
-    older = [push(f"mid{i}") for i in range(4)]
+    push = lambda tag: push_to(h, inv, _payload(tmp_path, tag), "/opt/torchrig")  # noqa: E731
+    first, _ = push("old")
+    older = [push(f"mid{i}")[0] for i in range(4)]
     sh(testbed, "gpu1", f"touch -d '3 hours ago' /opt/torchrig/payload/releases/*; touch -d '4 hours ago' {first}")
-    assert push("old") == first            # found on the node: nothing sent
+    assert push("old") == (first, 0)       # found on the node: nothing sent
     push("new")                            # another launch's push sweeps old releases
     assert sh(testbed, "gpu1", f"test -f {first}/.complete && echo kept || echo deleted") == "kept"
     # the sweep still works: unreferenced releases beyond the 5 newest, not used for hours
