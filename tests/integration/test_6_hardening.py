@@ -81,8 +81,11 @@ def test_sampler_and_status_never_follow_what_the_job_planted(testbed):
     made root create or append to any file. status opened the job's files as root: a symlink
     read root-only files, a FIFO blocked it forever."""
     h = "gpu1"
-    d = f"{LOGS}/t-evil"    # the finished job of the first test
-    sampler = (f"systemctl start $(ls /etc/systemd/system | grep gpumon | grep -F t-evil | "
+    r = launch(testbed, "t-plant", "--args", "--max-steps 3 --log-every 1", hosts=h)
+    assert r.returncode == 0, r.stderr
+    wait_inactive(testbed, "t-plant", h)
+    d = f"{LOGS}/t-plant"
+    sampler = (f"systemctl start $(ls /etc/systemd/system | grep gpumon | grep -F t-plant | "
                "grep '[.]service$')")
     # the sampler works, as the service user
     sh(testbed, h, f"rm -f {d}/gpu_util.csv; {sampler}")
@@ -99,7 +102,7 @@ def test_sampler_and_status_never_follow_what_the_job_planted(testbed):
                         f"mkfifo {d}/zz_fake/attempt_9/1/stdout.log && "
                         f"rm -f {d}/gpu_util.csv && mkfifo {d}/gpu_util.csv")
     t0 = time.monotonic()
-    r, st = status(testbed, "t-evil", hosts=h)
+    r, st = status(testbed, "t-plant", hosts=h)
     took = time.monotonic() - t0
     assert r.returncode == 0, r.stdout + r.stderr
     assert took < 40, f"status took {took:.0f}s"
