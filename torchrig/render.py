@@ -38,6 +38,21 @@ def systemd_quote(arg: str) -> str:
     return '"' + arg.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$").replace("%", "%%") + '"'
 
 
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def systemd_path(path: str) -> str:
+    """A path for a path directive such as WorkingDirectory= (no quoting there: the rest of
+    the line is the path, with specifiers expanded). `%%` for a literal percent; refused: what
+    a unit line cannot hold (control characters, surrounding blanks, a trailing backslash,
+    which continues the line) and a relative path."""
+    if (not path.startswith("/") or CONTROL.search(path) or path != path.strip()
+            or path.endswith("\\")):
+        raise TorchrigError(f"path {path!r} cannot go into a unit file: it must be absolute, "
+                            "without control characters, surrounding blanks or a trailing backslash")
+    return path.replace("%", "%%")
+
+
 def env_quote(value: str) -> str:
     """A value for an EnvironmentFile= line, read back verbatim by systemd."""
     if "\n" in value or "\r" in value or "\0" in value:

@@ -123,8 +123,8 @@ def test_fresh_provision_waits_for_lock_reboots_and_converges(testbed):
                                 "/srv/torchrig/checkpoints /var/log/torchrig")
     assert modes.splitlines() == ["/opt/torchrig 755 root:root", "/etc/torchrig 755 root:root",
                                   "/srv/torchrig/data 750 torchrig:torchrig",
-                                  "/srv/torchrig/checkpoints 750 torchrig:torchrig",
-                                  "/var/log/torchrig 750 torchrig:torchrig"]
+                                  "/srv/torchrig/checkpoints 755 root:root",
+                                  "/var/log/torchrig 755 root:root"]
     src = sh(testbed, "gpu2", "cat /etc/apt/sources.list.d/torchrig-cuda.sources")
     assert "Suites: /" in src and "Signed-By: /usr/share/keyrings/cuda-archive-keyring.gpg" in src
 

@@ -1,5 +1,7 @@
 """launch's pure parts: names, quoting for unit and env files, rendered units, idle flag."""
 
+import re
+
 import pytest
 
 from torchrig.errors import TorchrigError
@@ -111,3 +113,105 @@ def test_low_utilisation_flag():
     busy = idle[:-1] + [(30, [95.0, 3.0])]
     assert low_utilisation(busy, window, 20) is None
     assert low_utilisation(idle[:3], window, 20) is None  # 2 minutes of history: no verdict
+
+
+# --- issue 9: names that cannot collide, full matches, escaping for each directive ---
+
+@pytest.mark.parametrize("name", ["exp1\n", "exp1\n\n", "\nexp1"])
+def test_job_name_with_newline_refused(name):
+    with pytest.raises(TorchrigError, match="--job"):
+        plan.check_job_name(name)
+
+
+@pytest.mark.parametrize("item", ["FOO\n=bar", "FOO\n\n=bar", "A B=1", "=x"])
+def test_env_key_with_newline_refused(item):
+    with pytest.raises(TorchrigError, match="--env"):
+        plan.parse_env([item])
+
+
+def test_inventory_env_keys_checked_when_rendered():
+    j = job(1)
+    j.nodes[0].env = {"GOOD": "1", "BAD\nLD_PRELOAD": "/x.so"}
+    with pytest.raises(TorchrigError, match=r"gpu1: env: 'BAD\\nLD_PRELOAD'"):
+        plan.render_env(j, j.nodes[0])
+
+
+def _unit_files(name, interval=30):
+    j = job(1, name=name)
+    files = {plan.unit_path(name): "main", plan.env_path(name): "env"}
+    files.update({p: "gpumon" for p in plan.render_gpumon(j, j.nodes[0], interval)})
+    return files
+
+
+@pytest.mark.parametrize("a,b", [("x", "x-gpumon"), ("x-gpumon", "x"), ("a", "a-b"), ("exp1", "exp1_gpumon")])
+def test_no_two_jobs_share_a_unit_file(a, b):
+    assert not set(_unit_files(a)) & set(_unit_files(b))
+
+
+def test_samplers_are_not_jobs():
+    from torchrig.launch.run import busy_jobs
+    listed = ("torchrig-exp1.service loaded active running torchrig job exp1\n"
+              "torchrig-gpumon@exp1.service loaded activating start torchrig job exp1: sample\n"
+              "torchrig-old.service loaded deactivating stop-sigterm torchrig job old\n")
+    assert busy_jobs(listed) == ["exp1", "old"]
+    assert plan.job_of_unit(plan.gpumon_name("x")) is None
+    assert plan.job_of_unit(plan.unit_name("x-gpumon")) == "x-gpumon"
+
+
+def test_busy_check_counts_stopping_jobs():
+    from torchrig.launch.run import BUSY_UNITS
+    assert "deactivating" in BUSY_UNITS and "activating" in BUSY_UNITS
+
+
+def _systemd_unquote(q):
+    assert q.startswith('"') and q.endswith('"'), q
+    out, i, inner = "", 0, q[1:-1]
+    while i < len(inner):
+        two = inner[i:i + 2]
+        if two in ("\\\\", '\\"', "$$", "%%"):
+            out, i = out + two[1], i + 2
+        else:
+            assert inner[i] not in '"$%\\', q
+            out, i = out + inner[i], i + 1
+    return out
+
+
+def test_sampler_exec_start_quoted_and_runs_as_service_user():
+    j = job(1)
+    j.nodes[0].log_dir = '/var/log/a "b" 100%h $X'
+    unit = plan.render_gpumon(j, j.nodes[0], 30)[plan.gpumon_paths("exp1")[0]]
+    line = next(ln for ln in unit.splitlines() if ln.startswith("ExecStart="))
+    rest = line[len("ExecStart="):]
+    args = re.findall(r'"(?:[^"\\]|\\.)*"', rest)
+    assert " ".join(args) == rest
+    assert [_systemd_unquote(a) for a in args] == [plan.SAMPLER_PATH, j.nodes[0].log_dir + "/exp1/gpu_util.csv"]
+    assert "\nUser=torchrig\n" in unit and "\nGroup=torchrig\n" in unit
+
+
+def test_working_directory_escaped_for_its_directive():
+    unit = plan.render_unit(job(1, release="/opt/a%b/payload/releases/abc"), job(1).nodes[0])
+    assert "\nWorkingDirectory=/opt/a%%b/payload/releases/abc\n" in unit
+    for bad in ("/opt/x\nExecStartPre=/bin/evil", "/opt/x\\", "relative/x", " /opt/x", "/opt/\tx"):
+        with pytest.raises(TorchrigError, match="unit file"):
+            plan.render_unit(job(1, release=bad), job(1).nodes[0])
+
+
+def test_every_rendered_line_is_one_directive():
+    """Whatever odd characters reach them, the rendered files keep one line per directive."""
+    odd = '/srv/o d%d "q" \'s\' $V `c` ;x'
+    j = job(2, release=odd + "/rel", env={"K": odd})
+    for n in j.nodes:
+        n.log_dir, n.checkpoint_dir, n.data_dir = odd + "/log", odd + "/ck", odd + "/data"
+        texts = [plan.render_unit(j, n), plan.render_env(j, n),
+                 *plan.render_gpumon(j, n, 30).values()]
+        for text in texts:
+            for ln in text.splitlines():
+                assert not ln or ln.startswith(("#", "[")) or re.match(r"[A-Za-z_][A-Za-z0-9_]*=", ln), ln
+
+
+def test_each_launch_marks_the_unit_it_wrote():
+    a, b = job(1), job(1)
+    assert a.launch_id != b.launch_id
+    unit = plan.render_unit(a, a.nodes[0])
+    assert plan.launch_marker(a) in unit.splitlines()
+    assert plan.launch_marker(b) not in unit.splitlines()

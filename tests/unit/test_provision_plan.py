@@ -74,7 +74,7 @@ def test_fresh_host_plans_every_step():
     assert any("cuda-toolkit-12-8=12.8.93-1" in d for d in plan["cuda-toolkit"])
     assert any("libnccl2=2.26.2-1+cuda12.8" in d for d in plan["nccl"])
     assert plan["python-venv"][0] == "create the venv /opt/torchrig/venv"
-    assert any(d.startswith("directory /srv/torchrig/checkpoints (0750 torchrig") for d in plan["service-user"])
+    assert any(d.startswith("directory /srv/torchrig/checkpoints (0755 root:root") for d in plan["service-user"])
 
 
 def test_converged_host_plans_nothing():

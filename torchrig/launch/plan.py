@@ -4,21 +4,24 @@ Pure: nothing here connects or runs anything."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shlex
 from dataclasses import dataclass, field
 
 from ..errors import TorchrigError
-from ..render import env_quote, render, systemd_quote
+from ..render import env_quote, render, systemd_path, systemd_quote
 from ..secrets import MASK, is_secret, redact_text
 
-JOB_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")
+# fullmatch everywhere: `$` would also accept a trailing newline (`exp1\n`)
+JOB_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,47}")
+ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 TORCHRUN_GRACE = 30          # torchrun: SIGTERM to workers, then SIGKILL after this long
 FINAL_CHECKPOINT_S = 90      # room for one more step and a checkpoint write
 
 
 def check_job_name(job: str) -> str:
-    if not JOB_RE.match(job):
+    if not isinstance(job, str) or not JOB_RE.fullmatch(job):
         raise TorchrigError(f"--job {job!r}: use 1-48 lowercase letters, digits, '-' or '_' "
                             "(it names a systemd unit and a log directory)")
     return job
@@ -28,16 +31,38 @@ def unit_name(job: str) -> str:
     return f"torchrig-{job}.service"
 
 
+def gpumon_name(job: str, kind: str = "service") -> str:
+    """The job's GPU sampler unit. '@' cannot occur in a job name, so no job's main unit
+    (torchrig-<job>.service) can ever be another job's sampler (job `x` vs `x-gpumon`)."""
+    return f"torchrig-gpumon@{job}.{kind}"
+
+
+def job_of_unit(unit: str) -> str | None:
+    """The job a `torchrig-<job>.service` unit runs; None for anything else (samplers, ...)."""
+    if unit.startswith("torchrig-") and unit.endswith(".service"):
+        job = unit[len("torchrig-"):-len(".service")]
+        if JOB_RE.fullmatch(job):
+            return job
+    return None
+
+
 def job_port(job: str, base: int) -> int:
     """A c10d port per job, so two jobs on the same nodes never share a rendezvous store."""
     return base + int(hashlib.sha256(job.encode()).hexdigest(), 16) % 500
+
+
+def check_env_key(key: str, where: str) -> str:
+    if not isinstance(key, str) or not ENV_KEY_RE.fullmatch(key):
+        raise TorchrigError(f"{where}: {key!r} is not a valid environment variable name "
+                            "(letters, digits and '_', not starting with a digit)")
+    return key
 
 
 def parse_env(items: list[str]) -> dict[str, str]:
     env = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+        if not sep or not ENV_KEY_RE.fullmatch(key):
             raise TorchrigError(f"--env {item!r}: expected KEY=VALUE with a valid variable name")
         env[key] = value
     return env
@@ -75,6 +100,9 @@ class Job:
     env: dict[str, str] = field(default_factory=dict)
     rdzv_timeout: int = 300          # how long nodes wait for each other (then the job ends)
     secret_keys: set[str] = field(default_factory=set)
+    # marks the unit files this launch wrote: another launch of the same job at the same time
+    # may overwrite them, and then this one must neither start nor remove what it finds
+    launch_id: str = field(default_factory=lambda: os.urandom(8).hex())
 
     @property
     def nnodes(self) -> int:
@@ -130,23 +158,31 @@ def node_env(job: Job, n: Node) -> dict[str, str]:
 
 def render_env(job: Job, n: Node, redact: bool = False) -> str:
     env = node_env(job, n)
+    for key in env:  # inventory `env:` keys too: one line per key in the env file
+        check_env_key(key, f"{n.host}: env")
     if redact:
         env = redact_env(env, job.secret_keys)
     return render("etc/torchrig/jobs/JOB.env.j2", job=job.name, host=n.host,
                   env=[(k, env_quote(v)) for k, v in env.items()])
 
 
+def launch_marker(job: Job) -> str:
+    """A whole line of the unit file naming the launch that wrote it."""
+    return f"# torchrig launch {job.launch_id}"
+
+
 def render_unit(job: Job, n: Node) -> str:
-    return render("etc/systemd/system/torchrig-JOB.service.j2",
+    return render("etc/systemd/system/torchrig-JOB.service.j2", marker=launch_marker(job),
                   job=job.name, host=n.host, node_rank=n.node_rank, nnodes=job.nnodes,
-                  user=n.user, workdir=job.release, env_file=env_path(job.name),
+                  user=n.user, workdir=systemd_path(job.release), env_file=env_path(job.name),
                   exec_start=" ".join(systemd_quote(a) for a in torchrun_argv(job, n)),
                   stop_timeout=TORCHRUN_GRACE + FINAL_CHECKPOINT_S,
                   max_restarts=job.max_restarts, start_limit_interval=600)
 
 
 GPU_SAMPLER = """#!/bin/sh
-# torchrig: append '<unix time>,<util % of each GPU>' to $1 (for `invoke status`)
+# torchrig: append '<unix time>,<util % of each GPU>' to $1 (for `invoke status`). Runs as the
+# job's service user: $1 lies in the job's own folder, which root never writes into.
 u=$(nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits 2>/dev/null | paste -sd, -)
 [ -n "$u" ] && echo "$(date +%s),$u" >> "$1"
 exit 0
@@ -158,12 +194,17 @@ def util_file(n: Node, job: str) -> str:
     return f"{n.log_dir}/{job}/gpu_util.csv"
 
 
+def gpumon_paths(job: str) -> list[str]:
+    return [f"/etc/systemd/system/{gpumon_name(job, kind)}" for kind in ("service", "timer")]
+
+
 def render_gpumon(job: Job, n: Node, interval: int) -> dict[str, str]:
-    base = f"/etc/systemd/system/torchrig-{job.name}-gpumon"
-    return {base + ".service": render("etc/systemd/system/torchrig-JOB-gpumon.service.j2",
-                                      job=job.name, util_file=util_file(n, job.name)),
-            base + ".timer": render("etc/systemd/system/torchrig-JOB-gpumon.timer.j2",
-                                    job=job.name, interval=interval)}
+    service, timer = gpumon_paths(job.name)
+    exec_start = " ".join(systemd_quote(a) for a in (SAMPLER_PATH, util_file(n, job.name)))
+    return {service: render("etc/systemd/system/torchrig-gpumon@JOB.service.j2", job=job.name,
+                            main=unit_name(job.name), user=n.user, exec_start=exec_start),
+            timer: render("etc/systemd/system/torchrig-gpumon@JOB.timer.j2", job=job.name,
+                          main=unit_name(job.name), interval=interval)}
 
 
 def env_path(job: str) -> str:

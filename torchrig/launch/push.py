@@ -12,6 +12,7 @@ import base64
 import hashlib
 import io
 import json
+import re
 import tarfile
 from pathlib import Path
 
@@ -49,35 +50,57 @@ def _tar(root: Path, files: list[str]) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+# Every step that changes {base} holds a lock on that folder (flock on the root-owned folder
+# itself: no extra file), so two launches pushing to one node at once both succeed: the second
+# finds the release complete, or builds its own in a private folder and renames it in.
+LOCK = """exec 9<"$base"
+flock -w 300 9 || {{ echo "error: another push to $base held its lock for 300 s" >&2; exit 1; }}
+"""
+
 PROBE = """set -e
 base={base}
-if [ -f "$base/releases/{h}/.complete" ]; then echo HAVE; exit 0; fi
+mkdir -p "$base"
+""" + LOCK + """# found: touched under the lock, so no sweep deletes it before this launch writes its unit
+if [ -f "$base/releases/{h}/.complete" ]; then touch "$base/releases/{h}"; echo HAVE; exit 0; fi
+# the release current points at: the delta is computed against it, and built from it by name
+cur=$(readlink "$base/current" 2>/dev/null || true)
+echo "${{cur##*/}}"
 if [ -f "$base/current/.manifest.json" ]; then cat "$base/current/.manifest.json"; else echo '{{}}'; fi
 """
 
 INSTALL = """set -euo pipefail
 base={base}
 mkdir -p "$base/releases"
+""" + LOCK + """if [ -f "$base/releases/{h}/.complete" ]; then cat > /dev/null; exit 0; fi  # a concurrent push made it
 tmp=$(mktemp -d "$base/releases/.incoming-XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-if [ -d "$base/current/" ]; then cp -a "$base/current/." "$tmp/"; fi
+src={src}
+if [ -n "$src" ]; then
+  [ -f "$base/releases/$src/.complete" ] || {{ echo "error: release $src, which the delta is based on, is gone" >&2; exit 1; }}
+  cp -a "$base/releases/$src/." "$tmp/"
+fi
 rm -f "$tmp/.complete" "$tmp/.manifest.json"
 for f in {remove}; do rm -f -- "$tmp/$f"; done
 base64 -d | tar -xz --no-same-owner -C "$tmp"
 printf %s {manifest} > "$tmp/.manifest.json"
 chown -R root:root "$tmp" && chmod -R go-w,a+rX "$tmp"
 touch "$tmp/.complete"
-rm -rf "$base/releases/{h}"
+rm -rf "$base/releases/{h}"   # only an incomplete leftover (a complete one returned above)
 mv -T "$tmp" "$base/releases/{h}"
 trap - EXIT
 """
 
 SWITCH = """set -e
 base={base}
+""" + LOCK + """[ -f "$base/releases/{h}/.complete" ] || {{ echo "error: release {h} is missing" >&2; exit 1; }}
+# newest now: the launch that pushed it writes its unit next, and the sweep below keeps it
+touch "$base/releases/{h}"
 ln -sfn "releases/{h}" "$base/.current.new" && mv -T "$base/.current.new" "$base/current"
-# keep the 5 newest releases (and any a unit still points at)
+# keep the 5 newest releases, any pushed or reused in the last hour (a launch may be between
+# its push and writing its unit) and any a unit points at (a job that runs, or may run again)
 cd "$base/releases" && ls -1t | tail -n +6 | while read -r old; do
-  grep -qs "$base/releases/$old" /etc/systemd/system/torchrig-*.service || rm -rf -- "$old"
+  [ -z "$(find "$old" -maxdepth 0 -mmin -60)" ] || continue
+  grep -qsF -- "releases/$old" /etc/systemd/system/torchrig-*.service || rm -rf -- "$old"
 done
 """
 
@@ -93,14 +116,17 @@ def push(cxn, root: Path, prefix: str) -> tuple[str, int]:
         raise TorchrigError(f"payload probe failed: {r.stderr.strip()[-300:]}")
     sent = 0
     if r.stdout.strip() != "HAVE":
+        src, _, text = r.stdout.partition("\n")
         try:
-            remote = json.loads(r.stdout)
+            remote = json.loads(text)
         except ValueError:
             remote = {}
+        if not re.fullmatch(r"[0-9a-f]{16}", src.strip()):
+            src, remote = "", {}   # no usable release to build on: send everything
         changed = [f for f, digest in m.items() if remote.get(f) != digest]
         removed = [f for f in remote if f not in m]
         script = INSTALL.format(base=sh(base), h=h, manifest=sh(json.dumps(m, sort_keys=True)),
-                                remove=" ".join(sh(f) for f in removed))
+                                src=sh(src.strip()), remove=" ".join(sh(f) for f in removed))
         r = run_input(cxn, privileged(script, user), _tar(root, changed), timeout=600)
         if r.exited != 0:
             raise TorchrigError(f"payload push failed: {r.stderr.strip()[-300:]}")

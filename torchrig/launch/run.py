@@ -13,14 +13,30 @@ from ..provision.desired import settings_for
 from ..remote import fan_out, run_once, sh
 from ..secrets import secret_env_names
 from ..verify.run import verify
-from .plan import (GPU_SAMPLER, SAMPLER_PATH, Job, Node, check_job_name, env_path, job_port,
-                   parse_env, redact_env, render_env, render_gpumon, render_unit, split_args,
-                   unit_name, unit_path)
+from .plan import (GPU_SAMPLER, JOB_RE, SAMPLER_PATH, Job, Node, check_job_name, env_path,
+                   gpumon_paths, job_of_unit, job_port, launch_marker, parse_env, redact_env,
+                   render_env, render_gpumon, render_unit, split_args, unit_name, unit_path)
 from .push import push_to
 
 PAYLOAD = Path(__file__).resolve().parents[2] / "payload"
 JOBS_DIR = "/etc/torchrig/jobs"
 GPU_SAMPLE_S = 30  # seconds between GPU utilisation samples
+# a job holds its GPUs (and its release) from start until its unit is fully down: a job that is
+# stopping (deactivating) still writes its last checkpoint for up to TimeoutStopSec
+BUSY_STATES = "active,activating,deactivating,reloading"
+BUSY_UNITS = f"systemctl list-units 'torchrig-*.service' --state={BUSY_STATES} --plain --no-legend"
+# Install, start and undo on a node hold a lock on the jobs folder (root's; flock on the folder
+# itself), so two launches at once see each other's units complete and in a known state.
+LOCK = """exec 9<{jobs}
+flock -w 300 9 || {{ echo "error: another launch held the lock on {jobs} for 300 s" >&2; exit 3; }}
+"""
+# refuses when the job's own unit is busy: a launch of the same job started it meanwhile
+OWN_BUSY = """case "$(systemctl show -p ActiveState --value {name})" in
+  active|activating|deactivating|reloading)
+    echo "error: job {job} was started on this node meanwhile (another launch at the same time?)" >&2
+    exit 3;;
+esac
+"""
 
 
 @dataclass
@@ -103,10 +119,16 @@ def _gate(inv: Inventory, hosts: list[Host], o: LaunchOptions) -> dict[str, str 
     return {v.host: v.interface or first_iface for v in rep.hosts}
 
 
+def busy_jobs(list_units: str) -> list[str]:
+    """Job names from `systemctl list-units --plain --no-legend` (samplers and other units
+    whose name is not torchrig-<job>.service are not jobs)."""
+    units = [ln.split()[0] for ln in list_units.splitlines() if ln.strip()]
+    return [j for j in map(job_of_unit, units) if j]
+
+
 def _active_jobs(inv, h: Host, accept_new) -> list[str]:
-    r = run_once(h, inv, "systemctl list-units 'torchrig-*.service' --state=active,activating "
-                         "--plain --no-legend", accept_new=accept_new)
-    return [ln.split()[0][len("torchrig-"):-len(".service")] for ln in r.stdout.splitlines() if ln.strip()]
+    r = run_once(h, inv, BUSY_UNITS, accept_new=accept_new)
+    return busy_jobs(r.stdout)
 
 
 def launch(inv: Inventory, hosts: list[Host], o: LaunchOptions, log=print) -> Launched:
@@ -120,7 +142,8 @@ def launch(inv: Inventory, hosts: list[Host], o: LaunchOptions, log=print) -> La
         if not r.ok:
             raise TorchrigError(f"nothing started: {r.host}: {r.error}")
         if o.job in r.value:
-            raise TorchrigError(f"nothing started: job {o.job!r} is already running on {r.host}; "
+            raise TorchrigError(f"nothing started: job {o.job!r} is already running on {r.host} "
+                                "(or still stopping); "
                                 f"`invoke stop --job {o.job}` first, or pick another --job")
         h = next(x for x in hosts if x.name == r.host)
         if r.value and h.vars.get("accelerator", "cuda") == "cuda":
@@ -153,14 +176,14 @@ def launch(inv: Inventory, hosts: list[Host], o: LaunchOptions, log=print) -> La
                         parallel=o.parallel, name=lambda n: n.host)
     bad = [f"{r.host}: {r.error}" for r in installed if not r.ok]
     if bad:
-        _stop_all(inv, hosts, job.name, o, remove=True)
+        _undo(inv, hosts, job, o, remove=True)
         raise TorchrigError("nothing started: installing the job failed: " + "; ".join(bad))
-    started = fan_out(hosts, lambda h: _start(inv, h, job.name, o.accept_new), parallel=o.parallel)
+    started = fan_out(hosts, lambda h: _start(inv, h, job, o.accept_new), parallel=o.parallel)
     problems = [f"{r.host}: {r.error}" for r in started if not r.ok]
     if not problems:
         problems = _confirm(inv, hosts, job, o)
     if problems:
-        _stop_all(inv, hosts, job.name, o, remove=False)
+        _undo(inv, hosts, job, o, remove=False)
         raise TorchrigError(f"job {job.name} did not start on every node, so it was stopped on "
                             "all of them: " + "; ".join(problems))
     out.started = True
@@ -170,7 +193,9 @@ def launch(inv: Inventory, hosts: list[Host], o: LaunchOptions, log=print) -> La
 
 INSTALL = """set -euo pipefail
 install -d -m 0755 {jobs}
-install -d -m 0750 -o {user} -g {user} {logdir} {ckptdir}
+""" + LOCK + OWN_BUSY + """python3 - {dirs_args} <<'TORCHRIG_PY'
+{dirs_script}
+TORCHRIG_PY
 umask 077
 tmp=$(mktemp {env}.XXXXXX); base64 -d > "$tmp" <<'EOF'
 {env_b64}
@@ -189,8 +214,12 @@ systemctl reset-failed {name} 2>/dev/null || true
 """
 
 
+JOBDIRS_SCRIPT = Path(__file__).parent / "jobdirs_remote.py"
+
+
 def _install(inv, h: Host, job: Job, n: Node, accept_new) -> None:
-    """Env file (0600, may hold secrets: sent on stdin, never in a command line) and unit."""
+    """The job's folders (made safely: see jobdirs_remote.py), env file (0600, may hold
+    secrets: sent on stdin, never in a command line) and units."""
     import base64
     b64 = lambda s: base64.b64encode(s.encode()).decode()  # noqa: E731
     gpumon = "\n".join(f"printf %s {sh(b64(text))} | base64 -d > {sh(path)}"
@@ -198,20 +227,46 @@ def _install(inv, h: Host, job: Job, n: Node, accept_new) -> None:
     script = INSTALL.format(
         sampler_dir=sh(SAMPLER_PATH.rsplit("/", 1)[0]), sampler=sh(b64(GPU_SAMPLER)),
         sampler_path=sh(SAMPLER_PATH), gpumon=gpumon,
-        jobs=sh(JOBS_DIR), user=sh(n.user), logdir=sh(f"{n.log_dir}/{job.name}"),
-        ckptdir=sh(f"{n.checkpoint_dir}/{job.name}"), env=sh(env_path(job.name)),
-        unit=sh(unit_path(job.name)), name=sh(unit_name(job.name)),
+        jobs=sh(JOBS_DIR), dirs_script=JOBDIRS_SCRIPT.read_text(),
+        dirs_args=sh(json.dumps({"user": n.user, "dirs": [[n.log_dir, job.name],
+                                                           [n.checkpoint_dir, job.name]]})),
+        env=sh(env_path(job.name)),
+        unit=sh(unit_path(job.name)), name=sh(unit_name(job.name)), job=job.name,
         env_b64=b64(render_env(job, n)), unit_b64=b64(render_unit(job, n)))
     r = run_once(h, inv, "bash -s", root=True, accept_new=accept_new, timeout=120, data=script)
     if r.exited != 0:
-        raise TorchrigError(f"writing the unit failed: {r.stderr.strip()[-300:]}")
+        raise TorchrigError(_refusal(r.stderr) or f"writing the unit failed: {r.stderr.strip()[-300:]}")
 
 
-def _start(inv, h: Host, job: str, accept_new) -> None:
-    r = run_once(h, inv, sh("systemctl", "start", unit_name(job)), root=True,
-                 accept_new=accept_new, timeout=60)
+def _refusal(stderr: str) -> str | None:
+    """The `error: ...` line a node-side script printed, without the prefix."""
+    lines = [ln[len("error: "):] for ln in stderr.splitlines() if ln.startswith("error: ")]
+    return lines[-1] if lines else None
+
+
+# Start under the lock, only the unit this launch wrote, re-checking there that the GPUs are
+# free: two launches at once of different jobs on one GPU node cannot both pass the earlier
+# check and both start.
+START = """set -eu
+""" + LOCK + """grep -qxF {marker} {unit_file} || {{
+  echo "error: another launch of job {job} replaced its unit on this node meanwhile" >&2; exit 3; }}
+""" + OWN_BUSY + """busy=$({busy_units} | awk '{{print $1}}' | grep -xE {unit_re} | grep -vxF {name} || true)
+if [ {exclusive} = 1 ] && [ -n "$busy" ]; then
+  echo "error: another job started on this node's GPUs meanwhile: $(echo $busy)" >&2; exit 3
+fi
+systemctl start {name}
+"""
+
+
+def _start(inv, h: Host, job: Job, accept_new) -> None:
+    exclusive = h.vars.get("accelerator", "cuda") == "cuda"
+    script = START.format(jobs=sh(JOBS_DIR), busy_units=BUSY_UNITS, name=sh(unit_name(job.name)),
+                          unit_file=sh(unit_path(job.name)), marker=sh(launch_marker(job)),
+                          job=job.name, unit_re=sh(rf"torchrig-{JOB_RE.pattern}\.service"),
+                          exclusive=int(exclusive))
+    r = run_once(h, inv, "bash -s", root=True, accept_new=accept_new, timeout=400, data=script)
     if r.exited != 0:
-        raise TorchrigError(f"systemctl start failed: {r.stderr.strip()[-300:]}")
+        raise TorchrigError(_refusal(r.stderr) or f"systemctl start failed: {r.stderr.strip()[-300:]}")
 
 
 PROBE = """u={unit}; d={logdir}
@@ -260,16 +315,25 @@ def _journal(inv, name: str, hosts: list[Host], job: str, o: LaunchOptions) -> s
         return f"(journal unavailable: {e})"
 
 
-def _stop_all(inv, hosts: list[Host], job: str, o: LaunchOptions, remove: bool) -> list:
-    def one(h: Host):
-        cmd = sh("systemctl", "stop", unit_name(job))
-        if remove:
-            cmd += " ; " + sh("rm", "-f", unit_path(job), env_path(job),
-                              f"/etc/systemd/system/torchrig-{job}-gpumon.service",
-                              f"/etc/systemd/system/torchrig-{job}-gpumon.timer") \
-                + " ; systemctl daemon-reload"
-        return run_once(h, inv, cmd, root=True, accept_new=o.accept_new, timeout=300).exited
-    return fan_out(hosts, one, parallel=o.parallel)
+# What a failed launch undoes: only a unit that this launch wrote (a launch of the same job at
+# the same time may have replaced it, or started it), stopped and, if asked, removed.
+UNDO = """[ -d {jobs} ] || exit 0
+exec 9<{jobs}
+flock -w 300 9 || exit 3
+grep -qxF {marker} {unit_file} 2>/dev/null || exit 0
+systemctl stop {name}
+{remove}
+"""
+
+
+def _undo(inv, hosts: list[Host], job: Job, o: LaunchOptions, remove: bool) -> list:
+    rm = (sh("rm", "-f", unit_path(job.name), env_path(job.name), *gpumon_paths(job.name))
+          + " && systemctl daemon-reload") if remove else ""
+    script = UNDO.format(jobs=sh(JOBS_DIR), marker=sh(launch_marker(job)),
+                         unit_file=sh(unit_path(job.name)), name=sh(unit_name(job.name)), remove=rm)
+    return fan_out(hosts, lambda h: run_once(h, inv, "bash -s", root=True, accept_new=o.accept_new,
+                                             timeout=400, data=script).exited,
+                   parallel=o.parallel)
 
 
 STOP_CHECK = """u={unit}

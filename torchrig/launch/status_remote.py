@@ -1,14 +1,58 @@
 """Runs ON THE NODE as root (python3 -, one round trip): a job's state for `invoke status`.
-argv[1]: JSON {"unit": U, "logdir": D, "util_file": F, "window_s": S}"""
-import glob
+argv[1]: JSON {"unit": U, "logdir": D, "util_file": F, "window_s": S}
+
+Everything under D was written by the job (the service user). It is read through descriptors,
+one name at a time, never following a symlink (O_NOFOLLOW) and opening only regular files
+(O_NONBLOCK, then fstat: a FIFO there would otherwise block this reader forever). Nothing
+here writes anything."""
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import time
 
 a = json.loads(sys.argv[1])
+NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def open_dir(name, dir_fd=None):
+    try:
+        return os.open(name, NOFOLLOW | os.O_DIRECTORY, dir_fd=dir_fd)
+    except OSError:
+        return None
+
+
+def read_file(name, dir_fd, tail=65536):
+    """(first line, last `tail` bytes) of a regular file; None for anything else."""
+    try:
+        fd = os.open(name, NOFOLLOW, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            head = fh.readline(4096)
+            fh.seek(max(0, st.st_size - tail))
+            return head, fh.read(tail)
+    finally:
+        os.close(fd)
+
+
+def entries(dir_fd, pattern):
+    """Sub-folders of dir_fd whose name matches, as (mtime, name, fd); symlinks skipped."""
+    out = []
+    for name in os.listdir(dir_fd):
+        if re.fullmatch(pattern, name):
+            fd = open_dir(name, dir_fd)
+            if fd is not None:
+                out.append((os.fstat(fd).st_mtime, name, fd))
+    return out
+
+
 out = {}
 r = subprocess.run(["systemctl", "show", a["unit"], "-p", "ActiveState", "-p", "SubState", "-p", "Result",
                     "-p", "NRestarts", "-p", "ActiveEnterTimestampMonotonic", "-p", "ExecMainStatus",
@@ -21,36 +65,53 @@ try:
 except ValueError:
     out["uptime_s"] = None
 
-runs = sorted(glob.glob(os.path.join(a["logdir"], "*", "attempt_*")), key=os.path.getmtime)
-out["attempt"] = int(runs[-1].rsplit("_", 1)[1]) if runs else None
-out["torchrun_starts"] = len({os.path.dirname(p) for p in runs})
-progress, ranks = None, {}
+# <logdir>/<run>/attempt_<N>/<local rank>/stdout.log (torchrun's layout)
+runs = []
+top = open_dir(a["logdir"])
+if top is not None:
+    for _, run, run_fd in entries(top, r"[^.].*"):
+        runs += [(mtime, run, name, fd) for mtime, name, fd in entries(run_fd, r"attempt_\d+")]
+        os.close(run_fd)
+runs.sort()
+out["attempt"] = int(runs[-1][2].rsplit("_", 1)[1]) if runs else None
+out["torchrun_starts"] = len({run for _, run, _, _ in runs})
+progress = None
 if runs:
-    for f in sorted(glob.glob(os.path.join(runs[-1], "*", "stdout.log"))):
-        with open(f, "rb") as fh:
-            head = fh.readline().decode(errors="replace")
-            m = re.match(r"start rank=(\d+)", head)
-            size = os.fstat(fh.fileno()).st_size
-            fh.seek(max(0, size - 65536))
-            tail = fh.read().decode(errors="replace").splitlines()
+    newest = runs[-1][3]
+    for _, name, fd in sorted(entries(newest, r"\d+"), key=lambda e: e[1]):
+        got = read_file("stdout.log", fd)
+        os.close(fd)
+        if got is None:
+            continue
+        m = re.match(r"start rank=(\d+)", got[0].decode(errors="replace"))
+        tail = got[1].decode(errors="replace").splitlines()
         steps = [ln for ln in tail if ln.startswith(("step=", "done step="))]
         rank = int(m.group(1)) if m else None
-        ranks[f] = rank
         if steps and (rank == 0 or progress is None):
             progress = steps[-1]
+for _, _, _, fd in runs:
+    os.close(fd)
 out["progress"] = progress
-r = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total",
-                    "--format=csv,noheader,nounits"], capture_output=True, text=True, errors="replace")
-out["gpus"] = [dict(zip(("index", "util", "mem_used", "mem_total"), (x.strip() for x in ln.split(","))))
-               for ln in r.stdout.splitlines() if ln.count(",") == 3] if r.returncode == 0 else []
-samples = []
 try:
-    with open(a["util_file"]) as f:
-        for ln in f:
-            t, _, utils = ln.strip().partition(",")
-            samples.append((float(t), [float(u) for u in utils.split(",") if u.strip()]))
-except (OSError, ValueError):
-    pass
+    r = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total",
+                        "--format=csv,noheader,nounits"], capture_output=True, text=True, errors="replace",
+                       timeout=30)
+except (OSError, subprocess.TimeoutExpired):
+    r = None
+out["gpus"] = [dict(zip(("index", "util", "mem_used", "mem_total"), (x.strip() for x in ln.split(","))))
+               for ln in r.stdout.splitlines() if ln.count(",") == 3] if r and r.returncode == 0 else []
+samples = []
+util_dir, util_name = os.path.split(a["util_file"])
+dir_fd = open_dir(util_dir)
+got = read_file(util_name, dir_fd, tail=1 << 20) if dir_fd is not None else None
+if dir_fd is not None:
+    os.close(dir_fd)
+for ln in (got[1].decode(errors="replace").splitlines() if got else []):
+    try:
+        t, _, utils = ln.strip().partition(",")
+        samples.append((float(t), [float(u) for u in utils.split(",") if u.strip()]))
+    except ValueError:
+        continue
 now = time.time()
 out["util_samples"] = [(round(now - t), u) for t, u in samples if now - t <= a["window_s"] * 2]
 print(json.dumps(out))

@@ -335,9 +335,13 @@ def service_user(c: Ctx) -> list[Change]:
 
 
 def dirs(s: Settings) -> list[tuple[str, int, str]]:
+    """The log and checkpoint roots are root's: launch creates each job's folder in them as
+    root, which is safe only where the job cannot rename or replace what it is given (a
+    service-user root let a job swap its folder for a symlink and get anything chowned to it).
+    The data folder stays the service user's: jobs write there and root creates nothing in it."""
     u = s.service_user
     return [(s.prefix, 0o755, "root"), (ETC_DIR, 0o755, "root"),
-            (s.data_dir, 0o750, u), (s.checkpoint_dir, 0o750, u), (s.log_dir, 0o750, u)]
+            (s.data_dir, 0o750, u), (s.checkpoint_dir, 0o755, "root"), (s.log_dir, 0o755, "root")]
 
 
 @dataclass(frozen=True)

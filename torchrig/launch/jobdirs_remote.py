@@ -1,0 +1,92 @@
+"""Runs ON THE NODE as root (python3 -, inside launch's install script): the job's folders
+<root>/<job> (log and checkpoint), owned by the service user.
+argv[1]: JSON {"user": U, "dirs": [[ROOT, JOB], ...]}
+
+The rule: root creates things only in folders that nobody else can change. Every folder on the
+way to ROOT is walked one name at a time (openat) and must be root-owned and not writable by
+others (ROOT itself not by its group either; above it a group may write, as syslog does on
+Ubuntu's /var/log); a symlink on the way is followed only if root owns it (it then lies in such a folder, so
+root made it). ROOT/JOB is created in ROOT's descriptor; one that exists must be a real folder
+(lstat), never followed. Refusals: one `error:` line, exit 3, nothing created for the job."""
+import json
+import os
+import pwd
+import stat
+import sys
+
+FIX = ("run `invoke provision` on this host (it makes the log and checkpoint roots root-owned) "
+       "or set the path var to a folder that root alone can write")
+
+
+def fail(msg):
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(3)
+
+
+def check(fd, shown, writers=0o022):
+    st = os.fstat(fd)
+    if st.st_uid != 0 or st.st_mode & writers:
+        fail(f"{shown} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}: "
+             f"root creates job folders only where root alone can write; {FIX}")
+
+
+def safe_dir(path):
+    """An O_DIRECTORY descriptor of `path`, every folder on the way checked; missing folders
+    are created (root-owned, 0755) in checked ones."""
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+    check(fd, "/", 0o002)
+    todo, shown, links = [c for c in path.split("/") if c], "", 0
+    while todo:
+        name = todo.pop(0)
+        if name == ".":
+            continue
+        shown = shown + "/" + name
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            os.mkdir(name, 0o755, dir_fd=fd)
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if st.st_uid != 0 or links > 40:
+                fail(f"{shown} is a symlink owned by uid {st.st_uid} (or a loop): not followed; {FIX}")
+            target = os.readlink(name, dir_fd=fd)
+            if target.startswith("/"):
+                os.close(fd)
+                fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+            todo = [c for c in target.split("/") if c] + todo
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            fail(f"{shown} exists and is not a folder; {FIX}")
+        nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+        check(fd, shown, 0o022 if not todo else 0o002)
+    return fd
+
+
+def job_dir(root, job, uid, gid):
+    fd = safe_dir(root)
+    try:
+        os.mkdir(job, 0o750, dir_fd=fd)
+    except FileExistsError:
+        pass
+    st = os.stat(job, dir_fd=fd, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a folder"
+        fail(f"{root}/{job} exists and is {kind}: torchrig does not follow or replace it; "
+             f"remove it (as root) or choose another --job")
+    jfd = os.open(job, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+    os.fchown(jfd, uid, gid)
+    os.fchmod(jfd, 0o750)
+    os.close(jfd)
+    os.close(fd)
+
+
+a = json.loads(sys.argv[1])
+try:
+    pw = pwd.getpwnam(a["user"])
+except KeyError:
+    fail(f"no service user {a['user']!r} on this host: run `invoke provision` first")
+for root, job in a["dirs"]:
+    job_dir(root, job, pw.pw_uid, pw.pw_gid)
