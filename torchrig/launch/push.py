@@ -47,7 +47,11 @@ def _tar(root: Path, files: list[str]) -> str:
             info.uname = info.gname = "root"
             with open(root / rel, "rb") as f:
                 tar.addfile(info, f)
-    return base64.b64encode(buf.getvalue()).decode()
+    return _b64(buf.getvalue())
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
 
 
 # Every step that changes {base} holds a lock on that folder (flock on the root-owned folder
@@ -80,9 +84,12 @@ if [ -n "$src" ]; then
   cp -a "$base/releases/$src/." "$tmp/"
 fi
 rm -f "$tmp/.complete" "$tmp/.manifest.json"
-for f in {remove}; do rm -f -- "$tmp/$f"; done
+# stdin: the files to remove (NUL-separated), the manifest, the tar: each a base64 line (the
+# last one the rest). Lists travel here, not in argv: 1,500 files overflow one argument.
+IFS= read -r removed; IFS= read -r manifest
+printf %s "$removed" | base64 -d | while IFS= read -r -d '' f; do rm -f -- "$tmp/$f"; done
+printf %s "$manifest" | base64 -d > "$tmp/.manifest.json"
 base64 -d | tar -xz --no-same-owner -C "$tmp"
-printf %s {manifest} > "$tmp/.manifest.json"
 chown -R root:root "$tmp" && chmod -R go-w,a+rX "$tmp"
 touch "$tmp/.complete"
 rm -rf "$base/releases/{h}"   # only an incomplete leftover (a complete one returned above)
@@ -125,9 +132,10 @@ def push(cxn, root: Path, prefix: str) -> tuple[str, int]:
             src, remote = "", {}   # no usable release to build on: send everything
         changed = [f for f, digest in m.items() if remote.get(f) != digest]
         removed = [f for f in remote if f not in m]
-        script = INSTALL.format(base=sh(base), h=h, manifest=sh(json.dumps(m, sort_keys=True)),
-                                src=sh(src.strip()), remove=" ".join(sh(f) for f in removed))
-        r = run_input(cxn, privileged(script, user), _tar(root, changed), timeout=600)
+        script = INSTALL.format(base=sh(base), h=h, src=sh(src.strip()))
+        data = "\n".join([_b64("".join(f + "\0" for f in removed).encode()),
+                          _b64(json.dumps(m, sort_keys=True).encode()), _tar(root, changed)])
+        r = run_input(cxn, privileged(script, user), data, timeout=600)
         if r.exited != 0:
             raise TorchrigError(f"payload push failed: {r.stderr.strip()[-300:]}")
         sent = len(changed)

@@ -1,0 +1,42 @@
+"""The payload push's scripts run for real on this machine (a `connection: local` node) with a
+payload of 1,500 files: their manifest and, on the next push, their removal list travel on
+stdin (in argv they overflowed one argument: "Argument list too long")."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from torchrig.launch.push import manifest, push
+from torchrig.remote import LocalConnection
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the push scripts chown to root")
+
+
+def _payload(d: Path, n: int, tag: str) -> Path:
+    sub = d / ("a-rather-long-folder-name-for-the-data-loaders-of-this-experiment-" + tag)
+    sub.mkdir(parents=True)
+    for i in range(n):
+        (sub / f"module_with_a_long_descriptive_name_number_{i:05d}.py").write_text(f"x = {i}\n")
+    (d / "train.py").write_text(f"print({tag!r})\n")
+    return d
+
+
+def test_push_of_1500_files_then_their_removal(tmp_path):
+    prefix = tmp_path / "prefix"
+    prefix.mkdir(mode=0o755)
+    cxn = LocalConnection(None)
+    big = _payload(tmp_path / "big", 1500, "one")
+    rel, sent = push(cxn, big, str(prefix))
+    assert sent == 1501 and Path(rel, "train.py").read_text() == "print('one')\n"
+    on_node = {k: v for k, v in manifest(Path(rel)).items() if k not in (".complete", ".manifest.json")}
+    assert on_node == manifest(big) == json.loads(Path(rel, ".manifest.json").read_text())
+    small = tmp_path / "small"
+    small.mkdir()
+    (small / "train.py").write_text("print('two')\n")
+    rel2, sent2 = push(cxn, small, str(prefix))
+    assert sent2 == 1 and rel2 != rel
+    left = sorted(p.relative_to(rel2).as_posix() for p in Path(rel2).rglob("*") if p.is_file())
+    assert left == [".complete", ".manifest.json", "train.py"]
+    assert os.readlink(prefix / "payload" / "current") == "releases/" + Path(rel2).name
