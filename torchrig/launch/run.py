@@ -193,7 +193,7 @@ def launch(inv: Inventory, hosts: list[Host], o: LaunchOptions, log=print) -> La
 
 INSTALL = """set -euo pipefail
 install -d -m 0755 {jobs}
-""" + LOCK + OWN_BUSY + """python3 - {dirs_args} <<'TORCHRIG_PY'
+""" + LOCK + OWN_BUSY + """python3 -I - {dirs_args} <<'TORCHRIG_PY'
 {dirs_script}
 TORCHRIG_PY
 umask 077
@@ -376,7 +376,7 @@ def status(inv, hosts: list[Host], job: str, accept_new=False, parallel=16) -> l
         window = int(h.vars.get("low_util_minutes", 30)) * 60
         args = {"unit": unit_name(job), "logdir": f"{s.log_dir}/{job}",
                 "util_file": f"{s.log_dir}/{job}/gpu_util.csv", "window_s": window}
-        r = run_once(h, inv, "python3 - " + sh(json.dumps(args)), root=True,
+        r = run_once(h, inv, "python3 -I - " + sh(json.dumps(args)), root=True,
                      accept_new=accept_new, timeout=60, data=STATUS_SCRIPT.read_text())
         if r.exited != 0:
             raise TorchrigError(f"status failed: {r.stderr.strip()[-300:]}")

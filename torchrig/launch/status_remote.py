@@ -1,4 +1,4 @@
-"""Runs ON THE NODE as root (python3 -, one round trip): a job's state for `invoke status`.
+"""Runs ON THE NODE as root (python3 -I -, one round trip): a job's state for `invoke status`.
 argv[1]: JSON {"unit": U, "logdir": D, "util_file": F, "window_s": S}
 
 Everything under D was written by the job (the service user). It is read through descriptors,

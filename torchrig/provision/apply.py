@@ -33,7 +33,7 @@ def run_root_script(cxn, script: str, timeout: int = 3600):
 
 def gather(cxn, s: Settings) -> dict:
     req = json.dumps(fact_request(s))
-    r = run_input(cxn, privileged("python3 - " + sh(req), login_user(cxn)),
+    r = run_input(cxn, privileged("python3 -I - " + sh(req), login_user(cxn)),
                   (SCRIPTS / "gather_facts.py").read_text(), timeout=120)
     if r.exited != 0:
         err = (r.stderr or r.stdout).strip()
