@@ -29,3 +29,18 @@ def test_non_finite_samples_written_by_the_job_are_skipped(tmp_path):
     samples = json.loads(r.stdout)["util_samples"]
     assert [u for _, u in samples] == [[10.0, 20.0], [30.0]]
 
+
+def test_a_hard_linked_log_is_not_read(tmp_path):
+    """A job's stdout.log that is a hard link to another file is not read as root (the log
+    follower refuses it too)."""
+    other = tmp_path / "someone-elses-file"
+    other.write_text("start rank=0\nstep=42 secret-content\n")
+    rank = tmp_path / "job" / "run_1" / "attempt_0" / "0"
+    rank.mkdir(parents=True)
+    os.link(other, rank / "stdout.log")
+    r = _status(tmp_path / "job")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["progress"] is None
+    os.unlink(rank / "stdout.log")
+    (rank / "stdout.log").write_text("start rank=0\nstep=7 loss=1.0\n")
+    assert json.loads(_status(tmp_path / "job").stdout)["progress"] == "step=7 loss=1.0"

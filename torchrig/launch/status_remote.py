@@ -3,7 +3,8 @@ argv[1]: JSON {"unit": U, "logdir": D, "util_file": F, "window_s": S}
 
 Everything under D was written by the job (the service user). It is read through descriptors,
 one name at a time, never following a symlink (O_NOFOLLOW) and opening only regular files
-(O_NONBLOCK, then fstat: a FIFO there would otherwise block this reader forever. Nothing
+(O_NONBLOCK, then fstat: a FIFO there would otherwise block this reader forever) with one
+link (a hard link may be a file the job cannot read). Nothing
 here writes anything."""
 import json
 import math
@@ -33,8 +34,8 @@ def read_file(name, dir_fd, tail=65536):
         return None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            return None  # a hard link may be another user's file (as in follow_remote)
         with os.fdopen(os.dup(fd), "rb") as fh:
             head = fh.readline(4096)
             fh.seek(max(0, st.st_size - tail))
