@@ -322,3 +322,13 @@ def test_netrc_entries_for_a_bare_token_and_refused_whitespace():
         "machine idx.internal\npassword t0k\n"
     with pytest.raises(TorchrigError, match="var 'pip_index_url': credentials with whitespace"):
         steps.netrc(split_credentials("https://u:a%20b@idx.internal/s"), "pip_index_url")
+
+
+@pytest.mark.parametrize("var,value", [("checkpoint_dir", "/srv/data/ckpt"), ("log_dir", "/srv/data"),
+                                       ("prefix", "/srv/data/../data/opt")])
+def test_root_folders_never_inside_the_service_users_data_dir(var, value):
+    """data_dir belongs to the service user: a job can plant a symlink anywhere in it, which
+    root's `install -d` (provision) and mkdir (push) would follow (e.g. chmod 0755 /root)."""
+    with pytest.raises(TorchrigError, match=rf"^inv.yml: host 'h': {var} '.*' lies in data_dir '/srv/data'"):
+        settings_for("h", {"data_dir": "/srv/data", var: value}, "inv.yml")
+    assert settings_for("h", {"data_dir": "/srv/data", var: "/srv/database"}, "inv.yml")
