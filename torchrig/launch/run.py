@@ -25,9 +25,10 @@ GPU_SAMPLE_S = 30  # seconds between GPU utilisation samples
 # stopping (deactivating) still writes its last checkpoint for up to TimeoutStopSec
 BUSY_STATES = "active,activating,deactivating,reloading"
 BUSY_UNITS = f"systemctl list-units 'torchrig-*.service' --state={BUSY_STATES} --plain --no-legend"
-# Install, start and undo on a node hold a lock on the jobs folder (root's; flock on the folder
-# itself), so two launches at once see each other's units complete and in a known state.
-LOCK = """exec 9<{jobs}
+# Install, start and undo on a node hold a lock (a 0600 file of root's in the jobs folder: the
+# folder itself can be opened, so flock'ed, by any local user), so two launches at once see
+# each other's units complete and in a known state.
+LOCK = """old_umask=$(umask); umask 077; exec 9>>{jobs}/.lock; umask "$old_umask"
 flock -w 300 9 || {{ echo "error: another launch held the lock on {jobs} for 300 s" >&2; exit 3; }}
 """
 # refuses when the job's own unit is busy: a launch of the same job started it meanwhile
@@ -318,9 +319,7 @@ def _journal(inv, name: str, hosts: list[Host], job: str, o: LaunchOptions) -> s
 # What a failed launch undoes: only a unit that this launch wrote (a launch of the same job at
 # the same time may have replaced it, or started it), stopped and, if asked, removed.
 UNDO = """[ -d {jobs} ] || exit 0
-exec 9<{jobs}
-flock -w 300 9 || exit 3
-grep -qxF {marker} {unit_file} 2>/dev/null || exit 0
+""" + LOCK + """grep -qxF {marker} {unit_file} 2>/dev/null || exit 0
 systemctl stop {name}
 {remove}
 """
