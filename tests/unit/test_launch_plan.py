@@ -94,6 +94,12 @@ def test_env_and_args_parsing():
     assert plan.split_args("--a 'b c' \"d\"") == ["--a", "b c", "d"]
     with pytest.raises(TorchrigError, match="--args"):
         plan.split_args("--a 'unclosed")
+    # URL credentials would be in torchrun's argv on the node and in the 0644 unit file
+    for args in ("--data https://user:s3cr3t@host/d", "--data=https://ghp_T0KENxx@host/d"):
+        with pytest.raises(TorchrigError, match="credentials") as e:
+            plan.split_args(args)
+        assert "s3cr3t" not in str(e.value) and "T0KEN" not in str(e.value)
+    assert plan.split_args("--data https://host/d") == ["--data", "https://host/d"]
 
 
 def test_job_ports_differ_per_job():

@@ -138,6 +138,7 @@ def launch(inv: Inventory, hosts: list[Host], o: LaunchOptions, log=print) -> La
         raise TorchrigError("no hosts selected")
     check_job_name(o.job)
     parse_env(o.env)
+    split_args(o.args)  # before any host is touched
     busy = fan_out(hosts, lambda h: _active_jobs(inv, h, o.accept_new), parallel=o.parallel)
     for r in busy:
         if not r.ok:
