@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,20 @@ class LaunchOptions:
     parallel: int = 16
 
 
+def check_options(o: LaunchOptions) -> None:
+    """The flags alone: refused with one line before any host is touched."""
+    check_job_name(o.job)
+    parse_env(o.env)
+    split_args(o.args)
+    script = Path(o.script)
+    if script.is_absolute() or ".." in script.parts:
+        raise TorchrigError(f"--script {o.script!r}: a path inside payload/ (e.g. train.py)")
+    if not (PAYLOAD / script).is_file():
+        raise TorchrigError(f"--script {o.script!r}: no such file in {PAYLOAD}")
+    if o.nproc != "gpu" and not (re.fullmatch(r"[0-9]{1,4}", o.nproc) and int(o.nproc) >= 1):
+        raise TorchrigError(f"--nproc-per-node {o.nproc!r}: a positive number or 'gpu'")
+
+
 def _node(inv: Inventory, h: Host, rank: int, nproc: str, interface: str | None) -> Node:
     s = settings_for(h.name, h.vars, inv.path)
     acc = h.vars.get("accelerator", "cuda")
@@ -76,12 +91,7 @@ def _node(inv: Inventory, h: Host, rank: int, nproc: str, interface: str | None)
 
 def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
              interfaces: dict[str, str | None]) -> Job:
-    check_job_name(o.job)
-    script = Path(o.script)
-    if script.is_absolute() or ".." in script.parts:
-        raise TorchrigError(f"--script {o.script!r}: a path inside payload/ (e.g. train.py)")
-    if not (PAYLOAD / script).is_file():
-        raise TorchrigError(f"--script {o.script!r}: no such file in {PAYLOAD}")
+    check_options(o)
     args = split_args(o.args)
     first_vars = hosts[0].vars
     secret_keys = set().union(*(secret_env_names(h.vars.get("secret_env"),
@@ -136,9 +146,7 @@ def launch(inv: Inventory, hosts: list[Host], o: LaunchOptions, log=print) -> La
     t0 = time.monotonic()
     if not hosts:
         raise TorchrigError("no hosts selected")
-    check_job_name(o.job)
-    parse_env(o.env)
-    split_args(o.args)  # before any host is touched
+    check_options(o)  # before any host is touched
     busy = fan_out(hosts, lambda h: _active_jobs(inv, h, o.accept_new), parallel=o.parallel)
     for r in busy:
         if not r.ok:
