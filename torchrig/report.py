@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .inventory import Host, Inventory
+from .logs.merge import printable
 from .remote import Result
 from .secrets import Redactor
 
@@ -165,7 +166,7 @@ def status_table(job: str, results) -> None:
         up = f"{d['uptime_s']:.0f}s" if d.get("uptime_s") else ""
         t.add_row(r.host, styled(state, style), u.get("NRestarts", ""),
                   "" if d["attempt"] is None else str(d["attempt"]), up,
-                  escape(d.get("progress") or ""), gpus)
+                  escape(printable(d.get("progress") or "")), gpus)  # the job wrote it
     console.print(t)
     for r in results:
         if r.ok and r.value.get("low_util"):

@@ -13,9 +13,9 @@ REPO = Path(__file__).resolve().parents[2]
 GOOD = """
 known_hosts: kh
 defaults: {user: ubuntu, identity_file: keys/id}
-vars: {log_dir: /shared, data_dir: /shared, env: {API_TOKEN: s3cret}}
+vars: {log_dir: /shared, data_dir: /shared-data, env: {API_TOKEN: s3cret}}
 groups:
-  train: {vars: {data_dir: /group, checkpoint_dir: /group}}
+  train: {vars: {data_dir: /group, checkpoint_dir: /group-ckpt}}
   infer: {}
 hosts:
   - {name: gpu1, address: 10.0.0.1, gpus: 2, groups: [train], vars: {checkpoint_dir: /host}}
@@ -45,7 +45,7 @@ def test_defaults_vars_and_paths_resolve(tmp_path):
     assert inv.known_hosts == str(tmp_path / "kh")
     assert g1.vars == {"log_dir": "/shared", "data_dir": "/group", "checkpoint_dir": "/host",
                        "env": {"API_TOKEN": "s3cret"}}
-    assert g2.vars["data_dir"] == "/group" and g2.vars["checkpoint_dir"] == "/group"
+    assert g2.vars["data_dir"] == "/group" and g2.vars["checkpoint_dir"] == "/group-ckpt"
     assert head.is_local and head.address == "localhost"
     assert alias.address == "alias-only"  # so ~/.ssh/config Host aliases apply
 

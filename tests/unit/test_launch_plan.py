@@ -94,6 +94,12 @@ def test_env_and_args_parsing():
     assert plan.split_args("--a 'b c' \"d\"") == ["--a", "b c", "d"]
     with pytest.raises(TorchrigError, match="--args"):
         plan.split_args("--a 'unclosed")
+    # URL credentials would be in torchrun's argv on the node and in the 0644 unit file
+    for args in ("--data https://user:s3cr3t@host/d", "--data=https://ghp_T0KENxx@host/d"):
+        with pytest.raises(TorchrigError, match="credentials") as e:
+            plan.split_args(args)
+        assert "s3cr3t" not in str(e.value) and "T0KEN" not in str(e.value)
+    assert plan.split_args("--data https://host/d") == ["--data", "https://host/d"]
 
 
 def test_job_ports_differ_per_job():
@@ -215,3 +221,24 @@ def test_each_launch_marks_the_unit_it_wrote():
     unit = plan.render_unit(a, a.nodes[0])
     assert plan.launch_marker(a) in unit.splitlines()
     assert plan.launch_marker(b) not in unit.splitlines()
+
+
+@pytest.mark.parametrize("field,value,expected", [
+    ("script", "../tasks.py", "--script '../tasks.py': a path inside payload/"),
+    ("script", "nosuch.py", "--script 'nosuch.py': no such file"),
+    ("nproc", "abc", "--nproc-per-node 'abc': a positive number or 'gpu'"),
+    ("nproc", "0", "--nproc-per-node '0'"),
+    ("args", "--url https://u:pw@h/x", "--args .*credentials"),
+])
+def test_bad_flags_are_refused_before_any_host_is_touched(tmp_path, field, value, expected):
+    """Checked after the version gate and the payload push before: a typo cost a round of SSH
+    and left a pushed release behind. The host here cannot be reached: the flag's error must
+    come first."""
+    from torchrig import inventory
+    from torchrig.launch.run import LaunchOptions, launch
+    inv_path = tmp_path / "inv.yml"
+    inv_path.write_text("hosts:\n  - {name: h1, address: 127.0.0.1, port: 1}\n")
+    inv = inventory.load(inv_path)
+    o = LaunchOptions(job="j1", **{field: value})
+    with pytest.raises(TorchrigError, match=expected):
+        launch(inv, inv.hosts, o)

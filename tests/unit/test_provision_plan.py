@@ -196,6 +196,8 @@ if os.path.basename(sys.argv[0]) == "pip" and os.environ.get("NETRC"):
     rec["netrc_mode"] = oct(stat.S_IMODE(os.stat(p).st_mode))
     rec["netrc_dir"] = os.path.dirname(p)
     rec["netrc_dir_mode"] = oct(stat.S_IMODE(os.stat(os.path.dirname(p)).st_mode))
+if "-r" in sys.argv:
+    rec["requirements"] = open(sys.argv[sys.argv.index("-r") + 1]).read()
 if os.path.basename(sys.argv[0]) == "git":
     helpers = [a.split("=", 1)[1] for a in sys.argv if a.startswith("credential.helper=")]
     if helpers and helpers[-1]:
@@ -248,6 +250,25 @@ def test_pip_index_credentials_in_a_private_netrc_never_in_argv(tmp_path):
     assert rec["netrc"] == ["ci", "", "p@ss:w0rd"]  # percent-decoded for pip
     assert rec["netrc_mode"] == "0o600" and rec["netrc_dir_mode"] == "0o700"
     assert rec["netrc_dir"].startswith(str(tmp_path) + "/tmp.")  # mktemp -d, not a fixed path
+
+
+def test_a_requirement_url_with_credentials_never_in_argv(tmp_path):
+    """extra_pip_packages may hold a URL with a token (`pkg @ https://user:token@host/...`):
+    the requirements reach pip in a file in the script's private folder, not in its argv."""
+    prefix = tmp_path / "opt"
+    (prefix / "venv/bin").mkdir(parents=True)
+    (prefix / "venv/bin/pip").symlink_to(tmp_path / "bin/pip")
+    req = "priv @ https://ci:s3cr3t-t0k@idx.internal/priv-1.0-py3-none-any.whl"
+    c = ctx(fresh(venv={"python": "3.11.2", "dists": {}}), prefix=str(prefix),
+            extra_pip_packages=[req])
+    (cmd,) = steps.python_venv(c)
+    (rec,) = [r for r in run_steps(tmp_path, [cmd]) if r["argv"][0].endswith("pip")]
+    assert not [a for a in rec["argv"] if "s3cr3t" in a]
+    assert rec["requirements"].splitlines()[-1] == req
+    assert "torch==" in rec["requirements"]
+    with pytest.raises(TorchrigError, match="line break"):
+        steps.python_venv(ctx(fresh(venv={"python": "3.11.2", "dists": {}}),
+                              extra_pip_packages=["ok\n--index-url=http://evil/"]))
 
 
 @pytest.mark.parametrize("url,user,password", [
@@ -322,3 +343,13 @@ def test_netrc_entries_for_a_bare_token_and_refused_whitespace():
         "machine idx.internal\npassword t0k\n"
     with pytest.raises(TorchrigError, match="var 'pip_index_url': credentials with whitespace"):
         steps.netrc(split_credentials("https://u:a%20b@idx.internal/s"), "pip_index_url")
+
+
+@pytest.mark.parametrize("var,value", [("checkpoint_dir", "/srv/data/ckpt"), ("log_dir", "/srv/data"),
+                                       ("prefix", "/srv/data/../data/opt")])
+def test_root_folders_never_inside_the_service_users_data_dir(var, value):
+    """data_dir belongs to the service user: a job can plant a symlink anywhere in it, which
+    root's `install -d` (provision) and mkdir (push) would follow (e.g. chmod 0755 /root)."""
+    with pytest.raises(TorchrigError, match=rf"^inv.yml: host 'h': {var} '.*' lies in data_dir '/srv/data'"):
+        settings_for("h", {"data_dir": "/srv/data", var: value}, "inv.yml")
+    assert settings_for("h", {"data_dir": "/srv/data", var: "/srv/database"}, "inv.yml")

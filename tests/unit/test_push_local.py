@@ -40,3 +40,51 @@ def test_push_of_1500_files_then_their_removal(tmp_path):
     left = sorted(p.relative_to(rel2).as_posix() for p in Path(rel2).rglob("*") if p.is_file())
     assert left == [".complete", ".manifest.json", "train.py"]
     assert os.readlink(prefix / "payload" / "current") == "releases/" + Path(rel2).name
+
+
+def test_a_lock_held_on_the_payload_folder_does_not_block_a_push(tmp_path):
+    """The payload folder is 0755: any local user or job can open it and flock it. The push
+    used to lock the folder itself, so that held off every launch for 300 s, then failed it.
+    Its lock is now a 0600 root file nobody else can open."""
+    import fcntl
+    import stat
+    import threading
+    prefix = tmp_path / "prefix"
+    (prefix / "payload").mkdir(parents=True)
+    fd = os.open(prefix / "payload", os.O_RDONLY | os.O_DIRECTORY)  # what `flock DIR sleep` does
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    small = tmp_path / "small"
+    small.mkdir()
+    (small / "train.py").write_text("print('x')\n")
+    done = []
+    t = threading.Thread(target=lambda: done.append(push(LocalConnection(None), small, str(prefix))),
+                         daemon=True)
+    try:
+        t.start()
+        t.join(30)
+        assert done, "the push waited for a lock another user held on the payload folder"
+    finally:
+        os.close(fd)
+        t.join(60)
+    lock = prefix / "payload" / ".lock"
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o600 and lock.stat().st_uid == 0
+
+
+def test_a_lock_held_on_the_jobs_folder_does_not_block_a_launch(tmp_path):
+    """The same for launch's install/start/undo lock: /etc/torchrig/jobs is 0755."""
+    import fcntl
+    import stat
+    import subprocess
+    from torchrig.launch.run import LOCK
+    from torchrig.remote import sh
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    fd = os.open(jobs, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        r = subprocess.run(["bash", "-c", "set -eu\n" + LOCK.format(jobs=sh(str(jobs))) + "echo locked"],
+                           capture_output=True, text=True, timeout=30)
+    finally:
+        os.close(fd)
+    assert r.stdout == "locked\n", r.stderr
+    assert stat.S_IMODE((jobs / ".lock").stat().st_mode) == 0o600

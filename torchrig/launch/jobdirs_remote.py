@@ -1,4 +1,4 @@
-"""Runs ON THE NODE as root (python3 -, inside launch's install script): the job's folders
+"""Runs ON THE NODE as root (python3 -I -, inside launch's install script): the job's folders
 <root>/<job> (log and checkpoint), owned by the service user.
 argv[1]: JSON {"user": U, "dirs": [[ROOT, JOB], ...]}
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..errors import TorchrigError
 from ..render import env_quote, render, systemd_path, systemd_quote
-from ..secrets import MASK, is_secret, redact_text
+from ..secrets import MASK, is_secret, redact_text, url_credentials
 
 # fullmatch everywhere: `$` would also accept a trailing newline (`exp1\n`)
 JOB_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,47}")
@@ -217,6 +217,12 @@ def unit_path(job: str) -> str:
 
 def split_args(args: str) -> list[str]:
     try:
-        return shlex.split(args)
+        out = shlex.split(args)
     except ValueError as e:
         raise TorchrigError(f"--args {args!r}: {e} (quote it as you would in a shell)") from None
+    if url_credentials(args):
+        # the arguments go into torchrun's argv (every local user's `ps`) and the 0644 unit
+        raise TorchrigError(f"--args {redact_text(args)!r}: holds a URL with credentials; "
+                            "pass them in the job's environment instead (--env KEY=VALUE, "
+                            "or the inventory's env and secret_env): its file is root's, 0600")
+    return out

@@ -54,10 +54,11 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-# Every step that changes {base} holds a lock on that folder (flock on the root-owned folder
-# itself: no extra file), so two launches pushing to one node at once both succeed: the second
-# finds the release complete, or builds its own in a private folder and renames it in.
-LOCK = """exec 9<"$base"
+# Every step that changes {base} holds a lock, so two launches pushing to one node at once
+# both succeed: the second finds the release complete, or builds its own in a private folder
+# and renames it in. The lock is a 0600 file of root's: a folder (0755) can be opened, so
+# flock'ed, by any local user or job, which then held off every push.
+LOCK = """old_umask=$(umask); umask 077; exec 9>>"$base/.lock"; umask "$old_umask"
 flock -w 300 9 || {{ echo "error: another push to $base held its lock for 300 s" >&2; exit 1; }}
 """
 

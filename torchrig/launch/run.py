@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +26,10 @@ GPU_SAMPLE_S = 30  # seconds between GPU utilisation samples
 # stopping (deactivating) still writes its last checkpoint for up to TimeoutStopSec
 BUSY_STATES = "active,activating,deactivating,reloading"
 BUSY_UNITS = f"systemctl list-units 'torchrig-*.service' --state={BUSY_STATES} --plain --no-legend"
-# Install, start and undo on a node hold a lock on the jobs folder (root's; flock on the folder
-# itself), so two launches at once see each other's units complete and in a known state.
-LOCK = """exec 9<{jobs}
+# Install, start and undo on a node hold a lock (a 0600 file of root's in the jobs folder: the
+# folder itself can be opened, so flock'ed, by any local user), so two launches at once see
+# each other's units complete and in a known state.
+LOCK = """old_umask=$(umask); umask 077; exec 9>>{jobs}/.lock; umask "$old_umask"
 flock -w 300 9 || {{ echo "error: another launch held the lock on {jobs} for 300 s" >&2; exit 3; }}
 """
 # refuses when the job's own unit is busy: a launch of the same job started it meanwhile
@@ -54,6 +56,20 @@ class LaunchOptions:
     parallel: int = 16
 
 
+def check_options(o: LaunchOptions) -> None:
+    """The flags alone: refused with one line before any host is touched."""
+    check_job_name(o.job)
+    parse_env(o.env)
+    split_args(o.args)
+    script = Path(o.script)
+    if script.is_absolute() or ".." in script.parts:
+        raise TorchrigError(f"--script {o.script!r}: a path inside payload/ (e.g. train.py)")
+    if not (PAYLOAD / script).is_file():
+        raise TorchrigError(f"--script {o.script!r}: no such file in {PAYLOAD}")
+    if o.nproc != "gpu" and not (re.fullmatch(r"[0-9]{1,4}", o.nproc) and int(o.nproc) >= 1):
+        raise TorchrigError(f"--nproc-per-node {o.nproc!r}: a positive number or 'gpu'")
+
+
 def _node(inv: Inventory, h: Host, rank: int, nproc: str, interface: str | None) -> Node:
     s = settings_for(h.name, h.vars, inv.path)
     acc = h.vars.get("accelerator", "cuda")
@@ -75,12 +91,7 @@ def _node(inv: Inventory, h: Host, rank: int, nproc: str, interface: str | None)
 
 def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
              interfaces: dict[str, str | None]) -> Job:
-    check_job_name(o.job)
-    script = Path(o.script)
-    if script.is_absolute() or ".." in script.parts:
-        raise TorchrigError(f"--script {o.script!r}: a path inside payload/ (e.g. train.py)")
-    if not (PAYLOAD / script).is_file():
-        raise TorchrigError(f"--script {o.script!r}: no such file in {PAYLOAD}")
+    check_options(o)
     args = split_args(o.args)
     first_vars = hosts[0].vars
     secret_keys = set().union(*(secret_env_names(h.vars.get("secret_env"),
@@ -135,8 +146,7 @@ def launch(inv: Inventory, hosts: list[Host], o: LaunchOptions, log=print) -> La
     t0 = time.monotonic()
     if not hosts:
         raise TorchrigError("no hosts selected")
-    check_job_name(o.job)
-    parse_env(o.env)
+    check_options(o)  # before any host is touched
     busy = fan_out(hosts, lambda h: _active_jobs(inv, h, o.accept_new), parallel=o.parallel)
     for r in busy:
         if not r.ok:
@@ -193,7 +203,7 @@ def launch(inv: Inventory, hosts: list[Host], o: LaunchOptions, log=print) -> La
 
 INSTALL = """set -euo pipefail
 install -d -m 0755 {jobs}
-""" + LOCK + OWN_BUSY + """python3 - {dirs_args} <<'TORCHRIG_PY'
+""" + LOCK + OWN_BUSY + """python3 -I - {dirs_args} <<'TORCHRIG_PY'
 {dirs_script}
 TORCHRIG_PY
 umask 077
@@ -318,9 +328,7 @@ def _journal(inv, name: str, hosts: list[Host], job: str, o: LaunchOptions) -> s
 # What a failed launch undoes: only a unit that this launch wrote (a launch of the same job at
 # the same time may have replaced it, or started it), stopped and, if asked, removed.
 UNDO = """[ -d {jobs} ] || exit 0
-exec 9<{jobs}
-flock -w 300 9 || exit 3
-grep -qxF {marker} {unit_file} 2>/dev/null || exit 0
+""" + LOCK + """grep -qxF {marker} {unit_file} 2>/dev/null || exit 0
 systemctl stop {name}
 {remove}
 """
@@ -376,7 +384,7 @@ def status(inv, hosts: list[Host], job: str, accept_new=False, parallel=16) -> l
         window = int(h.vars.get("low_util_minutes", 30)) * 60
         args = {"unit": unit_name(job), "logdir": f"{s.log_dir}/{job}",
                 "util_file": f"{s.log_dir}/{job}/gpu_util.csv", "window_s": window}
-        r = run_once(h, inv, "python3 - " + sh(json.dumps(args)), root=True,
+        r = run_once(h, inv, "python3 -I - " + sh(json.dumps(args)), root=True,
                      accept_new=accept_new, timeout=60, data=STATUS_SCRIPT.read_text())
         if r.exited != 0:
             raise TorchrigError(f"status failed: {r.stderr.strip()[-300:]}")

@@ -1,11 +1,13 @@
-"""Runs ON THE NODE as root (python3 -, one round trip): a job's state for `invoke status`.
+"""Runs ON THE NODE as root (python3 -I -, one round trip): a job's state for `invoke status`.
 argv[1]: JSON {"unit": U, "logdir": D, "util_file": F, "window_s": S}
 
 Everything under D was written by the job (the service user). It is read through descriptors,
 one name at a time, never following a symlink (O_NOFOLLOW) and opening only regular files
-(O_NONBLOCK, then fstat: a FIFO there would otherwise block this reader forever). Nothing
+(O_NONBLOCK, then fstat: a FIFO there would otherwise block this reader forever) with one
+link (a hard link may be a file the job cannot read). Nothing
 here writes anything."""
 import json
+import math
 import os
 import re
 import stat
@@ -32,8 +34,8 @@ def read_file(name, dir_fd, tail=65536):
         return None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            return None  # a hard link may be another user's file (as in follow_remote)
         with os.fdopen(os.dup(fd), "rb") as fh:
             head = fh.readline(4096)
             fh.seek(max(0, st.st_size - tail))
@@ -109,9 +111,11 @@ if dir_fd is not None:
 for ln in (got[1].decode(errors="replace").splitlines() if got else []):
     try:
         t, _, utils = ln.strip().partition(",")
-        samples.append((float(t), [float(u) for u in utils.split(",") if u.strip()]))
+        t, utils = float(t), [float(u) for u in utils.split(",") if u.strip()]
     except ValueError:
         continue
+    if all(map(math.isfinite, [t, *utils])):  # the job can write this file: nan/1e400 too
+        samples.append((t, utils))
 now = time.time()
 out["util_samples"] = [(round(now - t), u) for t, u in samples if now - t <= a["window_s"] * 2]
 print(json.dumps(out))

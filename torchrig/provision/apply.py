@@ -33,7 +33,7 @@ def run_root_script(cxn, script: str, timeout: int = 3600):
 
 def gather(cxn, s: Settings) -> dict:
     req = json.dumps(fact_request(s))
-    r = run_input(cxn, privileged("python3 - " + sh(req), login_user(cxn)),
+    r = run_input(cxn, privileged("python3 -I - " + sh(req), login_user(cxn)),
                   (SCRIPTS / "gather_facts.py").read_text(), timeout=120)
     if r.exited != 0:
         err = (r.stderr or r.stdout).strip()
@@ -239,8 +239,14 @@ def _merge(before: list[StepResult], after: list[StepResult]) -> list[StepResult
     return out
 
 
+SMI_TIMEOUT = 60  # seconds: nvidia-smi on a wedged GPU can hang for good
+
+
 def _driver_now(cxn) -> str:
-    r = cxn.run("nvidia-smi --query-gpu=driver_version --format=csv,noheader", hide=True, warn=True)
+    # bounded on the host (a timed-out SSH command would leave nvidia-smi running there);
+    # exit 124 reads as state 'unknown'
+    r = cxn.run(f"timeout -k 5 {SMI_TIMEOUT} nvidia-smi --query-gpu=driver_version --format=csv,noheader",
+                hide=True, warn=True, timeout=SMI_TIMEOUT + 30)
     return driver_state({"nvidia_smi": {"rc": r.exited, "output": (r.stdout + r.stderr).strip()}})[0]
 
 

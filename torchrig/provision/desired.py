@@ -3,11 +3,12 @@ vars, derived values (repo path, package versions, file contents) computed once.
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import TorchrigError
 
@@ -77,6 +78,19 @@ class Settings(BaseModel):
             raise ValueError("an absolute path without control characters (newline, tab, ...)")
         return v
 
+    @model_validator(mode="after")
+    def _root_paths_outside_data_dir(self) -> Settings:
+        # data_dir is the service user's: a job can put a symlink anywhere in it, which root's
+        # `install -d` (provision) or mkdir (push) would then follow
+        data = posixpath.normpath(self.data_dir)
+        for name in ("prefix", "log_dir", "checkpoint_dir"):
+            p = posixpath.normpath(getattr(self, name))
+            if p == data or p.startswith(data.rstrip("/") + "/") or data == "/":
+                raise ValueError(f"{name} {getattr(self, name)!r} lies in data_dir {self.data_dir!r}, "
+                                 "which the service user owns: root's folders must not; "
+                                 "choose folders side by side")
+        return self
+
     @property
     def driver_branch(self) -> str:
         return self.driver_version.split(".")[0]
@@ -110,6 +124,8 @@ def settings_for(host_name: str, host_vars: dict[str, Any], inventory_path: str)
         err = e.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
+        if not field:  # a check across vars: its message names them
+            raise TorchrigError(f"{inventory_path}: host {host_name!r}: {msg}") from None
         raise TorchrigError(f"{inventory_path}: host {host_name!r}: var {field!r}: {msg} "
                             f"(got {err.get('input')!r})") from None
 

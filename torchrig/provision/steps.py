@@ -26,6 +26,7 @@ ETC_DIR = "/etc/torchrig"
 # Inside the step script's private temp folder (see changes.preamble), never a fixed /tmp path.
 KEYRING_DEB = '"$TORCHRIG_TMP"/cuda-keyring.deb'
 PIP_NETRC = '"$TORCHRIG_TMP"/pip-netrc'
+PIP_REQUIREMENTS = '"$TORCHRIG_TMP"/requirements.txt'
 NCCL_TARBALL = '"$TORCHRIG_TMP"/nccl-tests.tgz'
 
 BLACKLIST = "# torchrig: the NVIDIA driver needs nouveau out of the way\nblacklist nouveau\noptions nouveau modeset=0\n"
@@ -265,12 +266,19 @@ def python_venv(c: Ctx) -> list[Change]:
                 "--index-url", index.url]
         if s.pip_trusted_host:
             args += ["--trusted-host", s.pip_trusted_host]
-        script = sh(*args, *missing)
+        if any(ch in r for r in missing for ch in "\r\n\0"):
+            raise TorchrigError("var 'extra_pip_packages': an entry holds a line break; "
+                                "give one requirement per entry")
+        pip = sh(*args) + f" -r {PIP_REQUIREMENTS}"
         if index.login is not None:
             # credentials from a 0600 netrc file, not the URL: pip passes its index URL on
             # to the pip it runs for build dependencies, in that process's command line
-            script = (f"(umask 077; printf %s {sh(b64(netrc(index, 'pip_index_url')))} | base64 -d > {PIP_NETRC})\n"
-                      f"NETRC={PIP_NETRC} {script}")
+            pip = (f"(umask 077; printf %s {sh(b64(netrc(index, 'pip_index_url')))} | base64 -d > {PIP_NETRC})\n"
+                   f"NETRC={PIP_NETRC} {pip}")
+        # the requirements in a file, not argv: one may be a URL with credentials
+        # (`pkg @ https://user:token@host/pkg.whl`)
+        script = (f"printf %s {sh(b64(''.join(r + chr(10) for r in missing)))} | base64 -d "
+                  f"> {PIP_REQUIREMENTS}\n{pip}")
         out.append(Cmd(f"pip install {' '.join(missing)} into {s.venv}", script))
     return out
 

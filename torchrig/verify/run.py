@@ -50,7 +50,7 @@ def gather(inv: Inventory, h: Host, opts: HostOpts, peer: dict | None, torch_run
            accept_new: bool = False) -> dict:
     req = {"query": ",".join(smi_query.QUERY_FIELDS), "venv": opts.venv,
            "torch_runtime": torch_runtime, "peer": peer}
-    r = run_once(h, inv, "python3 - " + sh(json.dumps(req)), accept_new=accept_new, timeout=180,
+    r = run_once(h, inv, "python3 -I - " + sh(json.dumps(req)), accept_new=accept_new, timeout=180,
                  data=SCRIPT.read_text())
     if r.exited != 0:
         raise TorchrigError(f"gathering facts failed (exit {r.exited}): {r.stderr.strip()[-400:]}")
@@ -135,7 +135,8 @@ def _bench_cmd(o: HostOpts, nproc: int, rdzv: list[str], env: dict[str, str]) ->
         if o.accelerator == "cpu" else ["--min-bytes", "8388608", "--max-bytes", "1073741824"]
     run = (sh(f"{o.venv}/bin/python", "-m", "torch.distributed.run", *rdzv,
               "--nproc-per-node", str(nproc)) + ' "$TORCHRIG_BENCH" ' + sh(*sizes, "--json", "-"))
-    return ("d=$(mktemp -d) && trap 'rm -rf -- \"$d\"' EXIT && "
+    # cd: `python -m` puts the working directory first on sys.path
+    return ("d=$(mktemp -d) && trap 'rm -rf -- \"$d\"' EXIT && cd \"$d\" && "
             'export TORCHRIG_BENCH="$d/allreduce_bench.py" && cat > "$TORCHRIG_BENCH" && '
             + with_env(run, {"OMP_NUM_THREADS": "1", **env}))
 

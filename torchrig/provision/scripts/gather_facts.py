@@ -1,4 +1,4 @@
-"""Runs ON THE TARGET HOST as root (python3 -c, one round trip): every fact provision needs,
+"""Runs ON THE TARGET HOST as root (python3 -I -, one round trip): every fact provision needs,
 as one JSON document on stdout. Standard library only; never imports torch.
 
 argv[1]: JSON {"packages": [...], "files": [...], "secret_files": [...], "dirs": [...],

@@ -1,4 +1,4 @@
-"""Runs ON THE TARGET HOST (python3 -, one round trip, as the login user): GPU, topology,
+"""Runs ON THE TARGET HOST (python3 -I -, one round trip, as the login user): GPU, topology,
 driver and stack facts for `invoke verify`, as one JSON document. Standard library only;
 imports torch only in the venv's own interpreter and only when asked (`torch_runtime`).
 
@@ -71,7 +71,7 @@ if want.get("torch_runtime") and out["venv_exists"]:
             "except Exception as e:\n"
             "    d['nccl_error'] = str(e)\n"
             "print(json.dumps(d))\n")
-    r = run([py, "-c", code], timeout=120)
+    r = run([py, "-I", "-c", code], timeout=120)  # -I: nothing imported from the cwd
     try:
         out["torch_runtime"] = json.loads(r["out"].strip().splitlines()[-1])
     except (ValueError, IndexError):
