@@ -188,9 +188,10 @@ def verify(c, inventory=None, host=None, bandwidth=False, json_=False, accept_ne
     _warm("torchrig.report")
     rep = run_verify(inv, inv.select(host), bandwidth=bandwidth, accept_new=accept_new_host_keys,
                      parallel=_parallel(c))
+    rep.redact(red := _redactor(inv))
     from torchrig import report
     if json_:
-        print(json.dumps(rep.as_dict(), indent=2, default=str))
+        print(json.dumps(red.data(rep.as_dict()), indent=2, default=str))
     else:
         report.verify_report(rep)
     if rep.status != "PASS":

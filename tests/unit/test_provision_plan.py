@@ -269,6 +269,13 @@ def test_a_requirement_url_with_credentials_never_in_argv(tmp_path):
     with pytest.raises(TorchrigError, match="line break"):
         steps.python_venv(ctx(fresh(venv={"python": "3.11.2", "dists": {}}),
                               extra_pip_packages=["ok\n--index-url=http://evil/"]))
+    # pip runs `git clone URL` for a git+ requirement: a token there would be in git's argv
+    for bad in ["git+https://ci:tok@git.internal/priv.git", "priv @ git+https://tok@git.internal/p"]:
+        with pytest.raises(TorchrigError, match="git\\+ URL with credentials"):
+            steps.python_venv(ctx(fresh(venv={"python": "3.11.2", "dists": {}}),
+                                  extra_pip_packages=[bad]))
+    assert steps.python_venv(ctx(fresh(venv={"python": "3.11.2", "dists": {}}),
+                                 extra_pip_packages=["git+https://git.internal/pub.git"]))
 
 
 @pytest.mark.parametrize("url,user,password", [

@@ -4,6 +4,7 @@ so an honest --dry-run and idempotency fall out of one code path."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -269,6 +270,10 @@ def python_venv(c: Ctx) -> list[Change]:
         if any(ch in r for r in missing for ch in "\r\n\0"):
             raise TorchrigError("var 'extra_pip_packages': an entry holds a line break; "
                                 "give one requirement per entry")
+        if any(re.search(r"(^|\s|@)git\+[a-z]+://[^/\s]*@", r) for r in missing):
+            raise TorchrigError("var 'extra_pip_packages': a git+ URL with credentials would "
+                                "reach git's command line (pip runs `git clone URL`); use a wheel "
+                                "URL or an index (pip_index_url) for private packages")
         pip = sh(*args) + f" -r {PIP_REQUIREMENTS}"
         if index.login is not None:
             # credentials from a 0600 netrc file, not the URL: pip passes its index URL on

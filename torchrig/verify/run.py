@@ -71,6 +71,17 @@ class Report:
         st += ["FAIL"] * len(self.unreachable)
         return evaluate.overall(st)
 
+    def redact(self, red) -> None:
+        """Mask secrets in every text that came from a host (tool output, error lines) before
+        any of it is printed: verify's table and --json go through the one redactor too."""
+        for v in self.hosts:
+            for ch in v.checks:
+                ch.detail = red.text(ch.detail)
+            v.advice = [red.text(a) for a in v.advice]
+        for b in self.bandwidth:
+            b["check"].detail = red.text(b["check"].detail)
+        self.unreachable = {h: red.text(e) for h, e in self.unreachable.items()}
+
     def as_dict(self) -> dict:
         return {"status": self.status, "hosts": [v.as_dict() for v in self.hosts],
                 "unreachable": self.unreachable,

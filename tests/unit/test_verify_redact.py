@@ -1,0 +1,25 @@
+"""verify prints what hosts said (tool output, error lines): its table and --json go through
+the one redactor like every other output."""
+
+import json
+
+from torchrig.secrets import Redactor
+from torchrig.verify.evaluate import Check, HostVerdict
+from torchrig.verify.run import Report
+
+
+def test_verify_report_texts_are_redacted(capsys):
+    red = Redactor(["hunter2-tok"])
+    v = HostVerdict("gpu1", checks=[Check("pip", "FAIL", "GET https://ci:p@ss@idx/simple: 401")],
+                    advice=["retry with hunter2-tok"])
+    bw = {"scope": "gpu1", "hosts": ["gpu1"], "check": Check("busbw", "FAIL", "token hunter2-tok"),
+          "result": None}
+    rep = Report(hosts=[v], unreachable={"gpu2": "cannot fetch https://:only-t0ken@h/x"},
+                 bandwidth=[bw])
+    rep.redact(red)
+    from torchrig import report
+    report.verify_report(rep)
+    out = capsys.readouterr().out + json.dumps(red.data(rep.as_dict()), default=str)
+    for secret in ("p@ss", "hunter2-tok", "only-t0ken"):
+        assert secret not in out
+    assert "401" in out and "gpu2" in out
