@@ -267,7 +267,9 @@ def test_down_host_means_nothing_started(testbed, inventory_doc, tmp_path):
 
 
 def test_two_jobs_and_conflicts(testbed, inventory_doc, tmp_path):
-    a = launch(testbed, "t-one", "--args", "--max-steps 40 --log-every 10")
+    # t-one runs until stopped, so the conflict checks below find it running on any machine
+    # speed (a 40-step job could end before the second launch's check)
+    a = launch(testbed, "t-one", "--args", "--max-steps 1000000 --log-every 10")
     b = launch(testbed, "t-two", "--args", "--max-steps 40 --log-every 10")
     assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
     again = launch(testbed, "t-one", "--args", "--max-steps 40")
@@ -277,9 +279,11 @@ def test_two_jobs_and_conflicts(testbed, inventory_doc, tmp_path):
     doc["vars"]["accelerator"] = "cuda"
     r = launch(write_inventory(tmp_path, doc), "t-three")
     assert r.returncode == 1 and "already runs job(s)" in r.stderr and "share them" in r.stderr
-    for job in ("t-one", "t-two"):
+    r = invoke("stop", "-i", str(testbed), "-h", NODES, "--job", "t-one", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for job, done in (("t-one", r"\d+"), ("t-two", "40")):
         out = logs(testbed, job, "-f", timeout=300)
-        assert re.search(r"^\[gpu\d/r0\] done step=40 ", out.stdout, re.M), (job, out.stdout[-2000:])
+        assert re.search(rf"^\[gpu\d/r0\] done step={done} ", out.stdout, re.M), (job, out.stdout[-2000:])
 
 
 def test_power_off_node_survivors_end_in_bounded_time(testbed):
