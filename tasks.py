@@ -300,8 +300,9 @@ def status(c, inventory=None, host=None, job=None, json_=False, watch=None,
     inv = _inventory(c, inventory)
     chosen = inv.select(host)
     job = job or _latest_job(c, inv, chosen)
+    red = _redactor(inv)  # the inventory's secrets do not change between --watch rounds
     while True:
-        res = _redactor(inv).data(run_status(inv, chosen, job, accept_new_host_keys, par))
+        res = red.data(run_status(inv, chosen, job, accept_new_host_keys, par))
         if json_:
             print(json.dumps({"job": job, "nodes": {r.host: (r.value if r.ok else {"error": r.error})
                                                      for r in res}}, indent=2))
