@@ -17,7 +17,7 @@ import tarfile
 from pathlib import Path
 
 from ..errors import TorchrigError
-from ..remote import connect, login_user, privileged, run_input, sh
+from ..remote import connect, flock_lines, login_user, privileged, run_input, sh
 
 SKIP_DIRS = {"__pycache__", ".git", ".pytest_cache"}
 
@@ -58,9 +58,7 @@ def _b64(data: bytes) -> str:
 # both succeed: the second finds the release complete, or builds its own in a private folder
 # and renames it in. The lock is a 0600 file of root's: a folder (0755) can be opened, so
 # flock'ed, by any local user or job, which then held off every push.
-LOCK = """old_umask=$(umask); umask 077; exec 9>>"$base/.lock"; umask "$old_umask"
-flock -w 300 9 || {{ echo "error: another push to $base held its lock for 300 s" >&2; exit 1; }}
-"""
+LOCK = flock_lines('"$base"', "another push to $base held its lock", 1)
 
 PROBE = """set -e
 base={base}

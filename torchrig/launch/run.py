@@ -11,7 +11,7 @@ from pathlib import Path
 from ..errors import TorchrigError
 from ..inventory import Host, Inventory
 from ..provision.desired import settings_for
-from ..remote import fan_out, run_once, sh
+from ..remote import fan_out, flock_lines, run_once, sh
 from ..secrets import secret_env_names
 from ..verify.run import verify
 from .plan import (GPU_SAMPLER, JOB_RE, SAMPLER_PATH, Job, Node, check_job_name, env_path,
@@ -29,9 +29,7 @@ BUSY_UNITS = f"systemctl list-units 'torchrig-*.service' --state={BUSY_STATES} -
 # Install, start and undo on a node hold a lock (a 0600 file of root's in the jobs folder: the
 # folder itself can be opened, so flock'ed, by any local user), so two launches at once see
 # each other's units complete and in a known state.
-LOCK = """old_umask=$(umask); umask 077; exec 9>>{jobs}/.lock; umask "$old_umask"
-flock -w 300 9 || {{ echo "error: another launch held the lock on {jobs} for 300 s" >&2; exit 3; }}
-"""
+LOCK = flock_lines("{jobs}", "another launch held the lock on {jobs}", 3)
 # refuses when the job's own unit is busy: a launch of the same job started it meanwhile
 OWN_BUSY = """case "$(systemctl show -p ActiveState --value {name})" in
   active|activating|deactivating|reloading)
