@@ -90,7 +90,7 @@ def test_nccl03_8xA100():
     assert (row.in_place.time_us, row.in_place.algbw_gbs, row.in_place.busbw_gbs) == (81154, 132.31, 231.54)
     assert r.avg_busbw_gbs == 231.793
     assert (r.out_of_bounds, r.out_of_bounds_ok) == (0, True)
-    assert r.max_busbw_gbs == 232.04
+    assert [(x.half, x.busbw_gbs) for x in r.samples()] == [("out-of-place", 232.04), ("in-place", 231.54)]
     assert not r.any_wrong
     _check_row_arithmetic(row, r.nranks)
 
@@ -219,4 +219,35 @@ def test_non_finite_values_are_not_measurements():
             "# Avg bus bandwidth    : 1.2.3\n")
     res = nccl_tests.parse(text)
     assert [r.size for r in res.rows] == [33554432]
-    assert res.max_busbw_gbs == 209.7 and res.avg_busbw_gbs is None
+    assert {x.busbw_gbs for x in res.samples()} == {209.7} and res.avg_busbw_gbs is None
+
+
+# ------------------------------------------------------------------ rank count (issue 11)
+
+_MPI_NO_DEVICES = """\
+# nThread 1 nGpus 1 minBytes 1073741824 maxBytes 1073741824 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0
+#
+#                                                              out-of-place                       in-place
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+  1073741824     268435456     float     sum      -1   9306.7  115.37  201.90      0   9291.5  115.56  202.23      0
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 202.065
+"""
+
+
+def test_no_device_lines_rank_count_is_unknown_not_nthread_times_ngpus():
+    """mpirun -np 8 ... -g 1 with the device lines lost: nThread 1 x nGpus 1 is one process's
+    share, not the communicator (the old code said 1 rank)."""
+    r = nccl_tests.parse(_MPI_NO_DEVICES)
+    assert r.devices == () and r.nranks is None
+
+
+def test_rank_count_from_nccls_init_lines():
+    old = "node1:1234:1234 [0] NCCL INFO comm 0x5581d4a0 rank 0 nranks 16 cudaDev 0 busId 7000 - Init COMPLETE\n"
+    new = ("h100-2:895544:895544 [0] NCCL INFO comm 0x55d0c2b0 rank 3 nRanks 16 nNodes 2 "
+           "localRanks 8 localRank 3 MNNVL 0\n")
+    assert nccl_tests.parse(old + _MPI_NO_DEVICES).nranks == 16
+    assert nccl_tests.parse(_MPI_NO_DEVICES + new).nranks == 16
+    # device lines win: one per rank
+    assert nccl_tests.parse(fixture(N03) + old).nranks == 8

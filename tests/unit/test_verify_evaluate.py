@@ -130,3 +130,101 @@ def test_benchmark_copy_goes_to_a_private_folder_removed_afterwards(tmp_path):
     assert mode.split()[0] == "700" and path.startswith(f"{tmpdir}/tmp.") and same == "same"
     assert f"--nproc-per-node 2 {path} --min-bytes" in argv
     assert list(tmpdir.iterdir()) == []  # removed when the command ended
+
+
+# ---------------------------------------------------------------- busbw that cannot be fooled
+
+from torchrig.facts import nccl_tests  # noqa: E402
+
+NCCL03 = (FIX / "nccl_03_all_reduce_perf_g8_8xA100_SXM4_40GB_oci_bm_gpu4_8.txt").read_text()
+NCCL04 = (FIX / "nccl_04_all_reduce_perf_g2_2xRTX2080Ti_pcie_pix_autodl.txt").read_text()
+GiB = 1 << 30
+
+
+def _row(size, t_oop, bw_oop, t_ip, bw_ip):
+    return (f"{size:>12d} {size // 4:>13d}     float     sum      -1 {t_oop:>8} {0:>7.2f} {bw_oop:>7.2f}"
+            f"      0 {t_ip:>8} {0:>7.2f} {bw_ip:>7.2f}      0\n")
+
+
+def _nccl(devices, rows):
+    head = "# nThread 1 nGpus %d minBytes 8 maxBytes %d step: 2(factor) warmup iters: 5 iters: 20 " \
+           "agg iters: 1 validation: 1 graph: 0\n#\n# Using devices\n" % (devices, GiB)
+    head += "".join(f"#  Rank {i:2d} Group  0 Pid   1728 on box device {i:2d} [0x{i:02x}] "
+                    f"Tesla V100-SXM2-32GB\n" for i in range(devices))
+    head += ("#       size         count      type   redop    root     time   algbw   busbw #wrong"
+             "     time   algbw   busbw #wrong\n")
+    return head + "".join(rows)
+
+
+def test_real_captures_pass_at_the_size_the_threshold_is_defined_for():
+    chk = evaluate.nccl_tests_check(nccl_tests.parse(NCCL03), "nvswitch", "NVIDIA A100-SXM4-40GB",
+                                    8, None)
+    assert chk.status == PASS and "busbw 231.790 GB/s at 10737418240 B over 8 ranks" in chk.detail
+    assert "nccl-tests#175" in chk.detail  # the machine row, with its source
+    chk = evaluate.nccl_tests_check(nccl_tests.parse(NCCL04), "pcie-switch",
+                                    "NVIDIA GeForce RTX 2080 Ti", 2, None)
+    assert chk.status == PASS and f"at {GiB} B over 2 ranks" in chk.detail
+
+
+def test_one_rank_is_not_run_never_pass():
+    one = _nccl(1, [_row(GiB, 150.0, 0.0, 2.0, 0.0)])
+    chk = evaluate.nccl_tests_check(nccl_tests.parse(one), "nvswitch", "", 1, {"nvswitch": 0})
+    assert chk.status == NOT_RUN and "not defined below 2" in chk.detail
+    res = {"world_size": 1, "wrong_total": 0, "rows": [{"bytes": GiB, "time_us": 5000.0}]}
+    assert evaluate.bandwidth_check("bw", res, "nvswitch", "", {"nvswitch": 0}).status == NOT_RUN
+
+
+def test_peak_at_a_mid_size_does_not_pass_a_slow_large_size():
+    """Old code: max over every size and both halves (60 at 64 MiB) passed an 8x V100 box
+    that runs at 25 GB/s where it matters."""
+    text = _nccl(8, [_row(64 << 20, 1900, 60.0, 1900, 60.0), _row(GiB, 75000, 25.0, 75100, 25.0)])
+    chk = evaluate.nccl_tests_check(nccl_tests.parse(text), "nvlink", "Tesla V100-SXM2-32GB", 8, None)
+    assert chk.status == FAIL and f"busbw 25.000 GB/s at {GiB} B" in chk.detail
+    assert "min 95 for nvlink" in chk.detail  # the 8x V100-SXM2 row, not the generic 20
+
+
+def test_no_op_half_is_flagged_and_left_out():
+    """A 1 GiB in-place reduce 'taking' 0.19 us (seen on real machines): busbw in the millions.
+    The old code took the max and passed; now that half is flagged and the other half judged."""
+    text = _nccl(8, [_row(GiB, 75000, 25.0, "0.19", 9868000.0)])
+    chk = evaluate.nccl_tests_check(nccl_tests.parse(text), "nvlink", "Tesla V100-SXM2-32GB", 8, None)
+    assert chk.status == FAIL and "busbw 25.000" in chk.detail
+    assert "invalid, left out" in chk.detail and "in-place 0.19 us" in chk.detail
+    # both halves no-ops: nothing valid is left at the size that counts
+    both = _nccl(8, [_row(1 << 20, 40.0, 45.0, 40.0, 45.0), _row(GiB, "0.2", 9e6, "0.19", 9e6)])
+    chk = evaluate.nccl_tests_check(nccl_tests.parse(both), "nvlink", "Tesla V100-SXM2-32GB", 8, None)
+    assert chk.status == NOT_RUN and "invalid" in chk.detail
+
+
+def test_payload_no_op_and_short_sweep_are_not_run():
+    ok = {"bytes": 1 << 20, "time_us": 900.0}
+    noop = {"world_size": 8, "wrong_total": 0, "rows": [ok, {"bytes": GiB, "time_us": 0.19}]}
+    chk = evaluate.bandwidth_check("bw", noop, "nvswitch", "NVIDIA H100 80GB HBM3", None, gpu_count=8)
+    assert chk.status == NOT_RUN and "invalid" in chk.detail  # old code: busbw 9.9e6, PASS
+    short = {"world_size": 8, "wrong_total": 0, "rows": [{"bytes": 16 << 20, "time_us": 100.0}]}
+    chk = evaluate.bandwidth_check("bw", short, "nvswitch", "", None)
+    assert chk.status == NOT_RUN and f"at or above {GiB} B" in chk.detail  # old: PASS at 16 MiB
+
+
+def test_unknown_rank_count_is_said_and_zero_busbw_not_passed():
+    text = _nccl(0, [_row(GiB, 9306.7, 201.9, 9291.5, 202.23)]).replace("nGpus 0", "nGpus 1")
+    chk = evaluate.nccl_tests_check(nccl_tests.parse(text), "nvswitch", "", None, None)
+    assert chk.status == PASS and "rank count unknown" in chk.detail
+    zero = _nccl(0, [_row(GiB, 150.0, 0.0, 150.0, 0.0)])
+    chk = evaluate.nccl_tests_check(nccl_tests.parse(zero), "nvswitch", "", None, {"nvswitch": 0})
+    assert chk.status == NOT_RUN
+
+
+def test_threshold_rows_by_model_count_and_class():
+    from torchrig.verify import thresholds
+    assert thresholds.lookup("nvlink", "Tesla V100-SXM2-32GB", None, 8).minimum == 95
+    assert thresholds.lookup("nvlink", "Tesla V100-SXM2-32GB", None, 4).minimum == 20  # class default
+    assert thresholds.lookup("nvswitch", "NVIDIA H100 80GB HBM3", None, 8).expected == 370
+    assert thresholds.lookup("nvlink", "NVIDIA H100 PCIe", None, 2).expected == 115
+    assert thresholds.lookup("cpu", "NVIDIA H100 PCIe", None, 2).expected == 40
+    assert thresholds.lookup("cpu-gloo").min_bytes == 16 << 20
+    assert thresholds.lookup("nvswitch", "H100", {"nvswitch": 50}, 8).minimum == 50
+    # every row names a source, and a guess says so
+    for row in thresholds._data()["machines"] + list(thresholds._data()["classes"].values()):
+        src = row["source"]
+        assert src.startswith(("estimate:", "fixture:", "NVIDIA/")), src

@@ -21,6 +21,8 @@ GB/s here is 1e9 bytes per second, as nccl-tests prints it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 _ALIASES = {
     "allreduce": "all_reduce",
     "reducescatter": "reduce_scatter",
@@ -68,3 +70,55 @@ def busbw_factor(op: str, n: int) -> float:
 def busbw(op: str, nbytes: float, seconds: float, n: int) -> float:
     """Bus bandwidth in GB/s."""
     return algbw(nbytes, seconds) * busbw_factor(op, n)
+
+
+# ------------------------------------------------------------------ reading a sweep
+
+# A half this many times faster than its twin at the same size, or than a smaller message of
+# the same sweep, did not move the data: a real transfer of more bytes never takes less time.
+NO_OP_RATIO = 100.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timed collective of a sweep: a (size, half) cell of nccl-tests' table, or a row of
+    the project's benchmark (in-place only)."""
+
+    size: int  # bytes
+    half: str  # "out-of-place" | "in-place"
+    time_us: float
+    busbw_gbs: float
+
+
+def screen(samples: list[Sample]) -> tuple[list[Sample], list[tuple[Sample, str]]]:
+    """(valid samples, [(invalid sample, why)]): a time orders of magnitude (NO_OP_RATIO) below
+    its twin half at the same size, or below any smaller message of the same half, is not a
+    measurement; neither is a time of zero or less."""
+    invalid: list[tuple[Sample, str]] = []
+    for s in samples:
+        if s.time_us <= 0:
+            invalid.append((s, f"{s.half} time {s.time_us:g} us at {s.size} B"))
+            continue
+        twin = [o for o in samples if o.size == s.size and o.half != s.half and o.time_us > 0]
+        if twin and s.time_us * NO_OP_RATIO <= twin[0].time_us:
+            invalid.append((s, f"{s.half} {s.time_us:g} us at {s.size} B vs "
+                               f"{twin[0].time_us:g} us {twin[0].half}"))
+            continue
+        smaller = [o for o in samples if o.size < s.size and o.half == s.half and o.time_us > 0]
+        slowest = max(smaller, key=lambda o: o.time_us, default=None)
+        if slowest and s.time_us * NO_OP_RATIO <= slowest.time_us:
+            invalid.append((s, f"{s.half} {s.time_us:g} us at {s.size} B, but "
+                               f"{slowest.time_us:g} us at {slowest.size} B"))
+    bad = {id(s) for s, _ in invalid}
+    return [s for s in samples if id(s) not in bad], invalid
+
+
+def at_large_size(samples: list[Sample], min_bytes: int) -> tuple[int, float] | None:
+    """(size, busbw): the mean busbw of the samples at the largest size >= min_bytes, the
+    bandwidth-bound end of the sweep; None if the sweep never got there."""
+    sizes = [s.size for s in samples if s.size >= min_bytes]
+    if not sizes:
+        return None
+    top = max(sizes)
+    vals = [s.busbw_gbs for s in samples if s.size == top]
+    return top, sum(vals) / len(vals)

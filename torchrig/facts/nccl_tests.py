@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 
 from torchrig.facts._text import finite, lines as _lines
-from torchrig.facts.busbw import canonical_op
+from torchrig.facts.busbw import Sample, canonical_op
 
 
 def command(
@@ -102,20 +102,21 @@ class Result:
     out_of_bounds: int | None  # "# Out of bounds values : 0 OK" -> 0
     out_of_bounds_ok: bool | None
     collective: str | None  # from "# Collective test starting: all_reduce_perf" when present
+    nccl_nranks: int | None = None  # from NCCL's own init line (NCCL_DEBUG=INFO), when printed
 
     @property
     def nranks(self) -> int | None:
-        """Ranks in the communicator: device lines if printed, else nThread * nGpus."""
+        """Ranks in the communicator, from what the output shows: one device line per rank,
+        else the rank count NCCL logged at init; else None (unknown). Never nThread x nGpus:
+        that is one process's share, and under mpirun there are as many processes as slots."""
         if self.devices:
             return len(self.devices)
-        if self.params and self.params.n_gpus is not None:
-            return self.params.n_gpus * (self.params.n_threads or 1)
-        return None
+        return self.nccl_nranks
 
-    @property
-    def max_busbw_gbs(self) -> float | None:
-        vals = [h.busbw_gbs for r in self.rows for h in (r.out_of_place, r.in_place)]
-        return max(vals) if vals else None
+    def samples(self) -> list[Sample]:
+        """Every (size, half) cell, for busbw.screen / busbw.at_large_size."""
+        return [Sample(r.size, name, h.time_us, h.busbw_gbs) for r in self.rows
+                for name, h in (("out-of-place", r.out_of_place), ("in-place", r.in_place))]
 
     @property
     def any_wrong(self) -> bool:
@@ -147,6 +148,9 @@ def _parse_params(line: str) -> Params:
 _DEVICE = re.compile(
     r"^#\s*Rank\s+(\d+)\s+(?:Group\s+(\d+)\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[([^\]]*)\]\s*(.*?)\s*$"
 )
+# NCCL's init line: "... NCCL INFO comm 0x55d0 rank 0 nranks 16 cudaDev 0 busId 18000 - Init
+# COMPLETE" (older), "... NCCL INFO comm 0x55d0 rank 0 nRanks 16 nNodes 2 localRanks 8 ..." (2.19+)
+_NCCL_NRANKS = re.compile(r"NCCL INFO\b.*\bcomm 0x[0-9a-fA-F]+ rank \d+ n[Rr]anks (\d+)")
 _NUM = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$")
 
 
@@ -205,9 +209,13 @@ def parse(text: str) -> Result:
     oob_ok = None
     collective = None
     layout: str | None = None  # "new" (root + #wrong) / "old" (no root, error) from the header
+    nccl_nranks: int | None = None
     for line in _lines(text):
         s = line.strip()
         if not s:
+            continue
+        if m := _NCCL_NRANKS.search(s):
+            nccl_nranks = max(nccl_nranks or 0, int(m.group(1)))
             continue
         if s.startswith("#"):
             if "nThread" in s and params is None:
@@ -248,4 +256,5 @@ def parse(text: str) -> Result:
         out_of_bounds=oob,
         out_of_bounds_ok=oob_ok,
         collective=collective,
+        nccl_nranks=nccl_nranks,
     )

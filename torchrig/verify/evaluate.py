@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from ..facts import busbw as busbw_math
-from ..facts import smi_query, topo as topo_mod
+from ..facts import nccl_tests, smi_query, topo as topo_mod
 from . import thresholds
 
 PASS, FAIL, WARN, NOT_RUN = "PASS", "FAIL", "WARN", "NOT RUN"
@@ -192,25 +192,56 @@ def version_gate(verdicts: list[HostVerdict]) -> tuple[str, dict[str, dict[str, 
     return (FAIL if reasons else PASS), table, reasons
 
 
-def bandwidth_check(name: str, result: dict | None, cls: str, gpu_name: str,
-                    overrides: dict | None, error: str | None = None) -> Check:
-    """Compare a measured all-reduce (allreduce_bench JSON) with the class's minimum busbw."""
-    if error or result is None:
-        return Check(name, NOT_RUN, error or "no result")
-    th = thresholds.lookup(cls, gpu_name, overrides)
+def busbw_check(name: str, samples: list[busbw_math.Sample], nranks: int | None, cls: str,
+                gpu_name: str, gpu_count: int | None, overrides: dict | None, what: str) -> Check:
+    """Judge one all-reduce sweep against the threshold of its link class and machine: at the
+    large sizes the threshold is defined for, from valid halves only, with 2 or more ranks."""
+    th = thresholds.lookup(cls, gpu_name, overrides, gpu_count)
     if th is None:
         return Check(name, NOT_RUN, f"no busbw threshold for link class {cls!r}")
-    rows = result.get("rows", [])
+    if not samples:
+        return Check(name, NOT_RUN, "no measurements")
+    if nranks is not None and nranks < 2:
+        return Check(name, NOT_RUN, f"{nranks} rank(s): bus bandwidth is not defined below 2 "
+                                    "ranks, so this run says nothing about the links")
+    valid, invalid = busbw_math.screen(samples)
+    flagged = ("; invalid, left out (a no-op, not a transfer): "
+               + "; ".join(why for _, why in invalid[:3])
+               + (f" and {len(invalid) - 3} more" if len(invalid) > 3 else "")) if invalid else ""
+    got = busbw_math.at_large_size(valid, th.min_bytes)
+    if got is None:
+        return Check(name, NOT_RUN, f"no valid measurement at or above {th.min_bytes} B, the size "
+                                    f"the {cls} threshold is defined for{flagged}")
+    size, bw = got
+    if nranks is None and bw == 0:  # 1 rank gives busbw 0 (factor 2(n-1)/n); unknown count
+        return Check(name, NOT_RUN, f"busbw 0 and no rank count in the output (one rank?){flagged}")
+    ranks = f"{nranks} ranks" if nranks is not None else "rank count unknown (no per-device lines)"
+    status = PASS if bw >= th.minimum else FAIL
+    return Check(name, status, f"{what}busbw {bw:.3f} GB/s at {size} B over {ranks} "
+                               f"(min {th.minimum:g} for {cls}; {th.source}){flagged}")
+
+
+def bandwidth_check(name: str, result: dict | None, cls: str, gpu_name: str,
+                    overrides: dict | None, error: str | None = None,
+                    gpu_count: int | None = None) -> Check:
+    """The project's benchmark (allreduce_bench JSON) against the class's minimum busbw."""
+    if error or result is None:
+        return Check(name, NOT_RUN, error or "no result")
     if result.get("wrong_total"):
         return Check(name, FAIL, f"{result['wrong_total']} wrong values in the all-reduce results")
-    if not rows:
-        return Check(name, NOT_RUN, "no measurements")
-    n = result.get("world_size", 0)
-    if n < 2:
-        return Check(name, NOT_RUN, "one rank only: bus bandwidth is not defined")
+    n = result.get("world_size") or 0
     # recompute from raw numbers: the verdict never trusts the payload's own busbw
-    last = rows[-1]
-    bw = busbw_math.busbw("all_reduce", last["bytes"], last["time_us"] / 1e6, n)
-    status = PASS if bw >= th.minimum else FAIL
-    return Check(name, status, f"busbw {bw:.3f} GB/s at {last['bytes']} B over {n} ranks "
-                               f"(min {th.minimum:g} for {cls}; {th.source})")
+    samples = [busbw_math.Sample(r["bytes"], "in-place", r["time_us"],
+                                 busbw_math.busbw("all_reduce", r["bytes"], r["time_us"] / 1e6, n)
+                                 if n >= 1 and r["time_us"] > 0 else 0.0)
+               for r in result.get("rows", [])]
+    return busbw_check(name, samples, n, cls, gpu_name, gpu_count, overrides, "")
+
+
+def nccl_tests_check(res: nccl_tests.Result, cls: str, gpu_name: str, gpu_count: int | None,
+                     overrides: dict | None) -> Check:
+    """nccl-tests' all_reduce_perf output: its own busbw (scaled with its real rank count)."""
+    if res.any_wrong:
+        return Check("nccl-tests", FAIL, "all_reduce_perf counted wrong values (#wrong > 0)")
+    return busbw_check("nccl-tests", res.samples(), res.nranks, cls, gpu_name, gpu_count,
+                       overrides, "all_reduce_perf ")

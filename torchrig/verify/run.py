@@ -14,7 +14,7 @@ from ..facts import nccl_tests, smi_query
 from ..inventory import Host, Inventory
 from ..provision.desired import settings_for
 from ..remote import connect, fan_out, run_once, sh, with_env
-from . import evaluate, thresholds
+from . import evaluate
 from .evaluate import Check, HostVerdict
 
 SCRIPT = Path(__file__).parent / "scripts" / "verify_facts.py"
@@ -173,7 +173,8 @@ def _bandwidth(inv, hosts: list[Host], opts: dict[str, HostOpts], rep: Report,
         cls = "cpu-gloo" if o.accelerator == "cpu" else (v.topology if v and v.topology else "unknown")
         gpu = v.gpus[0]["name"] if v and v.gpus else ""
         chk = evaluate.bandwidth_check("bandwidth (in node)", r.value if r.ok else None, cls, gpu,
-                                       o.busbw_min_gbs, None if r.ok else r.error)
+                                       o.busbw_min_gbs, None if r.ok else r.error,
+                                       len(v.gpus) if v else None)
         rep.bandwidth.append({"scope": "node", "hosts": [h.name], "check": chk,
                               "result": r.value if r.ok else None})
         _nccl_tests(inv, h, o, v, rep, accept_new)
@@ -226,13 +227,7 @@ def _nccl_tests(inv, h: Host, o: HostOpts, v: HostVerdict | None, rep: Report, a
         chk = Check("nccl-tests", evaluate.NOT_RUN, f"all_reduce_perf failed: {r.stderr.strip()[-300:]}")
         rep.bandwidth.append({"scope": "node-nccl-tests", "hosts": [h.name], "check": chk})
         return
-    res = nccl_tests.parse(r.stdout)
-    th_cls = v.topology if v and v.topology else "unknown"
-    th = thresholds.lookup(th_cls, v.gpus[0]["name"] if v and v.gpus else "", o.busbw_min_gbs)
-    best = res.max_busbw_gbs
-    if th is None or best is None:
-        chk = Check("nccl-tests", evaluate.NOT_RUN, "no threshold or no rows")
-    else:
-        chk = Check("nccl-tests", evaluate.PASS if best >= th.minimum else evaluate.FAIL,
-                    f"all_reduce_perf busbw {best:.1f} GB/s (avg {res.avg_busbw_gbs}); min {th.minimum:g}")
+    chk = evaluate.nccl_tests_check(nccl_tests.parse(r.stdout), v.topology if v and v.topology
+                                    else "unknown", v.gpus[0]["name"] if v and v.gpus else "",
+                                    len(v.gpus) if v else None, o.busbw_min_gbs)
     rep.bandwidth.append({"scope": "node-nccl-tests", "hosts": [h.name], "check": chk})
