@@ -365,3 +365,47 @@ def test_remote_fact_scripts_survive_non_utf8_output(tmp_path, script, want):
     assert r.returncode == 0, r.stderr.decode(errors="replace")
     text = json.dumps(json.loads(r.stdout))
     assert "GPU \\ufffd\\ufffd caf\\ufffd" in text
+
+
+# ---------------------------------------------------------------- --query-gpu CSV (issue 11)
+
+
+def test_string_fields_stay_strings():
+    """The old code typed every cell: driver 470.10 became the number 470.1, compute_cap 8.0
+    the float 8.0, a serial lost its leading zero."""
+    text = ("driver_version, vbios_version, name, compute_cap, serial, pci.bus_id, memory.total [MiB]\n"
+            "470.10, 86.00.4D.00.04, Tesla V100-SXM2-32GB, 8.0, 0323617004245, 00000000:18:00.0, 32510 MiB\n")
+    (row,) = smi_query.parse_csv(text)
+    assert row["driver_version"] == "470.10" and row["compute_cap"] == "8.0"
+    assert row["serial"] == "0323617004245" and row["vbios_version"] == "86.00.4D.00.04"
+    assert row["memory.total"] == 32510  # numbers are still numbers
+    noheader = "470.10, 7.0\n535.104.05, 9.0\n"
+    assert smi_query.parse_csv(noheader, ["driver_version", "compute_cap"]) == [
+        {"driver_version": "470.10", "compute_cap": "7.0"},
+        {"driver_version": "535.104.05", "compute_cap": "9.0"}]
+
+
+def test_noheader_output_without_a_field_list_is_refused():
+    """Old: the first data row became the header and the rest a junk table (one GPU: [])."""
+    with pytest.raises(smi_query.QueryError, match="no CSV header line.*pass the field list"):
+        smi_query.parse_csv("0, NVIDIA A10, 23028 MiB\n1, NVIDIA A10, 23028 MiB\n")
+    with pytest.raises(smi_query.QueryError, match="no CSV header line"):
+        smi_query.parse_csv("470.10\n")
+
+
+def test_text_that_is_not_the_csv_is_refused():
+    table = fixture("smi_01_2xRTX2080Ti_driver550_cuda12_4.txt")  # the summary table, not CSV
+    with pytest.raises(smi_query.QueryError):
+        smi_query.parse_csv(table)
+    with pytest.raises(smi_query.QueryError, match="not the expected --query-gpu CSV"):
+        smi_query.parse_csv(table, ["index", "name", "memory.total"])
+    with pytest.raises(smi_query.QueryError):
+        smi_query.parse(table)
+    # a header for other fields than asked for
+    with pytest.raises(smi_query.QueryError, match="header names index, name"):
+        smi_query.parse_csv("index, name\n0, A10\n", ["name", "index"])
+
+
+def test_query_parse_skips_its_own_header_line():
+    header = ", ".join(smi_query.QUERY_FIELDS) + "\n"
+    assert smi_query.parse(header + QUERY_H100) == smi_query.parse(QUERY_H100)

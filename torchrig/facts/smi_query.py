@@ -120,11 +120,24 @@ def _str(value: str) -> str | None:
     return None if _missing(value) else value
 
 
-def convert(value: str, unit: str | None = None) -> Any:
-    """Type one CSV cell: None for N/A-like, strip a unit, int/float/bool if it looks like one."""
+# Fields nvidia-smi prints as text even when they look like numbers: a driver "470.10" is not
+# the number 470.1, a compute_cap "8.0" not 8, a serial keeps its leading zeros.
+STRING_FIELDS = frozenset({
+    "name", "gpu_name", "uuid", "gpu_uuid", "serial", "gpu_serial", "vbios_version",
+    "driver_version", "pci.bus_id", "gpu_bus_id", "pci.domain", "pci.bus", "pci.device",
+    "pci.device_id", "pci.sub_device_id", "compute_cap", "timestamp", "pstate", "compute_mode",
+    "inforom.img", "inforom.oem", "inforom.ecc", "inforom.pwr", "gpu_part_number", "board_id",
+})
+
+
+def convert(value: str, unit: str | None = None, field: str | None = None) -> Any:
+    """Type one CSV cell: None for N/A-like; the text itself for a STRING_FIELDS field; else
+    strip a unit and give an int/float/bool if it looks like one."""
     value = value.strip()
     if _missing(value):
         return None
+    if field in STRING_FIELDS:
+        return value
     m = _UNIT_VALUE.match(value)
     if m and (unit is None or m.group(2) == unit):
         value = m.group(1)
@@ -143,6 +156,8 @@ def convert(value: str, unit: str | None = None) -> Any:
 # ------------------------------------------------------------------------------ CSV parsing
 
 _HEADER_UNIT = re.compile(r"^(.*?)\s*\[([^\]]*)\]\s*$")
+# A header cell: a field name as --query-gpu takes it, with an optional " [unit]".
+_HEADER_CELL = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z0-9_]+)*(?:\s*\[[^\]]*\])?$")
 
 
 def _rows(text: str) -> list[list[str]]:
@@ -150,14 +165,23 @@ def _rows(text: str) -> list[list[str]]:
     return [[c.strip() for c in row] for row in csv.reader(body, skipinitialspace=True)]
 
 
+def _is_header(row: list[str]) -> bool:
+    return bool(row) and all(_HEADER_CELL.match(c) for c in row)
+
+
+def _names(row: list[str]) -> list[str]:
+    return [_HEADER_UNIT.sub(r"\1", h) for h in row]
+
+
 def parse_csv(text: str, fields: list[str] | None = None) -> list[dict[str, Any]]:
     """Parse ``--format=csv`` output into dicts of typed values.
 
-    With ``fields=None`` the first line is the header (``memory.total [MiB]``): names
-    lose their ``[unit]`` and values lose that unit (``"23028 MiB"`` -> 23028). With
-    ``fields`` given the text is header-less (``noheader``), though a header line
-    matching ``fields`` is skipped if present. Raises QueryError on a row of the
-    wrong width or on a known nvidia-smi failure.
+    With ``fields=None`` the first line must be the header (``memory.total [MiB]``): names
+    lose their ``[unit]`` and values lose that unit (``"23028 MiB"`` -> 23028); header-less
+    output is refused (its columns cannot be named). With ``fields`` given the text may be
+    header-less (``noheader``); a header line is skipped if it names ``fields`` and refused
+    if it names others. Values of STRING_FIELDS stay text. Raises QueryError on a row of the
+    wrong width, on text that is not this CSV, or on a known nvidia-smi failure.
     """
     failure = detect_failure(text, 0)
     if failure is not None:
@@ -167,6 +191,10 @@ def parse_csv(text: str, fields: list[str] | None = None) -> list[dict[str, Any]
     if fields is None:
         if not rows:
             return []
+        if not _is_header(rows[0]):
+            raise QueryError(f"no CSV header line (first line: {', '.join(rows[0])[:120]!r}): "
+                             "this is noheader output or not --query-gpu CSV; pass the field "
+                             "list of the --query-gpu=... that produced it")
         names, units = [], []
         for h in rows[0]:
             m = _HEADER_UNIT.match(h)
@@ -175,13 +203,17 @@ def parse_csv(text: str, fields: list[str] | None = None) -> list[dict[str, Any]
         rows = rows[1:]
     else:
         names, units = list(fields), [None] * len(fields)
-        if rows and [_HEADER_UNIT.sub(r"\1", h) for h in rows[0]] == names:
+        if rows and _is_header(rows[0]):
+            if _names(rows[0]) != names:
+                raise QueryError(f"the CSV header names {', '.join(_names(rows[0]))}, "
+                                 f"not the fields asked for ({', '.join(names)})")
             rows = rows[1:]
     out: list[dict[str, Any]] = []
     for row in rows:
         if len(row) != len(names):
-            raise QueryError(f"expected {len(names)} columns, got {len(row)}: {row!r}")
-        out.append({n: convert(v, u) for n, v, u in zip(names, row, units)})
+            raise QueryError(f"not the expected --query-gpu CSV: {len(names)} columns "
+                             f"({', '.join(names)}) expected, got {len(row)}: {row!r}"[:300])
+        out.append({n: convert(v, u, n) for n, v, u in zip(names, row, units)})
     return out
 
 
@@ -191,7 +223,10 @@ def parse(text: str) -> list[Gpu]:
     if failure is not None:
         raise QueryError(f"nvidia-smi failed: {failure.kind}: {failure.message}", failure)
     gpus = []
-    for row in _rows(text):
+    rows = _rows(text)
+    if rows and _is_header(rows[0]) and _names(rows[0]) == QUERY_FIELDS:
+        rows = rows[1:]  # run without noheader
+    for row in rows:
         if len(row) != len(QUERY_FIELDS):
             raise QueryError(f"expected {len(QUERY_FIELDS)} columns, got {len(row)}: {row!r}")
         v = dict(zip(QUERY_FIELDS, row))
