@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 import pytest
 
@@ -317,6 +319,8 @@ def test_ring_needs_a_cycle_not_a_path():
 def test_legacy_soc_and_unknown_links():
     t = topo.parse(_matrix(_sym(2, "SOC")))
     assert topo.classify(t) == "cpu"
+    assert any("VM or container" in a for a in topo.advice(t))  # SYS, yet one NUMA node
+    t = topo.parse(_matrix(_sym(2, "SOC")).replace("\t0-7\t0\n", "\t0-7\t1\n", 1))
     assert any("(SYS)" in a for a in topo.advice(t))
     t = topo.parse(_matrix(_sym(2, "N/A")))
     assert topo.classify(t) == "unknown"
@@ -332,3 +336,50 @@ def test_link_rank_order():
     order = ["NV18", "NV2", "NV1", "PIX", "PXB", "PHB", "NODE", "SYS", "N/A"]
     ranks = [topo.link_rank(x) for x in order]
     assert ranks == sorted(ranks, reverse=True) and len(set(ranks)) == len(ranks)
+
+
+# ------------------------------------------------------------- advice from what the matrix shows
+
+
+def _profile_topo(name):
+    from torchrig.testbed import gpu_profiles
+    return topo.parse(gpu_profiles.load(name)["topo"])
+
+
+def test_no_numa_column_falls_back_to_cpu_affinity_sockets():
+    """DGX-1 (older driver): inline mlx5 columns, CPU Affinity only. The old code read only
+    the NUMA column and gave no pinning advice."""
+    t = _profile_topo("v100-dgx1-8")
+    assert t.nics == ("mlx5_0", "mlx5_2", "mlx5_1", "mlx5_3")
+    assert all(v is None for v in t.numa_affinity.values())
+    assert topo.classify(t) == "nvlink"
+    groups, source = topo.cpu_groups(t)
+    assert source == "CPU Affinity" and groups == [("GPU0", "GPU1", "GPU2", "GPU3"),
+                                                   ("GPU4", "GPU5", "GPU6", "GPU7")]
+    adv = [a for a in topo.advice(t) if "CPU sockets" in a]
+    assert adv and "GPU4, GPU5, GPU6, GPU7 on CPUs 20-39,60-79" in adv[0]
+    # overlapping CPU sets say nothing about sockets
+    assert topo.cpu_groups(topo.parse(_matrix(_sym(2, "SYS")).replace(
+        "\tCPU Affinity\tNUMA Affinity", "\tCPU Affinity").replace("\t0-7\t0\n", "\t0-7\n"))) \
+        == ([("GPU0", "GPU1")], "CPU Affinity")
+
+
+def test_all_sys_on_one_numa_node_is_a_vm_hiding_pcie():
+    """Every pair SYS, every GPU on NUMA 0: a hypervisor's flat PCIe view, not two sockets."""
+    from torchrig.testbed import gpu_profiles
+    text = gpu_profiles.load("pcie-nic-8")["topo"]
+    vm = re.sub(r"56-111,168-223  1", "0-55,112-167    0", text)
+    adv = topo.advice(topo.parse(vm))
+    assert any("VM or container" in a and "peer-to-peer" in a for a in adv)
+    assert not any("NUMA nodes" in a for a in adv)
+    # the same matrix on two real sockets: SYS advice and pinning, no VM claim
+    adv = topo.advice(topo.parse(text))
+    assert not any("VM or container" in a for a in adv)
+    assert any(a.startswith("all GPU pairs communicate across") for a in adv)
+    assert any("2 NUMA nodes" in a for a in adv)
+
+
+def test_nic_legend_of_the_pcie_box():
+    t = _profile_topo("pcie-nic-8")
+    assert t.nics == ("NIC0", "NIC1") and t.nic_device("NIC1") == "mlx5_1"
+    assert topo.classify(t) == "cpu"

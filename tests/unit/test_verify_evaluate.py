@@ -228,3 +228,16 @@ def test_threshold_rows_by_model_count_and_class():
     for row in thresholds._data()["machines"] + list(thresholds._data()["classes"].values()):
         src = row["source"]
         assert src.startswith(("estimate:", "fixture:", "NVIDIA/")), src
+
+
+def test_single_gpu_box_says_1_gpu():
+    from torchrig.testbed import gpu_profiles
+    f = facts(n=1, topo=gpu_profiles.load("single-1")["topo"],
+              smi_query={"rc": 0, "out": smi_rows(1, "NVIDIA L4"), "err": ""},
+              torch_runtime={"torch": "2", "cuda": "12.8", "device_count": 1, "nccl": "2"})
+    v = evaluate.host_verdict("a", f, 1, "cuda")
+    topo_chk = next(c for c in v.checks if c.name == "topology")
+    assert v.topology == "single" and topo_chk.detail == "1 GPU, single"  # old: "1 GPUs"
+    f["smi_query"]["out"] = smi_rows(1, "NVIDIA L4")
+    cnt = next(c for c in evaluate.host_verdict("a", f, 2, "cuda").checks if c.name == "gpu-count")
+    assert cnt.status == FAIL and cnt.detail.startswith("1 GPU visible")

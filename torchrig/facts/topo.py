@@ -321,6 +321,30 @@ def _fmt_pairs(pairs: list[tuple[str, str]]) -> str:
     return ", ".join(f"{a}-{b}" for a, b in pairs)
 
 
+def cpu_groups(topo: Topo) -> tuple[list[tuple[str, ...]], str] | None:
+    """The GPUs grouped by the NUMA node / CPU socket they hang off, and what that came from.
+
+    NUMA Affinity when it is printed; else the CPU Affinity column (older drivers print no
+    NUMA column), when the GPUs' CPU sets are either identical or disjoint: two disjoint sets
+    are two sockets. None when neither column tells (N/A, absent, or overlapping sets).
+    """
+    numa = topo.numa_affinity
+    if topo.gpus and all(numa.get(g) is not None for g in topo.gpus):
+        keys: dict = {g: numa[g] for g in topo.gpus}
+        source = "NUMA Affinity"
+    else:
+        sets = {g: parse_cpu_list(topo.cpu_affinity.get(g) or "") for g in topo.gpus}
+        distinct = set(sets.values())
+        if not topo.gpus or frozenset() in distinct or any(
+                a != b and a & b for a in distinct for b in distinct):
+            return None
+        keys, source = sets, "CPU Affinity"
+    groups: dict = {}
+    for g in topo.gpus:
+        groups.setdefault(keys[g], []).append(g)
+    return [tuple(v) for v in groups.values()], source
+
+
 def advice(topo: Topo, nvswitch_hint: bool | None = None) -> list[str]:
     """Human advice lines about what the topology means for DDP all-reduce."""
     out: list[str] = []
@@ -345,10 +369,22 @@ def advice(topo: Topo, nvswitch_hint: bool | None = None) -> list[str]:
         by_kind.setdefault("SYS" if l == "SOC" else l, []).append(p)
     sys_pairs = by_kind.get("SYS", [])
     slow_host = by_kind.get("PHB", []) + by_kind.get("NODE", [])
-    if sys_pairs:
+    groups = cpu_groups(topo)
+    if sys_pairs and len(sys_pairs) == len(pairs) and groups and len(groups[0]) == 1:
+        out.append(
+            "every GPU pair is SYS (across CPU sockets), yet all GPUs report the same "
+            f"{'NUMA node' if groups[1] == 'NUMA Affinity' else 'CPU affinity'}: this is "
+            "usually a VM or container that hides the PCIe layout, and peer-to-peer between "
+            "the GPUs is likely unavailable (NCCL then copies through host memory); check "
+            "`nvidia-smi topo -p2p r` and ask for the GPUs to be passed through with their "
+            "PCIe topology"
+        )
+    elif sys_pairs:
+        which = ("all GPU pairs" if len(sys_pairs) == len(pairs)
+                 else f"GPU pairs ({_fmt_pairs(sys_pairs)})")
         if cls == "cpu":
             out.append(
-                f"GPU pairs ({_fmt_pairs(sys_pairs)}) communicate across the CPU interconnect "
+                f"{which} communicate across the CPU interconnect "
                 "(SYS): all-reduce will be slow; use gradient accumulation to reduce sync frequency"
             )
         else:
@@ -370,10 +406,15 @@ def advice(topo: Topo, nvswitch_hint: bool | None = None) -> list[str]:
             "ACS is disabled and the IOMMU is off or in passthrough mode; consumer GPUs may "
             "have peer-to-peer disabled and go through host memory"
         )
-    numa = {v for v in topo.numa_affinity.values() if v is not None}
-    if len(numa) > 1:
+    if groups and len(groups[0]) > 1:
+        where = (f"{len(groups[0])} NUMA nodes" if groups[1] == "NUMA Affinity" else
+                 f"{len(groups[0])} CPU sockets (disjoint CPU Affinity sets; this driver prints "
+                 "no NUMA Affinity)")
         out.append(
-            f"GPUs sit on {len(numa)} NUMA nodes: pin each rank's threads and data-loader "
-            "workers to its GPU's CPU Affinity / NUMA node"
+            f"GPUs sit on {where}: "
+            + "; ".join(f"{', '.join(gs)} on CPUs {topo.cpu_affinity.get(gs[0]) or '?'}"
+                        for gs in groups[0])
+            + ". Pin each rank's threads and data-loader workers to its GPU's CPUs "
+            "(e.g. numactl --cpunodebind=N --membind=N)"
         )
     return out

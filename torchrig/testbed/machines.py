@@ -79,7 +79,8 @@ def configure(name: str, ip: str, peers: dict[str, str], pubkey: str, profile: s
 
 # PCI identity of the simulated GPUs, by marketing name: (chip, device id).
 PCI_CHIPS = {"V100": ("GV100GL", "1df6"), "H100": ("GH100", "2330"), "A100": ("GA100", "20b0"),
-             "A6000": ("GA102GL", "2230"), "2080": ("TU102", "1e07"), "L4": ("AD104GL", "27b8")}
+             "A6000": ("GA102GL", "2230"), "2080": ("TU102", "1e07"), "L4": ("AD104GL", "27b8"),
+             "4090": ("AD102", "2684")}
 
 
 def lspci_standin(profile: dict) -> str:

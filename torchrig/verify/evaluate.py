@@ -70,7 +70,7 @@ def host_verdict(host: str, facts: dict, expected_gpus: int | None, accelerator:
         add(Check("gpu-count", NOT_RUN if failure else FAIL,
                   "no GPU list (driver check failed)" if failure else "nvidia-smi listed no GPU"))
     elif expected_gpus is not None and len(gpus) != expected_gpus:
-        add(Check("gpu-count", FAIL, f"{len(gpus)} GPUs visible, inventory says {expected_gpus}"))
+        add(Check("gpu-count", FAIL, f"{_gpus(len(gpus))} visible, inventory says {expected_gpus}"))
     else:
         add(Check("gpu-count", PASS, f"{len(gpus)} x {gpus[0].name}" if gpus else "0"))
 
@@ -97,6 +97,10 @@ def host_verdict(host: str, facts: dict, expected_gpus: int | None, accelerator:
     return v
 
 
+def _gpus(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+
 def _topology(v: HostVerdict, facts: dict, gpus, driver_failed: bool) -> None:
     t = facts.get("topo", {})
     if driver_failed or t.get("rc") != 0:
@@ -117,7 +121,7 @@ def _topology(v: HostVerdict, facts: dict, gpus, driver_failed: bool) -> None:
                               "with error 802. Run `sudo systemctl enable --now "
                               "nvidia-fabricmanager` (same version as the driver)"))
     else:
-        v.checks.append(Check("topology", PASS, f"{len(tp.gpus)} GPUs, {v.topology}"
+        v.checks.append(Check("topology", PASS, f"{_gpus(len(tp.gpus))}, {v.topology}"
                               + (f" (worst link {topo_mod.worst_link(tp)})" if len(tp.gpus) > 1 else "")))
 
 
