@@ -370,6 +370,9 @@ def run(args) -> int:
                  f"nnodes={nnodes_from_env()} local_world_size={local_world} "
                  f"device={device.type} ({device_name}) dtype={args.dtype} "
                  f"warmup={args.warmup} iters={args.iters} time=max over ranks")
+            if nranks < 2:  # busbw = algbw x 2(n-1)/n = 0: not a measurement of any link
+                _out("# busbw is not defined for fewer than 2 ranks: run under torchrun with "
+                     "--nproc-per-node 2 or more to measure the links")
             _out("#\n" + format_table_header())
         rows = []
         for nbytes in sizes:

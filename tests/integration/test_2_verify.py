@@ -108,3 +108,45 @@ def test_bandwidth_across_two_nodes(testbed):
     assert bw["node:gpu1"]["status"] == "PASS" and bw["node:gpu2"]["status"] == "PASS"
     # 2 vs 8 GPUs: the gate fails (and so does verify), yet every measurement was still made
     assert data["version_gate"]["status"] == "FAIL" and r.returncode == 1
+
+
+# (profile, GPUs, class, advice that must be there) for boxes real clusters have
+MORE_BOXES = [
+    ("v100-dgx1-8", 8, "nvlink", "2 CPU sockets (disjoint CPU Affinity sets"),
+    ("pcie-nic-8", 8, "cpu", "2 NUMA nodes"),
+    ("single-1", 1, "single", None),
+    ("a100-nv12-8", 8, "nvswitch", "fabricmanager"),
+]
+
+
+def test_more_real_boxes_get_their_class_and_advice(testbed, tmp_path):
+    """gpu4 (provisioned above) is given each profile in turn; verify reads it as a real host
+    of that kind: the link class, the advice, and the GPU count with its plural."""
+    import yaml
+    from conftest import write_inventory
+    from torchrig.testbed import machines
+    doc = yaml.safe_load(testbed.read_text())
+    original = next(h for h in doc["hosts"] if h["name"] == "gpu4")["vars"]["testbed_profile"]
+    try:
+        for profile, n, cls, advice in MORE_BOXES:
+            machines.install_profile("gpu4", profile)
+            for h in doc["hosts"]:
+                if h["name"] == "gpu4":
+                    h["gpus"] = n
+            r, data = verify(write_inventory(tmp_path, doc, f"{profile}.yml"), "gpu4")
+            assert data is not None, (profile, r.stdout, r.stderr)
+            h = host(data, "gpu4")
+            assert h["topology"] == cls, (profile, h)
+            assert checks(h)["gpu-count"]["status"] == "PASS", (profile, h)
+            if advice:
+                assert any(advice in a for a in h["advice"]), (profile, h["advice"])
+            else:
+                assert h["advice"] == [], (profile, h["advice"])
+            if profile == "single-1":
+                assert checks(h)["topology"]["detail"] == "1 GPU, single"
+            if profile == "a100-nv12-8":  # no fabric manager on a host provisioned as V100S
+                assert checks(h)["topology"]["status"] == "FAIL"
+            else:
+                assert checks(h)["topology"]["status"] == "PASS", (profile, h)
+    finally:
+        machines.install_profile("gpu4", original)

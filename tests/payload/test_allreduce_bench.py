@@ -107,6 +107,7 @@ def test_single_process_world_of_one(tmp_path):
     _check_rows(doc, 1)
     assert all(r["busbw_gbs"] == 0.0 for r in doc["rows"])  # 2(n-1)/n = 0, as nccl-tests
     assert doc["max_busbw_gbs"] == 0.0 and doc["avg_busbw_gbs"] == 0.0
+    assert "# busbw is not defined for fewer than 2 ranks" in p.stdout  # said, not implied
     assert [f for f in os.listdir(tmp_path)] == ["r.json"]  # no temp file left
 
 

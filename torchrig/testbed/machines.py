@@ -67,6 +67,13 @@ def configure(name: str, ip: str, peers: dict[str, str], pubkey: str, profile: s
         (ssh / "authorized_keys").write_text(pubkey)
         subprocess.run(["chroot", str(root), "chown", "-R", f"{owner}:{owner}", f"/{home}/.ssh"],
                        check=True, capture_output=True)
+    install_profile(name, profile)
+
+
+def install_profile(name: str, profile: str) -> None:
+    """Give host `name` the simulated GPUs of `profile` (stand-in nvidia-smi's JSON, simulated
+    lspci); a running host sees them at its next nvidia-smi call."""
+    root = root_of(name)
     sim = root / "etc/torchrig-testbed"
     sim.mkdir(exist_ok=True)
     (sim / "README").write_text(SIM_NOTE)
