@@ -369,11 +369,11 @@ def advice(topo: Topo, nvswitch_hint: bool | None = None) -> list[str]:
         by_kind.setdefault("SYS" if l == "SOC" else l, []).append(p)
     sys_pairs = by_kind.get("SYS", [])
     slow_host = by_kind.get("PHB", []) + by_kind.get("NODE", [])
-    groups = cpu_groups(topo)
-    if sys_pairs and len(sys_pairs) == len(pairs) and groups and len(groups[0]) == 1:
+    groups, source = cpu_groups(topo) or ([], None)
+    if sys_pairs and len(sys_pairs) == len(pairs) and len(groups) == 1:
         out.append(
             "every GPU pair is SYS (across CPU sockets), yet all GPUs report the same "
-            f"{'NUMA node' if groups[1] == 'NUMA Affinity' else 'CPU affinity'}: this is "
+            f"{'NUMA node' if source == 'NUMA Affinity' else 'CPU affinity'}: this is "
             "usually a VM or container that hides the PCIe layout, and peer-to-peer between "
             "the GPUs is likely unavailable (NCCL then copies through host memory); check "
             "`nvidia-smi topo -p2p r` and ask for the GPUs to be passed through with their "
@@ -406,14 +406,14 @@ def advice(topo: Topo, nvswitch_hint: bool | None = None) -> list[str]:
             "ACS is disabled and the IOMMU is off or in passthrough mode; consumer GPUs may "
             "have peer-to-peer disabled and go through host memory"
         )
-    if groups and len(groups[0]) > 1:
-        where = (f"{len(groups[0])} NUMA nodes" if groups[1] == "NUMA Affinity" else
-                 f"{len(groups[0])} CPU sockets (disjoint CPU Affinity sets; this driver prints "
+    if len(groups) > 1:
+        where = (f"{len(groups)} NUMA nodes" if source == "NUMA Affinity" else
+                 f"{len(groups)} CPU sockets (disjoint CPU Affinity sets; this driver prints "
                  "no NUMA Affinity)")
         out.append(
             f"GPUs sit on {where}: "
             + "; ".join(f"{', '.join(gs)} on CPUs {topo.cpu_affinity.get(gs[0]) or '?'}"
-                        for gs in groups[0])
+                        for gs in groups)
             + ". Pin each rank's threads and data-loader workers to its GPU's CPUs "
             "(e.g. numactl --cpunodebind=N --membind=N)"
         )
