@@ -24,6 +24,10 @@ EXPECTED = {
     "v100s-nvlink-2": (2, "Tesla V100S-PCIE-32GB"),
     "h100-nvswitch-8": (8, "NVIDIA H100 80GB HBM3"),
     "pcie-sys-4": (4, "NVIDIA RTX A6000"),
+    "v100-dgx1-8": (8, "Tesla V100-SXM2-32GB"),
+    "pcie-nic-8": (8, "NVIDIA GeForce RTX 4090"),
+    "single-1": (1, "NVIDIA L4"),
+    "a100-nv12-8": (8, "NVIDIA A100-SXM4-80GB"),
 }
 
 MSG_NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
@@ -419,3 +423,37 @@ def test_fault_injection(box, fault, code, message):
         assert (res.returncode, res.stdout) == (code, message), args
     box.fault.unlink()
     assert box.run("-L").returncode == 0
+
+
+# (class, advice that must be there) verify derives from what the stand-in prints
+VERDICTS = {
+    "v100-dgx1-8": ("nvlink", "2 CPU sockets (disjoint CPU Affinity sets"),
+    "pcie-nic-8": ("cpu", "2 NUMA nodes"),
+    "single-1": ("single", None),
+    "a100-nv12-8": ("nvswitch", "fabricmanager"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VERDICTS))
+def test_verify_reads_each_box_right_from_the_standins_output(tmp_path, name):
+    """The stand-in's real output (query CSV + topo -m), through verify's judgement."""
+    from torchrig.facts import smi_query
+    from torchrig.verify import evaluate
+    b = make_box(tmp_path, profile=name)
+    q = b.run(*smi_query.command()[1:])  # argv without "nvidia-smi"
+    t = b.run("topo", "-m")
+    count = EXPECTED[name][0]
+    facts = {"smi_query": {"rc": q.returncode, "out": q.stdout, "err": q.stderr},
+             "topo": {"rc": t.returncode, "out": t.stdout, "err": t.stderr},
+             "fabricmanager": "active", "venv_exists": True, "dists": {"torch": "2.13.0+cpu"},
+             "torch_runtime": {"torch": "2.13.0+cpu", "cuda": None, "device_count": 0}}
+    v = evaluate.host_verdict("h", facts, count, "cpu")
+    cls, advice = VERDICTS[name]
+    assert v.topology == cls and v.status == "PASS", v.checks
+    assert [g["name"] for g in v.gpus] == [EXPECTED[name][1]] * count
+    if advice:
+        assert any(advice in a for a in v.advice), v.advice
+    else:
+        assert v.advice == []
+    topo_detail = next(c.detail for c in v.checks if c.name == "topology")
+    assert topo_detail.startswith("1 GPU," if count == 1 else f"{count} GPUs,")
