@@ -241,3 +241,9 @@ def test_single_gpu_box_says_1_gpu():
     f["smi_query"]["out"] = smi_rows(1, "NVIDIA L4")
     cnt = next(c for c in evaluate.host_verdict("a", f, 2, "cuda").checks if c.name == "gpu-count")
     assert cnt.status == FAIL and cnt.detail.startswith("1 GPU visible")
+
+
+def test_single_gpu_box_bandwidth_says_why_not_run():
+    res = {"world_size": 1, "wrong_total": 0, "rows": [{"bytes": GiB, "time_us": 5000.0}]}
+    chk = evaluate.bandwidth_check("bandwidth (in node)", res, "single", "NVIDIA L4", None, gpu_count=1)
+    assert chk.status == NOT_RUN and "not defined below 2 ranks" in chk.detail

@@ -200,14 +200,14 @@ def busbw_check(name: str, samples: list[busbw_math.Sample], nranks: int | None,
                 gpu_name: str, gpu_count: int | None, overrides: dict | None, what: str) -> Check:
     """Judge one all-reduce sweep against the threshold of its link class and machine: at the
     large sizes the threshold is defined for, from valid halves only, with 2 or more ranks."""
-    th = thresholds.lookup(cls, gpu_name, overrides, gpu_count)
-    if th is None:
-        return Check(name, NOT_RUN, f"no busbw threshold for link class {cls!r}")
     if not samples:
         return Check(name, NOT_RUN, "no measurements")
     if nranks is not None and nranks < 2:
         return Check(name, NOT_RUN, f"{nranks} rank(s): bus bandwidth is not defined below 2 "
                                     "ranks, so this run says nothing about the links")
+    th = thresholds.lookup(cls, gpu_name, overrides, gpu_count)
+    if th is None:
+        return Check(name, NOT_RUN, f"no busbw threshold for link class {cls!r}")
     valid, invalid = busbw_math.screen(samples)
     flagged = ("; invalid, left out (a no-op, not a transfer): "
                + "; ".join(why for _, why in invalid[:3])
