@@ -251,3 +251,11 @@ def test_rank_count_from_nccls_init_lines():
     assert nccl_tests.parse(_MPI_NO_DEVICES + new).nranks == 16
     # device lines win: one per rank
     assert nccl_tests.parse(fixture(N03) + old).nranks == 8
+
+
+def test_mpirun_tag_output_prefix():
+    """mpirun --tag-output: every line starts with [jobid,rank]<stdout>:. The old parser saw
+    no device lines and no rows at all."""
+    tagged = "".join(f"[1,0]<stdout>:{ln}\n" for ln in fixture(N03).splitlines())
+    r = nccl_tests.parse(tagged)
+    assert r.nranks == 8 and len(r.rows) == 1 and r.avg_busbw_gbs == 231.793

@@ -228,6 +228,7 @@ def test_threshold_rows_by_model_count_and_class():
     for row in thresholds._data()["machines"] + list(thresholds._data()["classes"].values()):
         src = row["source"]
         assert src.startswith(("estimate:", "fixture:", "NVIDIA/")), src
+        assert 0 < row["min"] <= row["expected"], row
 
 
 def test_single_gpu_box_says_1_gpu():

@@ -10,7 +10,9 @@ Layouts handled:
 * older: no ``root`` column and an ``error`` column holding a max error float
   (``1e-06``) instead of ``#wrong``;
 * device lines with or without ``Group``, bus ids as ``[0000:0f:00]`` or ``[0x07]``;
-* NCCL INFO/WARN lines interleaved with the table (ignored).
+* NCCL INFO/WARN lines interleaved with the table (ignored, except NCCL's init line, which
+  gives the rank count when no device lines are printed);
+* lines prefixed by ``mpirun --tag-output`` (``[1,0]<stdout>:``).
 """
 
 from __future__ import annotations
@@ -148,6 +150,8 @@ def _parse_params(line: str) -> Params:
 _DEVICE = re.compile(
     r"^#\s*Rank\s+(\d+)\s+(?:Group\s+(\d+)\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[([^\]]*)\]\s*(.*?)\s*$"
 )
+# mpirun --tag-output (Open MPI) prefixes each line with "[jobid,rank]<stdout>:"
+_MPI_TAG = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")
 # NCCL's init line: "... NCCL INFO comm 0x55d0 rank 0 nranks 16 cudaDev 0 busId 18000 - Init
 # COMPLETE" (older), "... NCCL INFO comm 0x55d0 rank 0 nRanks 16 nNodes 2 localRanks 8 ..." (2.19+)
 _NCCL_NRANKS = re.compile(r"NCCL INFO\b.*\bcomm 0x[0-9a-fA-F]+ rank \d+ n[Rr]anks (\d+)")
@@ -211,7 +215,7 @@ def parse(text: str) -> Result:
     layout: str | None = None  # "new" (root + #wrong) / "old" (no root, error) from the header
     nccl_nranks: int | None = None
     for line in _lines(text):
-        s = line.strip()
+        s = _MPI_TAG.sub("", line.strip(), count=1).strip()
         if not s:
             continue
         if m := _NCCL_NRANKS.search(s):
