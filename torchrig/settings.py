@@ -15,18 +15,24 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from .errors import TorchrigError
 
 # Fixed paths on a host (root's; no inventory var moves them).
-JOBS_DIR = "/etc/torchrig/jobs"                     # env files (0600) and the launch lock
+ETC_DIR = "/etc/torchrig"                            # made by provision
+JOBS_DIR = f"{ETC_DIR}/jobs"                         # env files (0600) and the launch lock
 SYSTEMD_DIR = "/etc/systemd/system"
 SAMPLER_PATH = "/usr/local/lib/torchrig/gpu-sample"  # the GPU utilisation sampler
 UTIL_FILE = "gpu_util.csv"                           # its samples, in the job's log folder
 
 CPU_PROCS = 2  # processes per node where accelerator is cpu: two gloo ranks make a real all-reduce
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # full match: a trailing newline is not a name
+FORMS = {  # settings that must match a form: (full-match pattern, what it is)
+    "cuda_version": (r"\d+\.\d+", "major.minor (e.g. '12.8')"),
+    "service_user": (r"[a-z_][a-z0-9_-]{0,31}", "a Linux user name (lowercase letters, digits, '_', '-')"),
+}
 
 
 def job_folder(base: str, job: str) -> str:
@@ -108,18 +114,12 @@ class Settings(BaseModel):
                              f"(newline, tab, ...), got {v!r}")
         return v
 
-    @field_validator("cuda_version")
+    @field_validator(*FORMS)
     @classmethod
-    def _major_minor(cls, v: str) -> str:
-        if not re.fullmatch(r"\d+\.\d+", v):
-            raise ValueError(f"expected major.minor (e.g. '12.8'), got {v!r}")
-        return v
-
-    @field_validator("service_user")
-    @classmethod
-    def _user_name(cls, v: str) -> str:
-        if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", v):
-            raise ValueError(f"expected a Linux user name (lowercase letters, digits, '_', '-'), got {v!r}")
+    def _form(cls, v: str, info: ValidationInfo) -> str:
+        pattern, what = FORMS[info.field_name]
+        if not re.fullmatch(pattern, v):
+            raise ValueError(f"expected {what}, got {v!r}")
         return v
 
     @field_validator("env", mode="before")
