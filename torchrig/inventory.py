@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import TorchrigError
-from .settings import Settings, check_names, settings_for
+from .settings import Settings, check_names, describe, settings_for
 
 DEFAULT_INVENTORY = "inventory/hosts.yml"
 
@@ -204,26 +204,6 @@ def _parse_yaml(text: str) -> Any:
         loader.dispose()
 
 
-def _describe(err: dict[str, Any]) -> str:
-    kind, inp = err["type"], err.get("input")
-    if kind == "missing":
-        return "is required but missing"
-    if kind == "extra_forbidden":
-        return "is not a known key (check its spelling against inventory/example.yml)"
-    expected = {
-        "int_type": "an integer", "string_type": "a string", "dict_type": "a mapping",
-        "list_type": "a list", "bool_type": "true or false", "model_type": "a mapping",
-        "literal_error": err.get("ctx", {}).get("expected", "one of the allowed values"),
-        "string_pattern_mismatch": "a plain name (letters, digits, '.', '_', '-')",
-        "greater_than_equal": f">= {err.get('ctx', {}).get('ge')}",
-        "less_than_equal": f"<= {err.get('ctx', {}).get('le')}",
-        "too_short": "at least one entry",
-    }.get(kind)
-    if expected:
-        return f"expected {expected}, got {inp!r}"
-    return f"{err['msg']} (got {inp!r})"
-
-
 def _locate(raw: Any, loc: tuple) -> str:
     """'host 'gpu2': field 'gpus'' from pydantic's ('hosts', 1, 'gpus')."""
     if len(loc) >= 2 and loc[0] == "hosts" and isinstance(loc[1], int):
@@ -276,7 +256,7 @@ def load(path: str | os.PathLike) -> Inventory:
         spec = InventorySpec.model_validate(raw)
     except ValidationError as e:
         errs = e.errors()
-        lines = [f"{path}: {_locate(raw, err['loc'])} {_describe(err)}" for err in errs[:10]]
+        lines = [f"{path}: {_locate(raw, err['loc'])} {describe(err)}" for err in errs[:10]]
         if len(errs) > 10:
             lines.append(f"{path}: ... and {len(errs) - 10} more problems")
         raise InventoryError("\n".join(lines)) from None

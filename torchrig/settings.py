@@ -215,20 +215,27 @@ def settings_for(host_name: str, host_vars: dict[str, Any], inventory_path: str)
     except ValidationError as e:
         err = e.errors()[0]
         field = ".".join(str(p) for p in err["loc"][:1])  # env's own checks name the key
-        what = _describe(err)
+        what = describe(err)
         if not field:  # a check across vars: its message names them
             raise TorchrigError(f"{where}: {what}") from None
         raise TorchrigError(f"{where}: var {field!r}: {what}") from None
 
 
-def _describe(err: dict[str, Any]) -> str:
+def describe(err: dict[str, Any]) -> str:
+    """One pydantic error, for a person: what was expected and what was given."""
     kind, inp, ctx = err["type"], err.get("input"), err.get("ctx", {})
+    if kind == "missing":
+        return "is required but missing"
+    if kind == "extra_forbidden":
+        return "is not a known key (check its spelling against inventory/example.yml)"
     if kind == "value_error":
         return err["msg"].removeprefix("Value error, ")
     expected = {
         "int_type": "an integer", "string_type": "a string", "dict_type": "a mapping",
         "list_type": "a list", "bool_type": "true or false", "float_type": "a number",
+        "model_type": "a mapping", "too_short": "at least one entry",
         "literal_error": ctx.get("expected", "one of the allowed values"),
+        "string_pattern_mismatch": "a plain name (letters, digits, '.', '_', '-')",
         "greater_than_equal": f">= {_num(ctx.get('ge'))}", "less_than_equal": f"<= {_num(ctx.get('le'))}",
     }.get(kind)
     return f"expected {expected}, got {inp!r}" if expected else f"{err['msg']} (got {inp!r})"

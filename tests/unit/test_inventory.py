@@ -47,6 +47,7 @@ def test_defaults_vars_and_paths_resolve(tmp_path):
                                    "checkpoint_dir": "/host", "env": {"API_TOKEN": "s3cret"}}
     assert g2.settings.data_dir == "/group" and g2.settings.checkpoint_dir == "/group-ckpt"
     assert head.settings.rdzv_port == 29400 and head.settings.accelerator == "cuda"  # defaults
+    assert not hasattr(g1, "vars")  # the raw vars are not kept: everything reads host.settings
     assert head.is_local and head.address == "localhost"
     assert alias.address == "alias-only"  # so ~/.ssh/config Host aliases apply
 

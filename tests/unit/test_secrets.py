@@ -6,7 +6,7 @@ from torchrig.errors import TorchrigError
 from torchrig.inventory import Host
 from torchrig.launch.plan import redact_env
 from torchrig.secrets import MASK, Redactor, redact, redact_text, secret_env_names
-from torchrig.settings import Settings
+from torchrig.settings import Settings, settings_for
 
 # (text, what must not show, what must still show)
 URL_FORMS = [
@@ -72,8 +72,8 @@ def test_secret_env_names():
     assert secret_env_names(["A", "B"]) == {"A", "B"}
     with pytest.raises(TorchrigError, match="secret_env.*list of environment variable names"):
         secret_env_names({"A": 1})
-    with pytest.raises(TorchrigError, match="host 'x'"):
-        Redactor.for_hosts([host("x", {"secret_env": 3})])
+    with pytest.raises(TorchrigError, match="host 'x': var 'secret_env': expected a list"):
+        settings_for("x", {"secret_env": 3}, "inv.yml")  # a host never holds a bad one
 
 
 def test_data_keeps_types_and_masks_named_keys():
