@@ -218,8 +218,9 @@ def _nodes(inv, host, nodes):
 
 def _latest_job(c, inv, hosts) -> str:
     """The newest job on the first selected host (the one whose env file was written last)."""
-    from torchrig.remote import run_once
-    r = run_once(hosts[0], inv, "ls -t /etc/torchrig/jobs/ 2>/dev/null | sed -n 's/\\.env$//p' | head -1")
+    from torchrig.remote import run_once, sh
+    from torchrig.settings import JOBS_DIR
+    r = run_once(hosts[0], inv, f"ls -t {sh(JOBS_DIR + '/')} 2>/dev/null | sed -n 's/\\.env$//p' | head -1")
     if not r.stdout.strip():
         raise Exit(f"error: no torchrig job found on {hosts[0].name}; pass --job NAME", code=1)
     return r.stdout.strip()
@@ -355,7 +356,6 @@ def logs(c, inventory=None, host=None, job=None, follow=False, rank=None, since=
     from torchrig.errors import TorchrigError
     from torchrig.launch.plan import check_job_name, unit_name
     from torchrig.logs.stream import Options, failure_report, follow as run_follow
-    from torchrig.provision.desired import settings_for
     rank = None if rank is None else _number("rank", rank, 0)
     if grep:
         try:
@@ -369,7 +369,7 @@ def logs(c, inventory=None, host=None, job=None, follow=False, rank=None, since=
     inv = _inventory(c, inventory)
     chosen = inv.select(host)
     job = check_job_name(job or _latest_job(c, inv, chosen))
-    o = Options(job, {h.name: f"{settings_for(h.name, h.vars, inv.path).log_dir}/{job}" for h in chosen},
+    o = Options(job, {h.name: h.settings.job_log_dir(job) for h in chosen},
                 unit_name(job), follow=follow and not failures,
                 rank=rank, grep=grep, since=when,
                 color=sys.stdout.isatty() if color is None else color)
@@ -493,8 +493,7 @@ def demo(c, steps=None):
             if item.global_rank == 0:
                 seen.append(item.text)
 
-    from torchrig.provision.desired import settings_for
-    log_dirs = {h.name: f"{settings_for(h.name, h.vars, inv.path).log_dir}/{job}" for h in hosts}
+    log_dirs = {h.name: h.settings.job_log_dir(job) for h in hosts}
     run_follow(inv, hosts, Options(job, log_dirs,
                                    unit_name(job), follow=True), printer=Tee(sys.stdout, sys.stdout.isatty()))
     done = next((ln for ln in reversed(seen) if ln.startswith("done step=")), None)

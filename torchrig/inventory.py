@@ -6,7 +6,6 @@ errors into one message that names the file, the host and the field.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from pathlib import Path
@@ -16,13 +15,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import TorchrigError
-from .provision.desired import DEFAULTS, settings_for
+from .settings import Settings, check_names, describe, settings_for
 
 DEFAULT_INVENTORY = "inventory/hosts.yml"
 
 # Host names end up in unit names, file names and log prefixes: keep them plain.
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # full match: a trailing newline is not a name
 # YAML aliases are shared, not copied, when loaded, but everything after (validation, printing)
 # walks them expanded: a few lines of nested aliases (billion laughs) expand past any memory.
 MAX_NODES = 100_000
@@ -79,45 +77,11 @@ class InventorySpec(_Strict):
     hosts: list[HostSpec] = Field(min_length=1)
 
 
-class RunVars(BaseModel):
-    """Vars read by verify, launch and status. Provision's own vars are typed by
-    provision.desired.Settings; together they are every var torchrig knows."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-    accelerator: Literal["cuda", "cpu"] = "cuda"
-    rdzv_port: int = Field(default=29400, ge=1, le=65000)  # a job's port is this + up to 499
-    busbw_min_gbs: dict[str, float] = Field(default_factory=dict)
-    env: dict[str, Any] = Field(default_factory=dict)
-    secret_env: list[str] = Field(default_factory=list)
-    low_util_percent: float = Field(default=20, ge=0, le=100)
-    low_util_minutes: int = Field(default=30, ge=1)
-    testbed_profile: str | None = None  # written by testbed.up
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, env: dict[str, Any]) -> dict[str, Any]:
-        for k, v in env.items():
-            if not ENV_NAME.fullmatch(k):
-                raise ValueError(f"{k!r} is not a valid environment variable name "
-                                 "(letters, digits, '_'; not starting with a digit)")
-            if not isinstance(v, (str, int, float, bool)):
-                raise ValueError(f"{k!r}: expected a string or number, got {v!r}")
-        return env
-
-    @field_validator("secret_env", mode="before")
-    @classmethod
-    def _one_name(cls, v: Any) -> Any:
-        return [v] if isinstance(v, str) else v  # one name, not a set of its characters
-
-
-KNOWN_VARS = sorted(set(DEFAULTS) | set(RunVars.model_fields))
-
-
 class Host(BaseModel):
-    """A validated host with defaults applied and vars merged (shared < group < host)."""
+    """A validated host with defaults applied; its vars (shared < group < host) are
+    `settings`, typed: nothing reads the raw vars."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
     connection: Literal["ssh", "local"]
@@ -128,7 +92,7 @@ class Host(BaseModel):
     jump: str | None
     gpus: int | None
     groups: tuple[str, ...]
-    vars: dict[str, Any]
+    settings: Settings = Field(default_factory=Settings)
 
     @property
     def is_local(self) -> bool:
@@ -240,26 +204,6 @@ def _parse_yaml(text: str) -> Any:
         loader.dispose()
 
 
-def _describe(err: dict[str, Any]) -> str:
-    kind, inp = err["type"], err.get("input")
-    if kind == "missing":
-        return "is required but missing"
-    if kind == "extra_forbidden":
-        return "is not a known key (check its spelling against inventory/example.yml)"
-    expected = {
-        "int_type": "an integer", "string_type": "a string", "dict_type": "a mapping",
-        "list_type": "a list", "bool_type": "true or false", "model_type": "a mapping",
-        "literal_error": err.get("ctx", {}).get("expected", "one of the allowed values"),
-        "string_pattern_mismatch": "a plain name (letters, digits, '.', '_', '-')",
-        "greater_than_equal": f">= {err.get('ctx', {}).get('ge')}",
-        "less_than_equal": f"<= {err.get('ctx', {}).get('le')}",
-        "too_short": "at least one entry",
-    }.get(kind)
-    if expected:
-        return f"expected {expected}, got {inp!r}"
-    return f"{err['msg']} (got {inp!r})"
-
-
 def _locate(raw: Any, loc: tuple) -> str:
     """'host 'gpu2': field 'gpus'' from pydantic's ('hosts', 1, 'gpus')."""
     if len(loc) >= 2 and loc[0] == "hosts" and isinstance(loc[1], int):
@@ -312,34 +256,23 @@ def load(path: str | os.PathLike) -> Inventory:
         spec = InventorySpec.model_validate(raw)
     except ValidationError as e:
         errs = e.errors()
-        lines = [f"{path}: {_locate(raw, err['loc'])} {_describe(err)}" for err in errs[:10]]
+        lines = [f"{path}: {_locate(raw, err['loc'])} {describe(err)}" for err in errs[:10]]
         if len(errs) > 10:
             lines.append(f"{path}: ... and {len(errs) - 10} more problems")
         raise InventoryError("\n".join(lines)) from None
     return _resolve(spec, Path(path).resolve().parent, path)
 
 
+def _settings(name: str, merged: dict[str, Any], path: str) -> Settings:
+    try:
+        return settings_for(name, merged, path)  # types, ranges, paths, names: one message
+    except TorchrigError as e:
+        raise InventoryError(str(e)) from None
+
+
 def _check_var_names(found: dict[str, Any], where: str, path: str) -> None:
-    """README: unknown keys are refused. A misspelt var would silently get its default."""
-    for k in found:
-        if k not in KNOWN_VARS:
-            close = difflib.get_close_matches(str(k), KNOWN_VARS, n=1)
-            hint = (f"did you mean {close[0]!r}?" if close
-                    else "the README's Vars table lists the known ones")
-            raise InventoryError(f"{path}: {where}: var {k!r} is not a var torchrig reads; {hint}")
-
-
-def _check_var_values(name: str, merged: dict[str, Any], path: str) -> None:
     try:
-        RunVars.model_validate(merged)
-    except ValidationError as e:
-        err = e.errors()[0]
-        var = ".".join(str(p) for p in err["loc"])
-        what = _describe(err) if err["type"] != "value_error" else err["msg"].removeprefix(
-            "Value error, ")
-        raise InventoryError(f"{path}: host {name!r}: var {var!r} {what}") from None
-    try:
-        settings_for(name, merged, path)  # provision's vars: types, patterns, absolute paths
+        check_names(found, f"{path}: {where}")
     except TorchrigError as e:
         raise InventoryError(str(e)) from None
 
@@ -387,7 +320,6 @@ def _resolve(spec: InventorySpec, base: Path, path: str) -> Inventory:
         for g in h.groups:
             merged.update(spec.groups[g].vars)
         merged.update(h.vars)
-        _check_var_values(h.name, merged, path)
         d = spec.defaults
         jump = h.jump if h.jump is not None else d.jump
         if h.jump is None and d.jump is not None:
@@ -402,7 +334,7 @@ def _resolve(spec: InventorySpec, base: Path, path: str) -> Inventory:
             jump=None if jump == NO_JUMP else jump,
             gpus=h.gpus,
             groups=tuple(h.groups),
-            vars=merged,
+            settings=_settings(h.name, merged, path),
         ))
     clash = sorted(set(spec.groups) & seen)
     if clash:

@@ -28,7 +28,8 @@ import paramiko
 from fabric import Config, Connection
 
 from .errors import TorchrigError
-from .inventory import ENV_NAME, Host, Inventory
+from .inventory import Host, Inventory
+from .settings import ENV_NAME
 
 T = TypeVar("T")
 

@@ -29,7 +29,7 @@ def hosts_table(inv: Inventory, hosts: list[Host], red: Redactor) -> None:
     for h in hosts:
         t.add_row(h.name, h.connection, h.address, str(h.port or 22), h.user or "(ssh default)",
                   h.jump or "", "" if h.gpus is None else str(h.gpus), ",".join(h.groups),
-                  ", ".join(f"{k}={v}" for k, v in red.data(h.vars).items()))
+                  ", ".join(f"{k}={v}" for k, v in red.data(h.settings.given()).items()))
     console.print(t)
 
 

@@ -67,18 +67,14 @@ class Redactor:
 
     @classmethod
     def for_hosts(cls, hosts: Iterable[Any]) -> Redactor:
-        """Every secret the hosts' vars hold; a name in any host's secret_env is secret in
+        """Every secret the hosts' settings hold; a name in any host's secret_env is secret in
         every host's env (a job's env is the same on all its nodes)."""
-        hosts = list(hosts)
-        names = set().union(*(secret_env_names(h.vars.get("secret_env"),
-                                               f"host {h.name!r}: var 'secret_env'")
-                              for h in hosts))
+        settings = [h.settings for h in hosts]
+        names = {k for s in settings for k in s.secret_env}
         values: list[str] = []
-        for h in hosts:
-            values += _secrets_in(h.vars)
-            env = h.vars.get("env")
-            if isinstance(env, dict):
-                values += [str(v) for k, v in env.items() if k in names]
+        for s in settings:
+            values += _secrets_in(s.model_dump())
+            values += [v for k, v in s.job_env.items() if k in names]
         return cls(values)
 
     def text(self, s: str) -> str:

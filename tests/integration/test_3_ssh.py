@@ -109,7 +109,7 @@ def test_quoting_on_real_host(testbed, inventory_doc, tmp_path, user):
     cxn = connect(h, inv)
     try:
         run_priv(cxn, "rm -f /tmp/pwned")
-        for evil in QUOTING_EVIL + [h.vars["env"]["EVIL"]]:
+        for evil in QUOTING_EVIL + [h.settings.env["EVIL"]]:
             out = run_priv(cxn, sh("printf", "%s", evil) + " && " + sh("printf", "|%s", evil)).stdout
             assert out == f"{evil}|{evil}"
             out = cxn.run(with_env('printf %s "$JOB_ARG"', {"JOB_ARG": evil})).stdout

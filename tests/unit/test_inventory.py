@@ -43,9 +43,11 @@ def test_defaults_vars_and_paths_resolve(tmp_path):
     assert g1.user == "ubuntu" and g1.port is None and g2.port == 2222 and g2.user == "root"
     assert g1.identity_file == str(tmp_path / "keys/id")
     assert inv.known_hosts == str(tmp_path / "kh")
-    assert g1.vars == {"log_dir": "/shared", "data_dir": "/group", "checkpoint_dir": "/host",
-                       "env": {"API_TOKEN": "s3cret"}}
-    assert g2.vars["data_dir"] == "/group" and g2.vars["checkpoint_dir"] == "/group-ckpt"
+    assert g1.settings.given() == {"log_dir": "/shared", "data_dir": "/group",
+                                   "checkpoint_dir": "/host", "env": {"API_TOKEN": "s3cret"}}
+    assert g2.settings.data_dir == "/group" and g2.settings.checkpoint_dir == "/group-ckpt"
+    assert head.settings.rdzv_port == 29400 and head.settings.accelerator == "cuda"  # defaults
+    assert not hasattr(g1, "vars")  # the raw vars are not kept: everything reads host.settings
     assert head.is_local and head.address == "localhost"
     assert alias.address == "alias-only"  # so ~/.ssh/config Host aliases apply
 
@@ -136,8 +138,8 @@ hosts:
 """))
     g1, g2 = inv.hosts
     assert (g2.gpus, g2.address, g2.groups) == (2, "10.0.0.2", ("b",))
-    assert g2.vars == {"log_dir": "/logs", "data_dir": "/other"}
-    assert g1.vars == {"log_dir": "/logs", "data_dir": "/data"}
+    assert g2.settings.given() == {"log_dir": "/logs", "data_dir": "/other"}
+    assert g1.settings.given() == {"log_dir": "/logs", "data_dir": "/data"}
 
 
 @pytest.mark.parametrize("text,pattern", [
@@ -156,12 +158,21 @@ def test_jump_none_opts_out_of_defaults(tmp_path):
 
 
 @pytest.mark.parametrize("var,value,pattern", [
-    ("checkpoint_dir", "/ckpt\tx", r"var 'checkpoint_dir': an absolute path without control"),
-    ("data_dir", "/d\x7f", r"var 'data_dir': an absolute path without control"),
-    ("env", {"OK": 1, "9LIVES": 1}, r"var 'env' '9LIVES' is not a valid environment variable"),
-    ("env", {"OK": [1]}, r"var 'env' 'OK': expected a string or number, got \[1\]"),
-    ("secret_env", 7, r"var 'secret_env'"),
-    ("accelerator", "tpu", r"var 'accelerator' expected 'cuda' or 'cpu', got 'tpu'"),
+    ("checkpoint_dir", "/ckpt\tx", r"var 'checkpoint_dir': expected an absolute path without control"),
+    ("data_dir", "/d\x7f", r"var 'data_dir': expected an absolute path without control"),
+    ("env", {"OK": 1, "9LIVES": 1}, r"var 'env': '9LIVES' is not a valid environment variable"),
+    ("env", {"OK": [1]}, r"var 'env': 'OK': expected a string or number, got \[1\]"),
+    ("secret_env", 7, r"var 'secret_env': expected a list, got 7"),
+    ("accelerator", "tpu", r"var 'accelerator': expected 'cuda' or 'cpu', got 'tpu'"),
+    ("rdzv_port", "29400", r"var 'rdzv_port': expected an integer, got '29400'"),
+    ("rdzv_port", 70000, r"var 'rdzv_port': expected <= 65000, got 70000"),
+    ("low_util_percent", 120, r"var 'low_util_percent': expected <= 100, got 120"),
+    ("low_util_minutes", 0, r"var 'low_util_minutes': expected >= 1, got 0"),
+    ("busbw_min_gbs", {"nvlink": "fast"}, r"var 'busbw_min_gbs': expected a number, got 'fast'"),
+    ("busbw_min_gbs", [10], r"var 'busbw_min_gbs': expected a mapping, got \[10\]"),
+    ("log_dir", "logs", r"var 'log_dir': expected an absolute path .*, got 'logs'"),
+    ("service_user", "Root", r"var 'service_user': expected a Linux user name"),
+    ("testbed_profile", "x", r"var 'testbed_profile' is not a var torchrig reads"),
     ("rdzv_prot", 29500, r"var 'rdzv_prot' is not a var torchrig reads; did you mean 'rdzv_port'"),
 ])
 def test_vars_checked_at_load(tmp_path, var, value, pattern):

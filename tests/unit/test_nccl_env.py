@@ -10,7 +10,7 @@ from torchrig.verify.run import HostOpts, cross_node_cmd
 
 def _host(name):
     return Host(name=name, connection="ssh", address=f"10.0.0.{name[-1]}", port=None, user=None,
-                identity_file=None, jump=None, gpus=2, groups=(), vars={})
+                identity_file=None, jump=None, gpus=2, groups=())
 
 
 def test_each_node_uses_its_own_interface():

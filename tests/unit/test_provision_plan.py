@@ -7,7 +7,7 @@ import pytest
 from torchrig.provision import steps
 from torchrig.provision.apply import make_plan
 from torchrig.provision.changes import FileChange
-from torchrig.provision.desired import DEFAULTS, settings_for
+from torchrig.settings import DEFAULTS, settings_for
 from torchrig.errors import TorchrigError
 
 DEBIAN = open("tests/fixtures/osrelease_03_debian_12.txt").read()
@@ -132,7 +132,7 @@ def test_preflight_refusals(over, needle):
 def test_ubuntu_and_arm_repo_paths():
     c = ctx(fresh(os_release=UBUNTU, arch="aarch64"))
     assert steps.preflight(c) == []
-    assert c.repo.url == DEFAULTS["cuda_repo_url"] + "/ubuntu2404/sbsa/"
+    assert c.repo.url == DEFAULTS.cuda_repo_url + "/ubuntu2404/sbsa/"
 
 
 def test_interrupted_dpkg_is_recovered_first():

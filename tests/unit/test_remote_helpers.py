@@ -93,7 +93,7 @@ def test_prefixed_lines_whole_lines_only():
 def test_fan_out_isolates_failures():
     from torchrig.inventory import Host
     hosts = [Host(name=n, connection="ssh", address=n, port=None, user=None, identity_file=None,
-                  jump=None, gpus=None, groups=(), vars={}) for n in ("a", "b", "c")]
+                  jump=None, gpus=None, groups=()) for n in ("a", "b", "c")]
 
     def fn(h):
         if h.name == "b":
@@ -147,7 +147,7 @@ def test_ssh_config_proxyjump_hops_in_openssh_order(tmp_path, monkeypatch):
     (tmp_path / ".ssh/config").write_text("Host target\n  ProxyJump first,second\n")
     monkeypatch.setenv("HOME", str(tmp_path))
     h = Host(name="target", connection="ssh", address="target", port=None, user=None,
-             identity_file=None, jump=None, gpus=None, groups=(), vars={})
+             identity_file=None, jump=None, gpus=None, groups=())
     inv = Inventory(path="i.yml", known_hosts=str(tmp_path / "kh"), hosts=(h,), groups={})
     cxn = connect(h, inv)
     hops = []

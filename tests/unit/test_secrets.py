@@ -6,6 +6,7 @@ from torchrig.errors import TorchrigError
 from torchrig.inventory import Host
 from torchrig.launch.plan import redact_env
 from torchrig.secrets import MASK, Redactor, redact, redact_text, secret_env_names
+from torchrig.settings import Settings, settings_for
 
 # (text, what must not show, what must still show)
 URL_FORMS = [
@@ -39,16 +40,17 @@ def test_urls_without_credentials_untouched():
 
 def host(name, vars_):
     return Host(name=name, connection="ssh", address="10.0.0.1", port=None, user=None,
-                identity_file=None, jump=None, gpus=None, groups=(), vars=vars_)
+                identity_file=None, jump=None, gpus=None, groups=(),
+                settings=Settings.model_validate(vars_))
 
 
 HOSTS = [
     host("a", {"env": {"HF_HOME": "/data"}, "secret_env": ["WANDB_API"],
                "pip_index_url": "https://ci:p@ss%2Fw0rd@pypi.internal/simple"}),
     # secret_env given as one name, only on the second host; a token as a URL's user name
-    host("b", {"env": {"WANDB_API": "wandb-v4lue", "HF_HOME": "/data"}, "secret_env": "WANDB_API",
-               "nccl_tests_source": "https://ghp_T0KEN@github.com/NVIDIA/nccl-tests",
-               "db_password": "s3cr3t-pw"}),
+    host("b", {"env": {"WANDB_API": "wandb-v4lue", "HF_HOME": "/data", "DB_PASSWORD": "s3cr3t-pw"},
+               "secret_env": "WANDB_API",
+               "nccl_tests_source": "https://ghp_T0KEN@github.com/NVIDIA/nccl-tests"}),
 ]
 
 
@@ -57,9 +59,9 @@ def test_redactor_for_hosts_masks_by_form_and_value():
     dumped = repr(red.data([h.model_dump() for h in HOSTS]))
     for secret in ("p@ss%2Fw0rd", "p@ss/w0rd", "ss%2Fw0rd", "wandb-v4lue", "ghp_T0KEN", "s3cr3t-pw"):
         assert secret not in dumped
-    b = red.data(HOSTS[1].model_dump())["vars"]
-    assert b["env"] == {"WANDB_API": MASK, "HF_HOME": "/data"}
-    assert b["secret_env"] == "WANDB_API" and b["db_password"] == MASK
+    b = red.data(HOSTS[1].model_dump())["settings"]
+    assert b["env"] == {"WANDB_API": MASK, "HF_HOME": "/data", "DB_PASSWORD": MASK}
+    assert b["secret_env"] == ["WANDB_API"]
     # the same values wherever else they appear: decoded by a tool, in an error line
     assert red.text("pip: 401 for ci:p@ss/w0rd and wandb-v4lue") == "pip: 401 for ci:*** and ***"
 
@@ -70,8 +72,8 @@ def test_secret_env_names():
     assert secret_env_names(["A", "B"]) == {"A", "B"}
     with pytest.raises(TorchrigError, match="secret_env.*list of environment variable names"):
         secret_env_names({"A": 1})
-    with pytest.raises(TorchrigError, match="host 'x'"):
-        Redactor.for_hosts([host("x", {"secret_env": 3})])
+    with pytest.raises(TorchrigError, match="host 'x': var 'secret_env': expected a list"):
+        settings_for("x", {"secret_env": 3}, "inv.yml")  # a host never holds a bad one
 
 
 def test_data_keeps_types_and_masks_named_keys():

@@ -9,13 +9,14 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from .. import torchrun
 from ..errors import TorchrigError
 from ..render import env_quote, render, systemd_path, systemd_quote
 from ..secrets import MASK, is_secret, redact_text, url_credentials
+from ..settings import ENV_NAME, JOBS_DIR, SAMPLER_PATH, SYSTEMD_DIR, UTIL_FILE, job_folder
 
 # fullmatch everywhere: `$` would also accept a trailing newline (`exp1\n`)
 JOB_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,47}")
-ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 TORCHRUN_GRACE = 30          # torchrun: SIGTERM to workers, then SIGKILL after this long
 FINAL_CHECKPOINT_S = 90      # room for one more step and a checkpoint write
 
@@ -52,7 +53,7 @@ def job_port(job: str, base: int) -> int:
 
 
 def check_env_key(key: str, where: str) -> str:
-    if not isinstance(key, str) or not ENV_KEY_RE.fullmatch(key):
+    if not isinstance(key, str) or not ENV_NAME.fullmatch(key):
         raise TorchrigError(f"{where}: {key!r} is not a valid environment variable name "
                             "(letters, digits and '_', not starting with a digit)")
     return key
@@ -62,7 +63,7 @@ def parse_env(items: list[str]) -> dict[str, str]:
     env = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not ENV_KEY_RE.fullmatch(key):
+        if not sep or not ENV_NAME.fullmatch(key):
             raise TorchrigError(f"--env {item!r}: expected KEY=VALUE with a valid variable name")
         env[key] = value
     return env
@@ -114,23 +115,12 @@ class Job:
 
 
 def torchrun_argv(job: Job, n: Node) -> list[str]:
-    log_dir = f"{n.log_dir}/{job.name}"
-    argv = [f"{n.venv}/bin/python", "-m", "torch.distributed.run"]
-    if job.nnodes == 1:
-        argv += ["--standalone"]
-    else:
-        first = job.rdzv_host
-        argv += ["--nnodes", str(job.nnodes), "--rdzv-backend", "c10d",
-                 "--rdzv-endpoint", f"{first.address}:{job.rdzv_port}", "--rdzv-id", job.name,
-                 # torchrun decides who hosts the c10d store by resolving its own hostname,
-                 # which on Debian/Ubuntu is 127.0.1.1: say it explicitly instead.
-                 "--rdzv-conf", f"is_host={'true' if n is first else 'false'},"
-                                f"join_timeout={job.rdzv_timeout}",
-                 "--local-addr", n.address]
-    argv += ["--nproc-per-node", str(n.nproc), "--max-restarts", str(job.max_restarts),
-             "--log-dir", log_dir, "--redirects", "3", "--tee", "3",
-             job.script, *job.args]
-    return argv
+    first = job.rdzv_host
+    rdzv = torchrun.rendezvous(job.nnodes, f"{first.address}:{job.rdzv_port}", job.name,
+                               n is first, n.address, join_timeout=job.rdzv_timeout)
+    return torchrun.command(n.venv, rdzv, n.nproc) + [
+        "--max-restarts", str(job.max_restarts), "--log-dir", job_folder(n.log_dir, job.name),
+        "--redirects", "3", "--tee", "3", job.script, *job.args]
 
 
 def node_env(job: Job, n: Node) -> dict[str, str]:
@@ -145,7 +135,7 @@ def node_env(job: Job, n: Node) -> dict[str, str]:
         # group whose nodes start their workers seconds apart does not fail to connect
         "TORCH_GLOO_LAZY_INIT": "1",
         "TORCHRIG_JOB": job.name,
-        "TORCHRIG_CKPT_DIR": f"{n.checkpoint_dir}/{job.name}",
+        "TORCHRIG_CKPT_DIR": job_folder(n.checkpoint_dir, job.name),
         "TORCHRIG_DATA_DIR": n.data_dir,
     }
     if n.interface:
@@ -187,15 +177,14 @@ u=$(nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits 2>/dev/
 [ -n "$u" ] && echo "$(date +%s),$u" >> "$1"
 exit 0
 """
-SAMPLER_PATH = "/usr/local/lib/torchrig/gpu-sample"
 
 
 def util_file(n: Node, job: str) -> str:
-    return f"{n.log_dir}/{job}/gpu_util.csv"
+    return f"{job_folder(n.log_dir, job)}/{UTIL_FILE}"
 
 
 def gpumon_paths(job: str) -> list[str]:
-    return [f"/etc/systemd/system/{gpumon_name(job, kind)}" for kind in ("service", "timer")]
+    return [f"{SYSTEMD_DIR}/{gpumon_name(job, kind)}" for kind in ("service", "timer")]
 
 
 def render_gpumon(job: Job, n: Node, interval: int) -> dict[str, str]:
@@ -208,11 +197,11 @@ def render_gpumon(job: Job, n: Node, interval: int) -> dict[str, str]:
 
 
 def env_path(job: str) -> str:
-    return f"/etc/torchrig/jobs/{job}.env"
+    return f"{JOBS_DIR}/{job}.env"
 
 
 def unit_path(job: str) -> str:
-    return f"/etc/systemd/system/{unit_name(job)}"
+    return f"{SYSTEMD_DIR}/{unit_name(job)}"
 
 
 def split_args(args: str) -> list[str]:

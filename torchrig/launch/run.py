@@ -10,17 +10,15 @@ from pathlib import Path
 
 from ..errors import TorchrigError
 from ..inventory import Host, Inventory
-from ..provision.desired import settings_for
 from ..remote import fan_out, flock_lines, run_once, sh
-from ..secrets import secret_env_names
+from ..settings import JOBS_DIR, SAMPLER_PATH, job_folder, procs_per_node
 from ..verify.run import verify
-from .plan import (GPU_SAMPLER, JOB_RE, SAMPLER_PATH, Job, Node, check_job_name, env_path,
+from .plan import (GPU_SAMPLER, JOB_RE, Job, Node, check_job_name, env_path,
                    gpumon_paths, job_of_unit, job_port, launch_marker, parse_env, redact_env,
                    render_env, render_gpumon, render_unit, split_args, unit_name, unit_path)
 from .push import push_to
 
 PAYLOAD = Path(__file__).resolve().parents[2] / "payload"
-JOBS_DIR = "/etc/torchrig/jobs"
 GPU_SAMPLE_S = 30  # seconds between GPU utilisation samples
 # a job holds its GPUs (and its release) from start until its unit is fully down: a job that is
 # stopping (deactivating) still writes its last checkpoint for up to TimeoutStopSec
@@ -69,10 +67,9 @@ def check_options(o: LaunchOptions) -> None:
 
 
 def _node(inv: Inventory, h: Host, rank: int, nproc: str, interface: str | None) -> Node:
-    s = settings_for(h.name, h.vars, inv.path)
-    acc = h.vars.get("accelerator", "cuda")
+    s = h.settings
     if nproc == "gpu":
-        n = 2 if acc == "cpu" else (h.gpus or 0)
+        n = procs_per_node(s.accelerator, h.gpus or 0)
         if n < 1:
             raise TorchrigError(f"{h.name}: --nproc-per-node gpu, but the inventory gives no "
                                 "`gpus:` count for it; set it or pass a number")
@@ -82,23 +79,19 @@ def _node(inv: Inventory, h: Host, rank: int, nproc: str, interface: str | None)
             assert n >= 1
         except (ValueError, AssertionError):
             raise TorchrigError(f"--nproc-per-node {nproc!r}: a positive number or 'gpu'") from None
-    env = {str(k): str(v) for k, v in (h.vars.get("env") or {}).items()}
     return Node(h.name, h.address, rank, s.venv, s.service_user, s.log_dir, s.checkpoint_dir,
-                s.data_dir, n, interface, env)
+                s.data_dir, n, interface, s.job_env)
 
 
 def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
              interfaces: dict[str, str | None]) -> Job:
     check_options(o)
     args = split_args(o.args)
-    first_vars = hosts[0].vars
-    secret_keys = set().union(*(secret_env_names(h.vars.get("secret_env"),
-                                                 f"{inv.path}: host {h.name!r}: var 'secret_env'")
-                                for h in hosts))
+    secret_keys = {k for h in hosts for k in h.settings.secret_env}
     nodes = [_node(inv, h, i, o.nproc, interfaces.get(h.name)) for i, h in enumerate(hosts)]
     if o.script == "train.py" and not any(a.startswith("--ckpt-dir") for a in args):
-        args = ["--ckpt-dir", f"{nodes[0].checkpoint_dir}/{o.job}"] + args
-    port = job_port(o.job, int(first_vars.get("rdzv_port", 29400)))
+        args = ["--ckpt-dir", job_folder(nodes[0].checkpoint_dir, o.job)] + args
+    port = job_port(o.job, hosts[0].settings.rdzv_port)
     return Job(o.job, o.script, args, o.max_restarts, port, nodes, release, env=parse_env(o.env),
                secret_keys=secret_keys, rdzv_timeout=o.rdzv_timeout)
 
@@ -154,12 +147,12 @@ def launch(inv: Inventory, hosts: list[Host], o: LaunchOptions, log=print) -> La
                                 "(or still stopping); "
                                 f"`invoke stop --job {o.job}` first, or pick another --job")
         h = next(x for x in hosts if x.name == r.host)
-        if r.value and h.vars.get("accelerator", "cuda") == "cuda":
+        if r.value and h.settings.accelerator == "cuda":
             raise TorchrigError(f"nothing started: {r.host} already runs job(s) "
                                 f"{', '.join(r.value)} on its GPUs; two jobs would share them. "
                                 "Stop it or choose other hosts")
     interfaces = _gate(inv, hosts, o)
-    prefix = settings_for(hosts[0].name, hosts[0].vars, inv.path).prefix
+    prefix = hosts[0].settings.prefix
     if o.dry_run:
         from .push import manifest, tree_hash
         release = f"{prefix}/payload/releases/{tree_hash(manifest(PAYLOAD))}"
@@ -267,7 +260,7 @@ systemctl start {name}
 
 
 def _start(inv, h: Host, job: Job, accept_new) -> None:
-    exclusive = h.vars.get("accelerator", "cuda") == "cuda"
+    exclusive = h.settings.accelerator == "cuda"
     script = START.format(jobs=sh(JOBS_DIR), busy_units=BUSY_UNITS, name=sh(unit_name(job.name)),
                           unit_file=sh(unit_path(job.name)), marker=sh(launch_marker(job)),
                           job=job.name, unit_re=sh(rf"torchrig-{JOB_RE.pattern}\.service"),
@@ -294,7 +287,7 @@ def _confirm(inv, hosts: list[Host], job: Job, o: LaunchOptions) -> list[str]:
         def probe(h: Host):
             n = by_name[h.name]
             r = run_once(h, inv, PROBE.format(unit=sh(unit_name(job.name)),
-                                              logdir=sh(f"{n.log_dir}/{job.name}")),
+                                              logdir=sh(job_folder(n.log_dir, job.name))),
                          root=True, accept_new=o.accept_new, timeout=30)
             state, result, workers = (r.stdout.split() + ["", "", "0"])[:3]
             return state, result, int(workers or 0)
@@ -378,10 +371,10 @@ def status(inv, hosts: list[Host], job: str, accept_new=False, parallel=16) -> l
     check_job_name(job)
 
     def one(h: Host) -> dict:
-        s = settings_for(h.name, h.vars, inv.path)
-        window = int(h.vars.get("low_util_minutes", 30)) * 60
-        args = {"unit": unit_name(job), "logdir": f"{s.log_dir}/{job}",
-                "util_file": f"{s.log_dir}/{job}/gpu_util.csv", "window_s": window}
+        s = h.settings
+        window = s.low_util_minutes * 60
+        args = {"unit": unit_name(job), "logdir": s.job_log_dir(job),
+                "util_file": s.util_file(job), "window_s": window}
         r = run_once(h, inv, "python3 -I - " + sh(json.dumps(args)), root=True,
                      accept_new=accept_new, timeout=60, data=STATUS_SCRIPT.read_text())
         if r.exited != 0:
@@ -390,7 +383,7 @@ def status(inv, hosts: list[Host], job: str, accept_new=False, parallel=16) -> l
         if d["unit"].get("LoadState") == "not-found":
             raise TorchrigError(f"no job {job!r} on this host")
         d["low_util"] = low_utilisation(d["util_samples"], window,
-                                        float(h.vars.get("low_util_percent", 20)))
+                                        s.low_util_percent)
         return d
     return fan_out(hosts, one, parallel=parallel)
 

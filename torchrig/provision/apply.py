@@ -11,7 +11,7 @@ from ..errors import TorchrigError
 from ..inventory import Host, Inventory
 from ..remote import connect, login_user, privileged, run_input, sh
 from .changes import SCRIPTS, FileChange, b64, preamble
-from .desired import Settings, settings_for
+from .desired import Settings
 from .steps import NCCL_TARBALL, STEPS, Ctx, driver_state, fact_request, is_tarball, preflight
 
 PAYLOAD_REQUIREMENTS = Path(__file__).resolve().parents[2] / "payload" / "requirements.txt"
@@ -82,7 +82,7 @@ class Planned:
 
 
 def plan_host(inv: Inventory, host: Host, accept_new: bool = False) -> Planned:
-    s = settings_for(host.name, host.vars, inv.path)
+    s = host.settings
     cxn = connect(host, inv, accept_new=accept_new)
     try:
         facts = gather(cxn, s)

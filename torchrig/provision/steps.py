@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from ..errors import TorchrigError
 from ..facts import os_release, smi_query
 from ..remote import sh
+from ..settings import ETC_DIR
 from .changes import Cmd, FileChange, b64, file_change
 from .desired import (DISTROS, DRIVER_PACKAGE, Credentialed, Settings, driver_flavor, repo_source,
                       split_credentials)
@@ -22,8 +23,7 @@ AUTH_FILE = "/etc/apt/auth.conf.d/90-torchrig-cuda.conf"
 KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
 BLACKLIST_FILE = "/etc/modprobe.d/blacklist-nouveau.conf"
 UNATTENDED_FILE = "/etc/apt/apt.conf.d/51torchrig-nvidia-hold"
-CUDA_ENV_FILE = "/etc/torchrig/cuda.env"
-ETC_DIR = "/etc/torchrig"
+CUDA_ENV_FILE = f"{ETC_DIR}/cuda.env"
 # Inside the step script's private temp folder (see changes.preamble), never a fixed /tmp path.
 KEYRING_DEB = '"$TORCHRIG_TMP"/cuda-keyring.deb'
 PIP_NETRC = '"$TORCHRIG_TMP"/pip-netrc'

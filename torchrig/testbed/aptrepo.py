@@ -20,16 +20,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TorchrigError
+from ..settings import DEFAULTS
 from .paths import CACHE
 
 STANDINS = Path(__file__).parent / "standins"
 REPO_PATH = "cuda/repos/debian12/x86_64"   # NVIDIA's layout: <base>/<distro><ver>/<arch>/
 KEYRING_NAME = "cuda-archive-keyring.gpg"
 
-DRIVER_VERSIONS = ("570.133.20", "570.172.08")  # two builds of one branch: an upgrade path
-CUDA_VERSION, CUDA_FULL = "12.8", "12.8.93"
-NCCL_VERSION = "2.26.2"
-NCCL_DEB = f"{NCCL_VERSION}-1+cuda{CUDA_VERSION}"
+# The versions the product pins (torchrig/settings.py), so a default provision finds them here;
+# plus an older build of the same driver branch: an upgrade path.
+OLDER_DRIVER = "570.133.20"
+DRIVER_VERSIONS = (OLDER_DRIVER, DEFAULTS.driver_version)
+CUDA_VERSION = DEFAULTS.cuda_version
+CUDA_FULL = DEFAULTS.cuda_package_version.rsplit("-", 1)[0]   # 12.8.93-1 -> 12.8.93
+NCCL_DEB = DEFAULTS.nccl_version                               # 2.26.2-1+cuda12.8
+NCCL_VERSION = NCCL_DEB.split("-", 1)[0]                       # 2.26.2
 STANDIN = "TESTBED STAND-IN, not NVIDIA software:"
 
 MODULE_UNIT = """[Unit]

@@ -163,11 +163,13 @@ def write_inventory(path: str, names: list[str], peers: dict[str, str],
         },
         "groups": {"testbed": {"description": "simulated GPU servers (torchrig testbed)"}},
         "hosts": [{"name": n, "address": peers[n], "gpus": len(gpu_profiles.load(profiles[n])["gpus"]),
-                   "groups": ["testbed"], "vars": {"testbed_profile": profiles[n]}}
+                   "groups": ["testbed"]}
                   for n in names],
     }
+    # the GPU profiles as a comment: torchrig itself reads nothing of the testbed's
     header = ("# Written by `invoke testbed.up`: hosts of the local TESTBED SIMULATION\n"
-              "# (systemd-nspawn containers with stand-in GPUs). `invoke testbed.down` removes it.\n")
+              "# (systemd-nspawn containers with stand-in GPUs). `invoke testbed.down` removes it.\n"
+              + "".join(f"# {n}: GPU profile {profiles[n]}\n" for n in names))
     tmp = Path(path).with_suffix(".tmp")
     tmp.parent.mkdir(parents=True, exist_ok=True)
     tmp.write_text(header + yaml.safe_dump(doc, sort_keys=False))

@@ -12,10 +12,11 @@ import sys
 from pathlib import Path
 
 from ..errors import TorchrigError
+from ..settings import DEFAULTS
 from .paths import CACHE
 
 # The testbed hosts run Debian 12's Python 3.11; torch is the CPU build (no GPU here).
-REQUIREMENTS = ["torch==2.13.0", "numpy"]
+REQUIREMENTS = [f"torch=={DEFAULTS.torch_version}", "numpy"]  # the version provision pins
 PYTHON_VERSION = "3.11"
 
 

@@ -9,11 +9,12 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import torchrun
 from ..errors import TorchrigError
 from ..facts import nccl_tests, smi_query
 from ..inventory import Host, Inventory
-from ..provision.desired import settings_for
 from ..remote import connect, fan_out, run_once, sh, with_env
+from ..settings import procs_per_node
 from . import evaluate
 from .evaluate import Check, HostVerdict
 
@@ -35,15 +36,8 @@ class HostOpts:
 
 
 def host_opts(inv: Inventory, h: Host) -> HostOpts:
-    s = settings_for(h.name, h.vars, inv.path)
-    acc = h.vars.get("accelerator", "cuda")
-    if acc not in ("cuda", "cpu"):
-        raise TorchrigError(f"{inv.path}: host {h.name!r}: var 'accelerator' must be cuda or cpu, "
-                            f"got {acc!r}")
-    port = h.vars.get("rdzv_port", 29400)
-    if not isinstance(port, int) or not 1 <= port <= 65535:
-        raise TorchrigError(f"{inv.path}: host {h.name!r}: var 'rdzv_port' must be a port number")
-    return HostOpts(s.venv, s.prefix, acc, port, h.vars.get("busbw_min_gbs") or {}, h.address)
+    s = h.settings
+    return HostOpts(s.venv, s.prefix, s.accelerator, s.rdzv_port, s.busbw_min_gbs, h.address)
 
 
 def gather(inv: Inventory, h: Host, opts: HostOpts, peer: dict | None, torch_runtime: bool,
@@ -133,9 +127,7 @@ def _stop_unit(inv, h: Host, unit: str, accept_new: bool) -> None:
 
 
 def _nproc(v: HostVerdict | None, o: HostOpts) -> int:
-    if o.accelerator == "cpu":
-        return 2  # two gloo ranks: enough for a real all-reduce on a CPU host
-    return max(1, len(v.gpus) if v else 1)
+    return procs_per_node(o.accelerator, max(1, len(v.gpus) if v else 1))
 
 
 def _bench_cmd(o: HostOpts, nproc: int, rdzv: list[str], env: dict[str, str]) -> str:
@@ -144,8 +136,7 @@ def _bench_cmd(o: HostOpts, nproc: int, rdzv: list[str], env: dict[str, str]) ->
     that another local user could plant a symlink or their own code in."""
     sizes = ["--min-bytes", "1048576", "--max-bytes", "16777216", "--iters", "5"] \
         if o.accelerator == "cpu" else ["--min-bytes", "8388608", "--max-bytes", "1073741824"]
-    run = (sh(f"{o.venv}/bin/python", "-m", "torch.distributed.run", *rdzv,
-              "--nproc-per-node", str(nproc)) + ' "$TORCHRIG_BENCH" ' + sh(*sizes, "--json", "-"))
+    run = sh(*torchrun.command(o.venv, rdzv, nproc)) + ' "$TORCHRIG_BENCH" ' + sh(*sizes, "--json", "-")
     # cd: `python -m` puts the working directory first on sys.path
     return ("d=$(mktemp -d) && trap 'rm -rf -- \"$d\"' EXIT && cd \"$d\" && "
             'export TORCHRIG_BENCH="$d/allreduce_bench.py" && cat > "$TORCHRIG_BENCH" && '
@@ -166,7 +157,8 @@ def _bandwidth(inv, hosts: list[Host], opts: dict[str, HostOpts], rep: Report,
     by_name = {v.host: v for v in rep.hosts}
     # within each node
     intra = fan_out(hosts, lambda h: _run_bench(
-        inv, h, _bench_cmd(opts[h.name], _nproc(by_name.get(h.name), opts[h.name]), ["--standalone"], {}),
+        inv, h, _bench_cmd(opts[h.name], _nproc(by_name.get(h.name), opts[h.name]),
+                           list(torchrun.STANDALONE), {}),
         accept_new), parallel=parallel)
     for h, r in zip(hosts, intra):
         v, o = by_name.get(h.name), opts[h.name]
@@ -205,9 +197,7 @@ def cross_node_cmd(h: Host, hosts: list[Host], o: HostOpts, v: HostVerdict | Non
     found on h itself (NIC names differ between nodes on many clusters), as launch does."""
     iface = v.interface if v else None
     env = {k: iface for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")} if iface else {}
-    rdzv = ["--nnodes", str(len(hosts)), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-            "--rdzv-id", rid, "--rdzv-conf", f"is_host={'true' if h is hosts[0] else 'false'}",
-            "--local-addr", h.address]  # what the peers dial (inventory address)
+    rdzv = torchrun.rendezvous(len(hosts), endpoint, rid, h is hosts[0], h.address)
     return _bench_cmd(o, _nproc(v, o), rdzv, env)
 
 

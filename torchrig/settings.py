@@ -1,0 +1,286 @@
+"""Every per-host setting torchrig reads, typed, with its default, in one model; and the fixed
+paths torchrig uses on a host.
+
+The inventory's `vars` (shared < group < host) are validated into one `Settings` per host when
+the inventory loads (`host.settings`); nothing else reads the raw vars. The README's vars table
+is generated from this model (`python -m torchrig.settings` rewrites it; a unit test compares).
+"""
+
+from __future__ import annotations
+
+import difflib
+import posixpath
+import re
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
+
+from .errors import TorchrigError
+
+# Fixed paths on a host (root's; no inventory var moves them).
+ETC_DIR = "/etc/torchrig"                            # made by provision
+JOBS_DIR = f"{ETC_DIR}/jobs"                         # env files (0600) and the launch lock
+SYSTEMD_DIR = "/etc/systemd/system"
+SAMPLER_PATH = "/usr/local/lib/torchrig/gpu-sample"  # the GPU utilisation sampler
+UTIL_FILE = "gpu_util.csv"                           # its samples, in the job's log folder
+
+CPU_PROCS = 2  # processes per node where accelerator is cpu: two gloo ranks make a real all-reduce
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # full match: a trailing newline is not a name
+FORMS = {  # settings that must match a form: (full-match pattern, what it is)
+    "cuda_version": (r"\d+\.\d+", "major.minor (e.g. '12.8')"),
+    "service_user": (r"[a-z_][a-z0-9_-]{0,31}", "a Linux user name (lowercase letters, digits, '_', '-')"),
+}
+
+
+def job_folder(base: str, job: str) -> str:
+    """A job's own folder under a settings folder (log_dir, checkpoint_dir)."""
+    return f"{base}/{job}"
+
+
+def procs_per_node(accelerator: str, gpus: int) -> int:
+    """Processes per node when none is asked for: one per GPU, or CPU_PROCS on a CPU host."""
+    return CPU_PROCS if accelerator == "cpu" else gpus
+
+
+def _var(default: Any, used_by: str, doc: str, shown: str | None = None, **limits: Any) -> Any:
+    """A setting: its default, who reads it and what it means (the README's vars table)."""
+    extra = {"used_by": used_by, **({"shown": shown} if shown else {})}
+    return Field(default, description=doc, json_schema_extra=extra, **limits)
+
+
+class Settings(BaseModel):
+    """One host's settings: inventory vars over these defaults. Unknown keys are refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    # Pinned stack: a current datacenter driver branch, the CUDA it ships with, NCCL built for
+    # that CUDA, and torch's wheels for that CUDA. The testbed's stand-ins take these too.
+    driver_version: str = _var("570.172.08", "provision", "NVIDIA driver version")
+    driver_flavor: Literal["open", "proprietary", "auto"] = _var(
+        "auto", "provision", "kernel modules: `open`, `proprietary`, or `auto` "
+        "(open unless a GPU is older than Turing)")
+    cuda_version: str = _var("12.8", "provision", "CUDA toolkit (major.minor)")
+    cuda_package_version: str = _var("12.8.93-1", "provision", "its package version")
+    nccl_version: str = _var("2.26.2-1+cuda12.8", "provision", "libnccl2/libnccl-dev package version")
+    torch_version: str = _var("2.13.0", "provision", "torch in the venv")
+    cuda_repo_url: str = _var("https://developer.download.nvidia.com/compute/cuda/repos",
+                              "provision", "CUDA apt repository (credentials in the URL go to a "
+                              "0600 apt auth file, never shown)", shown="NVIDIA's CUDA repos")
+    pip_index_url: str = _var("https://download.pytorch.org/whl/cu128", "provision",
+                              "wheel index for torch",
+                              shown="the one for that CUDA")
+    pip_trusted_host: str | None = _var(None, "provision", "a plain-HTTP mirror pip may trust")
+    prefix: str = _var("/opt/torchrig", "provision, launch, verify",
+                       "root's folder: venv, payload releases, nccl-tests")
+    data_dir: str = _var("/srv/torchrig/data", "provision, launch",
+                         "the service user's data folder (TORCHRIG_DATA_DIR)")
+    checkpoint_dir: str = _var("/srv/torchrig/checkpoints", "provision, launch",
+                               "a job's checkpoints go to its folder under it")
+    log_dir: str = _var("/var/log/torchrig", "provision, launch, logs, status",
+                        "a job's rank logs go to its folder under it")
+    service_user: str = _var("torchrig", "provision, launch", "the user jobs run as")
+    apt_lock_timeout: int = _var(600, "provision", "seconds to wait for another apt", ge=0)
+    min_free_gb: float = _var(20, "provision", "free disk (GB) required before installing", ge=0)
+    reboot_timeout: int = _var(600, "provision", "seconds to wait for a host to come back", ge=30)
+    nccl_tests: bool = _var(True, "provision, verify", "build nccl-tests (verify runs all_reduce_perf)")
+    nccl_tests_version: str = _var("v2.16.4", "provision", "nccl-tests git tag")
+    nccl_tests_source: str = _var("https://github.com/NVIDIA/nccl-tests", "provision",
+                                  "git URL, or a `.tar.gz` path on the operator", shown="the git URL")
+    extra_pip_packages: list[str] = _var([], "provision", "more requirements for the venv")
+    accelerator: Literal["cuda", "cpu"] = _var(
+        "cuda", "verify, launch", f"`cpu`: gloo and CPU torch, {CPU_PROCS} processes per node "
+        "(a CPU-only cluster, or the testbed)")
+    rdzv_port: int = _var(29400, "verify, launch",
+                          "c10d rendezvous port; each job gets its own above it (+0..499)",
+                          ge=1, le=65000)
+    busbw_min_gbs: dict[str, float] = _var(
+        {}, "verify", "busbw floors (GB/s) by topology class, over the shipped ones",
+        shown="from `torchrig/data/busbw_thresholds.yml`")
+    env: dict[str, str | int | float | bool] = _var({}, "launch", "the job's environment")
+    secret_env: list[str] = _var([], "launch, every output",
+                                 "names in `env` whose values are always masked")
+    low_util_percent: float = _var(20, "status", "GPU use below this % ...", ge=0, le=100)
+    low_util_minutes: int = _var(30, "status", "... for this long is flagged", ge=1)
+
+    @field_validator("prefix", "data_dir", "checkpoint_dir", "log_dir")
+    @classmethod
+    def _plain_path(cls, v: str) -> str:
+        # These reach env and unit files line by line: a newline would add a line of its own.
+        if not v.startswith("/") or any(ord(c) < 32 or ord(c) == 127 for c in v):
+            raise ValueError("expected an absolute path without control characters "
+                             f"(newline, tab, ...), got {v!r}")
+        return v
+
+    @field_validator(*FORMS)
+    @classmethod
+    def _form(cls, v: str, info: ValidationInfo) -> str:
+        pattern, what = FORMS[info.field_name]
+        if not re.fullmatch(pattern, v):
+            raise ValueError(f"expected {what}, got {v!r}")
+        return v
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_names(cls, env: Any) -> Any:
+        for k, v in (env.items() if isinstance(env, dict) else ()):
+            if not isinstance(k, str) or not ENV_NAME.fullmatch(k):
+                raise ValueError(f"{k!r} is not a valid environment variable name "
+                                 "(letters, digits, '_'; not starting with a digit)")
+            if not isinstance(v, (str, int, float, bool)):
+                raise ValueError(f"{k!r}: expected a string or number, got {v!r}")
+        return env
+
+    @field_validator("secret_env", mode="before")
+    @classmethod
+    def _one_name(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v  # one name, not a set of its characters
+
+    @model_validator(mode="after")
+    def _root_paths_outside_data_dir(self) -> Settings:
+        # data_dir is the service user's: a job can put a symlink anywhere in it, which root's
+        # `install -d` (provision) or mkdir (push) would then follow
+        data = posixpath.normpath(self.data_dir)
+        for name in ("prefix", "log_dir", "checkpoint_dir"):
+            p = posixpath.normpath(getattr(self, name))
+            if p == data or p.startswith(data.rstrip("/") + "/") or data == "/":
+                raise ValueError(f"{name} {getattr(self, name)!r} lies in data_dir {self.data_dir!r}, "
+                                 "which the service user owns: root's folders must not; "
+                                 "choose folders side by side")
+        return self
+
+    # derived values
+    @property
+    def driver_branch(self) -> str:
+        return self.driver_version.split(".")[0]
+
+    @property
+    def driver_deb(self) -> str:
+        return f"{self.driver_version}-1"
+
+    @property
+    def cuda_pkg(self) -> str:
+        return "cuda-toolkit-" + self.cuda_version.replace(".", "-")
+
+    @property
+    def cuda_home(self) -> str:
+        return f"/usr/local/cuda-{self.cuda_version}"
+
+    @property
+    def venv(self) -> str:
+        return f"{self.prefix}/venv"
+
+    @property
+    def fabricmanager_pkg(self) -> str:
+        return f"nvidia-fabricmanager-{self.driver_branch}"
+
+    @property
+    def job_env(self) -> dict[str, str]:
+        """`env` as the strings a job's environment holds."""
+        return {k: str(v) for k, v in self.env.items()}
+
+    def job_log_dir(self, job: str) -> str:
+        return job_folder(self.log_dir, job)
+
+    def util_file(self, job: str) -> str:
+        return f"{self.job_log_dir(job)}/{UTIL_FILE}"
+
+    def given(self) -> dict[str, Any]:
+        """The settings the inventory set (the rest are defaults)."""
+        return self.model_dump(include=self.model_fields_set)
+
+
+KNOWN = sorted(Settings.model_fields)
+DEFAULTS = Settings()  # the product's defaults; the testbed's stand-ins take their versions here
+
+
+def check_names(found: dict[str, Any], where: str) -> None:
+    """README: unknown keys are refused. A misspelt var would silently get its default."""
+    for k in found:
+        if k not in Settings.model_fields:
+            close = difflib.get_close_matches(str(k), KNOWN, n=1)
+            hint = (f"did you mean {close[0]!r}?" if close
+                    else "the README's vars table lists the known ones")
+            raise TorchrigError(f"{where}: var {k!r} is not a var torchrig reads; {hint}")
+
+
+def settings_for(host_name: str, host_vars: dict[str, Any], inventory_path: str) -> Settings:
+    """A host's merged vars as Settings, or one message naming the file, host and var."""
+    where = f"{inventory_path}: host {host_name!r}"
+    check_names(host_vars, where)
+    try:
+        return Settings.model_validate(host_vars)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(p) for p in err["loc"][:1])  # env's own checks name the key
+        what = describe(err)
+        if not field:  # a check across vars: its message names them
+            raise TorchrigError(f"{where}: {what}") from None
+        raise TorchrigError(f"{where}: var {field!r}: {what}") from None
+
+
+def describe(err: dict[str, Any]) -> str:
+    """One pydantic error, for a person: what was expected and what was given."""
+    kind, inp, ctx = err["type"], err.get("input"), err.get("ctx", {})
+    if kind == "missing":
+        return "is required but missing"
+    if kind == "extra_forbidden":
+        return "is not a known key (check its spelling against inventory/example.yml)"
+    if kind == "value_error":
+        return err["msg"].removeprefix("Value error, ")
+    expected = {
+        "int_type": "an integer", "string_type": "a string", "dict_type": "a mapping",
+        "list_type": "a list", "bool_type": "true or false", "float_type": "a number",
+        "model_type": "a mapping", "too_short": "at least one entry",
+        "literal_error": ctx.get("expected", "one of the allowed values"),
+        "string_pattern_mismatch": "a plain name (letters, digits, '.', '_', '-')",
+        "greater_than_equal": f">= {_num(ctx.get('ge'))}", "less_than_equal": f"<= {_num(ctx.get('le'))}",
+    }.get(kind)
+    return f"expected {expected}, got {inp!r}" if expected else f"{err['msg']} (got {inp!r})"
+
+
+def _num(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)  # 100.0 -> 100
+
+
+# The README's vars table, generated from the model.
+README_BEGIN = "<!-- vars table: generated from torchrig/settings.py by `python -m torchrig.settings` -->"
+README_END = "<!-- end of vars table -->"
+
+
+def _shown(name: str) -> str:
+    field = Settings.model_fields[name]
+    extra = field.json_schema_extra or {}
+    if "shown" in extra:
+        return str(extra["shown"])
+    v = field.default
+    if v is None or v == [] or v == {}:
+        return "none"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return f"`{v}`"
+
+
+def vars_table() -> str:
+    rows = ["| var | default | used by | meaning |", "|---|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        extra = field.json_schema_extra or {}
+        rows.append(f"| `{name}` | {_shown(name)} | {extra['used_by']} | {field.description} |")
+    return "\n".join(rows)
+
+
+def readme_with_table(readme: str) -> str:
+    """The README text with the generated table between its markers."""
+    head, sep, rest = readme.partition(README_BEGIN)
+    _, sep2, tail = rest.partition(README_END)
+    if not (sep and sep2):
+        raise TorchrigError(f"README: the vars table markers are missing ({README_BEGIN})")
+    return f"{head}{README_BEGIN}\n{vars_table()}\n{README_END}{tail}"
+
+
+if __name__ == "__main__":
+    path = Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
+    path.write_text(readme_with_table(path.read_text()))
+    print(f"{path}: vars table written")

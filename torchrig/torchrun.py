@@ -1,0 +1,25 @@
+"""torchrun's command line, built in one place: launch's units and verify's benchmark."""
+
+from __future__ import annotations
+
+STANDALONE = ("--standalone",)  # one node: a local rendezvous, no port
+
+
+def rendezvous(nnodes: int, endpoint: str, rdzv_id: str, is_host: bool, local_addr: str,
+               join_timeout: int | None = None) -> list[str]:
+    """--standalone for one node; else c10d on `endpoint` (host:port of the first node)."""
+    if nnodes == 1:
+        return list(STANDALONE)
+    # torchrun decides who hosts the c10d store by resolving its own hostname, which on
+    # Debian/Ubuntu is 127.0.1.1: say it explicitly instead.
+    conf = f"is_host={'true' if is_host else 'false'}"
+    if join_timeout is not None:
+        conf += f",join_timeout={join_timeout}"
+    return ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", rdzv_id, "--rdzv-conf", conf,
+            "--local-addr", local_addr]  # what the peers dial (the inventory address)
+
+
+def command(venv: str, rdzv: list[str], nproc: int) -> list[str]:
+    """torchrun from the venv (`python -m`: no reliance on the venv's bin/ scripts)."""
+    return [f"{venv}/bin/python", "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(nproc)]
