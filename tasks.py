@@ -460,7 +460,6 @@ def testbed_status(c, json_=False):
 def demo(c, steps=None):
     """The whole path on a local testbed: 2 hosts up, provision, verify, a 2-node x 2-process
     DDP job (gloo on CPU) followed to the end, and a summary. Leaves the testbed up."""
-    import re as _re
     import time as _time
     steps = _number("steps", 60 if steps is None else steps, 1)
     t0 = _time.monotonic()
@@ -496,18 +495,15 @@ def demo(c, steps=None):
     log_dirs = {h.name: h.settings.job_log_dir(job) for h in hosts}
     run_follow(inv, hosts, Options(job, log_dirs,
                                    unit_name(job), follow=True), printer=Tee(sys.stdout, sys.stdout.isatty()))
-    done = next((ln for ln in reversed(seen) if ln.startswith("done step=")), None)
-    steps_seen = [ln for ln in seen if ln.startswith("step=")]
-    rate = _re.findall(r"tok/s=(\d+)", " ".join(steps_seen[1:]))
+    from torchrig.progress import run_summary
+    s = run_summary(seen)
     stage("summary")
-    if not done:
+    if s is None:
         raise Exit(f"error: demo job {job} did not finish; see: invoke logs -i {inv_path} --job {job}",
                    code=1)
-    fields = dict(kv.split("=", 1) for kv in done.split()[1:])
-    first = _re.search(r"loss=([0-9.]+)", steps_seen[0]).group(1) if steps_seen else "?"
-    print(f"job {job}: {fields['step']} steps, loss {first} -> {fields['loss']}, "
-          f"median {sorted(map(int, rate))[len(rate) // 2] if rate else '?'} tokens/s (4 ranks, CPU), "
-          f"checkpoint {fields['ckpt']} (on the rank-0 node)")
+    rate = "?" if s["median_tok_s"] is None else f"{s['median_tok_s']:.0f}"
+    print(f"job {job}: {s['steps']} steps, loss {s['first_loss'] or '?'} -> {s['last_loss']}, "
+          f"median {rate} tokens/s (4 ranks, CPU), checkpoint {s['ckpt']} (on the rank-0 node)")
     print(f"demo done in {_time.monotonic() - t0:.0f}s. The testbed is still up: "
           f"invoke exec -i {inv_path} 'hostname'; take it down with: invoke testbed.down")
 

@@ -73,7 +73,7 @@ def run_problems(name: str, kind: str, info: dict, budget_s: int) -> list[str]:
         p.append(f"{name}: final loss is {info.get('final_loss')!r}, not a finite number")
     if not is_number(info.get("mfu_median")):
         p.append(f"{name}: MFU is {info.get('mfu_median')!r}: no peak FLOPS known for "
-                 f"{info.get('device_name')!r} (train.py PEAK_FLOPS) or no step timed")
+                 f"{info.get('device_name')!r} (payload/model.py PEAK_FLOPS) or no step timed")
     if info.get("optimizer") != "adamw-fused":
         p.append(f"{name}: optimizer is {info.get('optimizer')!r}, not adamw-fused")
     bs = info.get("batch_size")

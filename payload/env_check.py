@@ -9,11 +9,14 @@ import os
 import socket
 import sys
 
+import progress
+
 names = [n for n in os.environ.get("TORCHRIG_SHOW_ENV", "").split(",") if n]
 # secrets are proven present by their digest, never printed
 hashed = [n for n in os.environ.get("TORCHRIG_HASH_ENV", "").split(",") if n]
-print("start rank={} local_rank={} host={}".format(
-    os.environ.get("RANK", "0"), os.environ.get("LOCAL_RANK", "0"), socket.gethostname()), flush=True)
+print(progress.format_line("start", {"rank": os.environ.get("RANK", "0"),
+                                     "local_rank": os.environ.get("LOCAL_RANK", "0"),
+                                     "host": socket.gethostname()}), flush=True)
 print("ENV_CHECK " + json.dumps({"rank": int(os.environ.get("RANK", "0")), "argv": sys.argv[1:],
                                  "env": {n: os.environ.get(n) for n in names},
                                  "sha256": {n: hashlib.sha256(os.environ.get(n, "").encode()).hexdigest()

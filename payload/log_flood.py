@@ -5,12 +5,15 @@ import argparse
 import os
 import time
 
+import progress
+
 ap = argparse.ArgumentParser(description=__doc__)
 ap.add_argument("--lines", type=int, default=20000)
 ap.add_argument("--delay", type=float, default=0.0, help="seconds to wait before writing")
 a = ap.parse_args()
 rank = int(os.environ.get("RANK", "0"))
-print(f"start rank={rank} local_rank={os.environ.get('LOCAL_RANK', '0')}", flush=True)
+print(progress.format_line("start", {"rank": rank, "local_rank": os.environ.get("LOCAL_RANK", "0")}),
+      flush=True)
 time.sleep(a.delay)
 for i in range(a.lines):
     print(f"flood rank={rank} seq={i} t={time.time():.6f}", flush=(i % 64 == 63))

@@ -76,7 +76,7 @@ def test_failing_nan_and_mfu_less_runs_fail_the_check(tmp_path):
     fails = [ln for ln in p.stderr.splitlines() if ln.startswith("FAIL ")]
     assert fails == [
         "FAIL plain: exit status 1; first error: RuntimeError: stub: NCCL init failed on plain",
-        "FAIL eager: MFU is None: no peak FLOPS known for 'stub' (train.py PEAK_FLOPS) or no "
+        "FAIL eager: MFU is None: no peak FLOPS known for 'stub' (payload/model.py PEAK_FLOPS) or no "
         "step timed",
         "FAIL compiled: final loss is nan, not a finite number",
     ], p.stderr
@@ -108,7 +108,7 @@ GOOD = {"status": "ran", "rc": 0, "timeout_s": 90, "metrics": True, "final_loss"
     ({"tokens_per_s_median": 0.0}, "x: tokens/s is 0.0, not > 0"),
     ({"final_loss": None}, "x: final loss is None, not a finite number"),  # train.py's NaN
     ({"final_loss": float("inf")}, "x: final loss is inf, not a finite number"),
-    ({"mfu_median": None}, "x: MFU is None: no peak FLOPS known for 'NVIDIA H200' (train.py "
+    ({"mfu_median": None}, "x: MFU is None: no peak FLOPS known for 'NVIDIA H200' (payload/model.py "
                            "PEAK_FLOPS) or no step timed"),
     ({"optimizer": "adamw-foreach"}, "x: optimizer is 'adamw-foreach', not adamw-fused"),
     ({"optimizer": None}, "x: optimizer is None, not adamw-fused"),

@@ -15,6 +15,8 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 PAYLOAD = REPO / "payload"
 sys.path.insert(0, str(PAYLOAD))
+import batch_search  # noqa: E402
+import runtime  # noqa: E402
 import train  # noqa: E402
 from test_train import _env, _fail_msg, run_torchrun  # noqa: E402
 
@@ -132,7 +134,7 @@ def test_peak_flops_by_real_device_names(name, peak):
     (ValueError("out of memory"), False),
 ])
 def test_every_out_of_memory_form_is_does_not_fit(exc, oom, monkeypatch):
-    assert train.is_oom(exc) is oom
+    assert batch_search.is_oom(exc) is oom
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
 
     def step(b):
@@ -191,7 +193,7 @@ def test_step_line_labels_allocated_and_reserved_memory(monkeypatch):
 def test_stop_check_interval_follows_step_time():
     assert train.steps_to_next_check(30.0, 1) == 1  # a compiling first step: check again at once
     assert train.steps_to_next_check(1.0, 10) == 10  # 0.1 s steps: about a second between checks
-    assert train.steps_to_next_check(0.01, 10) == train.SYNC_EVERY_MAX
+    assert train.steps_to_next_check(0.01, 10) == runtime.SYNC_EVERY_MAX
     assert train.steps_to_next_check(0.0, 3) == 1
 
 

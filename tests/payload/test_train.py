@@ -25,6 +25,8 @@ import torch.distributed as dist  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "payload" / "train.py"
 sys.path.insert(0, str(TRAIN.parent))
+import progress  # noqa: E402
+import runtime  # noqa: E402
 import train  # noqa: E402
 
 STEP_RE = re.compile(r"^step=(\d+) loss=([0-9.]+|nan) lr=\S+ tok/s=\d+ samples/s=[0-9.]+ "
@@ -103,6 +105,12 @@ def test_startup_lines_and_batch_semantics(short_run):
     # tiny preset lr 1e-2 per 32 samples, scaled linearly to 16
     assert "lr=5.000e-03" in cfg
     assert len(DONE_RE.findall(p.stdout)) == 1  # rank 0 only
+    # what status, logs and demo read (progress.py) is what train.py wrote
+    assert progress.parse(cfg).fields["global_batch"] == "16"
+    assert sorted(progress.start_ranks(ln) for ln in p.stdout.splitlines()
+                  if ln.startswith("start ")) == [(0, 0), (1, 1)]
+    done = [progress.parse(ln) for ln in p.stdout.splitlines() if progress.is_progress(ln)][-1]
+    assert done.kind == "done" and done.fields["step"] == "40", p.stdout
 
 
 def test_out_json(short_run):
@@ -270,12 +278,12 @@ def test_checkpoints_ordered_by_step_past_eight_digits(tmp_path):
     ck = tmp_path / "ck"
     steps_saved = [99_999_998, 99_999_999, 100_000_000, 100_000_001]
     for s in steps_saved:
-        train.save_checkpoint(str(ck), s, {"model": {}, "optimizer": {}, "step": s}, keep=2)
+        runtime.save_checkpoint(str(ck), s, {"model": {}, "optimizer": {}, "step": s}, keep=2)
     assert sorted(os.listdir(ck)) == ["ckpt_100000000.pt", "ckpt_100000001.pt"]
     (ck / "ckpt_99999999.pt").write_bytes((ck / "ckpt_100000000.pt").read_bytes())  # an older one
-    assert [Path(p).name for p in train.list_checkpoints(str(ck))] == [
+    assert [Path(p).name for p in runtime.list_checkpoints(str(ck))] == [
         "ckpt_99999999.pt", "ckpt_100000000.pt", "ckpt_100000001.pt"]
-    path, st = train.find_latest_checkpoint(str(ck))
+    path, st = runtime.find_latest_checkpoint(str(ck))
     assert Path(path).name == "ckpt_100000001.pt" and st["step"] == 100_000_001
 
 
@@ -284,13 +292,13 @@ def test_checkpoints_ordered_by_step_past_eight_digits(tmp_path):
 SAVER = r"""
 import sys, torch
 sys.path.insert(0, sys.argv[2])
-import train
+import runtime
 state = {"model": {"w": torch.randn(6_000_000)}, "optimizer": {}, "step": 0}
 step = 0
 while True:
     step += 1
     state["step"] = step
-    train.save_checkpoint(sys.argv[1], step, state, keep=3)
+    runtime.save_checkpoint(sys.argv[1], step, state, keep=3)
 """
 
 
@@ -303,11 +311,11 @@ def test_kill_during_checkpoint_write_leaves_loadable_checkpoints(tmp_path):
                                 env=_env())
         try:
             deadline = time.time() + 60
-            n_before = len(train.list_checkpoints(str(ck)))
+            n_before = len(runtime.list_checkpoints(str(ck)))
             while time.time() < deadline:
                 names = os.listdir(ck)
                 if (len([n for n in names if n.startswith("ckpt_")]) >= min(n_before + 2, 3)
-                        and any(n.startswith(train.TMP_PREFIX) for n in names)):
+                        and any(n.startswith(runtime.TMP_PREFIX) for n in names)):
                     break
                 time.sleep(0.002)
             proc.send_signal(signal.SIGKILL)
@@ -315,17 +323,17 @@ def test_kill_during_checkpoint_write_leaves_loadable_checkpoints(tmp_path):
         finally:
             if proc.poll() is None:
                 proc.kill()
-        caught_mid_write += any(n.startswith(train.TMP_PREFIX) for n in os.listdir(ck))
-        ckpts = train.list_checkpoints(str(ck))
+        caught_mid_write += any(n.startswith(runtime.TMP_PREFIX) for n in os.listdir(ck))
+        ckpts = runtime.list_checkpoints(str(ck))
         assert ckpts and all(os.path.basename(c).startswith("ckpt_") for c in ckpts)
         for c in ckpts:
             st = torch.load(c, map_location="cpu", weights_only=True)
             assert st["model"]["w"].numel() == 6_000_000
-        path, st = train.find_latest_checkpoint(str(ck))
+        path, st = runtime.find_latest_checkpoint(str(ck))
         assert path == ckpts[-1] and st["step"] == int(path[-11:-3])
     assert caught_mid_write >= 1  # the kills really hit a write in progress
-    train.cleanup_temp_files(str(ck))
-    assert not [n for n in os.listdir(ck) if n.startswith(train.TMP_PREFIX)]
+    runtime.cleanup_temp_files(str(ck))
+    assert not [n for n in os.listdir(ck) if n.startswith(runtime.TMP_PREFIX)]
 
 
 # ------------------------------------------------------------------ SIGTERM
@@ -537,7 +545,7 @@ def test_rng_state_roundtrip_weights_only(tmp_path):
     rng = train.capture_rng(torch.device("cpu"))
     a = (random.random(), torch.rand(3))
     path = tmp_path / "r.pt"
-    train.atomic_save({"rng": rng}, str(path))
+    runtime.atomic_save({"rng": rng}, str(path))
     back = torch.load(path, weights_only=True)["rng"]
     random.seed(99)
     torch.manual_seed(99)

@@ -8,13 +8,15 @@ import sys
 import time
 from pathlib import Path
 
+from torchrig.progress import bundled
+
 SCRIPT = Path(__file__).resolve().parents[2] / "torchrig" / "launch" / "status_remote.py"
 
 
 def _status(logdir: Path) -> subprocess.CompletedProcess:
     args = {"unit": "torchrig-nosuchjob.service", "logdir": str(logdir),
             "util_file": str(logdir / "gpu_util.csv"), "window_s": 600}
-    return subprocess.run([sys.executable, "-I", "-", json.dumps(args)], input=SCRIPT.read_text(),
+    return subprocess.run([sys.executable, "-I", "-", json.dumps(args)], input=bundled(SCRIPT.read_text()),
                           capture_output=True, text=True, timeout=60)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..errors import TorchrigError
 from ..inventory import Host, Inventory
+from ..progress import bundled
 from ..remote import fan_out, flock_lines, run_once, sh
 from ..settings import JOBS_DIR, SAMPLER_PATH, job_folder, procs_per_node
 from ..verify.run import verify
@@ -376,7 +377,7 @@ def status(inv, hosts: list[Host], job: str, accept_new=False, parallel=16) -> l
         args = {"unit": unit_name(job), "logdir": s.job_log_dir(job),
                 "util_file": s.util_file(job), "window_s": window}
         r = run_once(h, inv, "python3 -I - " + sh(json.dumps(args)), root=True,
-                     accept_new=accept_new, timeout=60, data=STATUS_SCRIPT.read_text())
+                     accept_new=accept_new, timeout=60, data=bundled(STATUS_SCRIPT.read_text()))
         if r.exited != 0:
             raise TorchrigError(f"status failed: {r.stderr.strip()[-300:]}")
         d = json.loads(r.stdout)

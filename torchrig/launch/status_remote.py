@@ -1,4 +1,5 @@
 """Runs ON THE NODE as root (python3 -I -, one round trip): a job's state for `invoke status`.
+Sent after payload/progress.py (torchrig.progress.bundled), which parses the job's lines.
 argv[1]: JSON {"unit": U, "logdir": D, "util_file": F, "window_s": S}
 
 Everything under D was written by the job (the service user). It is read through descriptors,
@@ -14,6 +15,8 @@ import stat
 import subprocess
 import sys
 import time
+
+import progress as protocol  # payload/progress.py, sent ahead of this script (torchrig.progress.bundled)
 
 a = json.loads(sys.argv[1])
 NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -85,10 +88,10 @@ if runs:
         os.close(fd)
         if got is None:
             continue
-        m = re.match(r"start rank=(\d+)", got[0].decode(errors="replace"))
+        ranks = protocol.start_ranks(got[0].decode(errors="replace"))
         tail = got[1].decode(errors="replace").splitlines()
-        steps = [ln for ln in tail if ln.startswith(("step=", "done step="))]
-        rank = int(m.group(1)) if m else None
+        steps = [ln for ln in tail if protocol.is_progress(ln)]
+        rank = ranks[0] if ranks else None
         if steps and (rank == 0 or progress is None):
             progress = steps[-1]
 for _, _, _, fd in runs:

@@ -31,15 +31,14 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Pattern, Union
 
+from ..progress import start_ranks
+
 STREAMS = {"stdout.log": "stdout", "stderr.log": "stderr", "error.json": "error"}
 _ATTEMPT = re.compile(r"attempt_([0-9]+)")
 _DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() also takes '²', which int() refuses
 # C0 controls but TAB and newline, DEL, C1 controls (0x9b is a CSI on its own)
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
-# The payload's first stdout line on every rank (payload/train.py). An optional "[...]:" prefix
-# is allowed in case a launcher decorates lines; the line must otherwise start with it.
-START_RE = re.compile(r"^(?:\[[^\]]*\]:?\s*)?start rank=(\d+) local_rank=(\d+)(?:\s|$)")
 
 
 @dataclass(frozen=True)
@@ -265,9 +264,9 @@ class Tracker:
             return [ErrorReport(node, info.run, info.attempt, info.local_rank,
                                 self._ranks.get(key), msg, tb, ts, rel, doc)]
         if info.stream == "stdout" and key not in self._ranks:
-            m = START_RE.match(payload)
-            if m and int(m.group(2)) == info.local_rank:
-                self._ranks[key] = int(m.group(1))
+            got = start_ranks(payload)  # the payload's first stdout line on every rank
+            if got and got[1] == info.local_rank:
+                self._ranks[key] = got[0]
         return [Line(node, info.run, info.attempt, info.local_rank, self._ranks.get(key),
                      info.stream, payload)]
 

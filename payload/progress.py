@@ -1,0 +1,126 @@
+"""torchrig progress lines: the one definition of the stdout lines a training script prints and
+`invoke status`, `invoke logs` and `invoke demo` read. Python standard library only: it is
+pushed with every payload release (next to train.py, so a script there can `import progress`),
+and torchrig loads this same file on the operator's side and sends it along with the status
+reader it runs on the nodes.
+
+A line is a kind word, then key=value fields, then optional free text (the note):
+
+    start rank=0 local_rank=0 host=gpu1 device=cuda:0 device_name="NVIDIA H100" world_size=16 ...
+    resume step=200 epoch=0 ckpt=/ckpt/ckpt_00000200.pt
+    step=40 loss=2.3456 lr=3.00e-04 tok/s=12345 ... epoch=0
+    done step=300 loss=1.2345 ckpt=/ckpt/ckpt_00000300.pt
+    signal SIGTERM received: stopping after step 41
+
+Kinds in KEYED (step, batch_size) have no kind word: the kind is the first field's key. A value
+with a space, a quote, a backslash or a control character, or an empty one, is written as a
+JSON string ("..."); every other value is written as is. A note starts at the first word that
+is not a field. A launcher's "[tag]:" prefix before the kind is skipped when parsing.
+"""
+
+import json
+import re
+
+# kind -> what the line says; the ones `status` shows as a job's progress are PROGRESS
+KINDS = {
+    "start": "every rank, first: rank, local_rank, host, device, world_size, backend, pid",
+    "config": "rank 0: the run's settings",
+    "resume": "rank 0: step, epoch, ckpt the run continues from",
+    "step": "rank 0, every --log-every steps: step, loss, lr, throughput, memory, epoch",
+    "ckpt": "rank 0: step, path, write_s of a checkpoint written",
+    "signal": "rank 0: a stop was requested (note: which, and the step)",
+    "done": "rank 0, last: step, loss, ckpt",
+    "param_hash": "every rank, --dump-param-hash: rank, step, sha256",
+    "batch_size": "rank 0, --find-batch-size: the batch size found",
+}
+KEYED = ("step", "batch_size")
+PROGRESS = ("step", "done")
+
+_PREFIX = re.compile(r"\[[^\]]*\]:?\s*")
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_/.]*\Z")
+_FIELD = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_/.]*)=("(?:[^"\\]|\\.)*"|[^\s"]*)(?=\s|$)')
+_DIGITS = re.compile(r"[0-9]+\Z")
+_BARE = re.compile(r'[^\s"\\\x00-\x1f\x7f]+\Z')
+
+
+class Line(tuple):
+    """A parsed line: kind, fields {key: text}, note (the free text after the fields, or "")."""
+    __slots__ = ()
+
+    def __new__(cls, kind, fields, note=""):
+        return tuple.__new__(cls, (kind, fields, note))
+
+    kind = property(lambda self: self[0])
+    fields = property(lambda self: self[1])
+    note = property(lambda self: self[2])
+
+    def __repr__(self):
+        return "Line(kind=%r, fields=%r, note=%r)" % self
+
+
+def _value(v) -> str:
+    v = str(v)
+    return v if _BARE.match(v) else json.dumps(v)
+
+
+def format_line(kind: str, fields=None, note: str = "") -> str:
+    """The line for `kind` with `fields` (a dict, in order; values are str()'d) and `note`.
+    ValueError for a line that would not parse back to the same kind, fields and note."""
+    fields = dict(fields or {})
+    if kind not in KINDS:
+        raise ValueError("unknown progress kind %r" % (kind,))
+    bad = [k for k in fields if not _KEY.match(k)]
+    if bad:
+        raise ValueError("bad field name(s) %r" % (bad,))
+    if kind in KEYED and next(iter(fields), None) != kind:
+        raise ValueError("a %s line starts with its %s= field" % (kind, kind))
+    note = note.strip()
+    if "\n" in note or "\r" in note or (note and _FIELD.match(note)):
+        raise ValueError("a note is one line and does not start with key=value: %r" % (note,))
+    words = [] if kind in KEYED else [kind]
+    words += ["%s=%s" % (k, _value(v)) for k, v in fields.items()]
+    return " ".join(words + ([note] if note else []))
+
+
+def parse(text: str, kinds=None):
+    """The Line `text` is, or None when it is no progress line (of one of `kinds`, when given)."""
+    text = text.rstrip("\r\n")
+    if text.startswith("["):
+        m = _PREFIX.match(text)
+        if m:
+            text = text[m.end():]
+    head = text.split(None, 1)[0] if text.strip() else ""
+    kind = head.split("=", 1)[0] if "=" in head else head
+    if kind not in KINDS or (kind in KEYED) != ("=" in head) or (kinds and kind not in kinds):
+        return None
+    pos = 0 if kind in KEYED else len(kind)
+    fields = {}
+    while True:
+        m = _FIELD.match(text, pos)
+        if not m:
+            break
+        k, v = m.groups()
+        if v.startswith('"'):
+            try:
+                v = json.loads(v)
+            except ValueError:
+                break
+        fields[k] = v
+        pos = m.end()
+    if kind in KEYED and kind not in fields:
+        return None
+    return Line(kind, fields, text[pos:].strip())
+
+
+def start_ranks(text: str):
+    """(global rank, local rank) from a `start` line, or None."""
+    p = parse(text, ("start",))
+    got = p and (p.fields.get("rank", ""), p.fields.get("local_rank", ""))
+    # ASCII digits only: int() also takes other scripts' digits
+    return (int(got[0]), int(got[1])) if got and all(map(_DIGITS.match, got)) else None
+
+
+def is_progress(text: str) -> bool:
+    """Whether `text` is a line `status` shows as a job's progress: a step or done line."""
+    p = parse(text, PROGRESS)
+    return p is not None and "step" in p.fields

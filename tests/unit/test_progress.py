@@ -1,0 +1,145 @@
+"""The progress-line protocol (payload/progress.py): what train.py writes is what status, logs
+and demo read back, and the module stays importable without torch."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchrig import progress
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _values(rng):
+    alphabet = "ab/:.-_=\"\\ \t\x01é0123456789()"
+    yield ""
+    yield "two words"
+    yield 'say "hi"'
+    yield "C:\\dir"
+    yield "ünïcode"
+    for _ in range(300):
+        yield "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12)))
+
+
+@pytest.mark.parametrize("kind", sorted(progress.protocol.KINDS))
+def test_every_kind_round_trips_with_any_value(kind):
+    rng = random.Random(kind)
+    for v in _values(rng):
+        fields = {kind: "7"} if kind in progress.protocol.KEYED else {}
+        fields.update({"path": v, "tok/s": "12", "x.y": v})
+        note = rng.choice(["", "(nothing to train: past the last step)", "SIGTERM received: 5"])
+        text = progress.format_line(kind, fields, note)
+        assert "\n" not in text
+        assert progress.parse(text) == (kind, fields, note), text
+        assert progress.parse(f"[default0]: {text}") == (kind, fields, note)
+
+
+def test_the_lines_train_writes_parse_as_documented():
+    p = progress.parse('start rank=3 local_rank=1 host=gpu2 device=cuda:1 device_name="NVIDIA H100 '
+                       '80GB HBM3" world_size=16 backend=nccl pid=42')
+    assert p.kind == "start" and p.fields["device_name"] == "NVIDIA H100 80GB HBM3"
+    assert p.fields["world_size"] == "16" and p.note == ""
+    assert progress.start_ranks(p and 'start rank=3 local_rank=1 host=h') == (3, 1)
+    step = progress.parse("step=40 loss=2.3456 lr=3.00e-04 tok/s=12345 samples/s=12.3 mfu=n/a "
+                          "rss=0.50GiB epoch=0")
+    assert step.kind == "step" and step.fields["tok/s"] == "12345" and step.fields["step"] == "40"
+    done = progress.parse("done step=7 ckpt=None (nothing to train: the checkpoint is at or past "
+                          "the last step)")
+    assert done.fields == {"step": "7", "ckpt": "None"} and done.note.startswith("(nothing")
+    assert progress.parse("signal SIGTERM received: stopping after step 5") == (
+        "signal", {}, "SIGTERM received: stopping after step 5")
+
+
+@pytest.mark.parametrize("text", [
+    "", "hello", "started rank=0", "stepping=3", "step 3", "done", "start=1 rank=0",
+    "probe batch_size=4 ok", "WARNING: skipping unreadable checkpoint x", "[rank0]: Traceback",
+])
+def test_other_lines_are_not_progress(text):
+    assert not progress.is_progress(text)
+    assert progress.start_ranks(text) is None
+
+
+def test_status_progress_and_start_ranks():
+    assert progress.is_progress("step=7 loss=1.0")
+    assert progress.is_progress("done step=30 loss=1.2 ckpt=none")
+    assert not progress.is_progress("done with it")  # a done line names its step
+    assert progress.start_ranks("start rank=0 local_rank=0") == (0, 0)
+    assert progress.start_ranks("[x]: start rank=12 local_rank=3 host=h") == (12, 3)
+    assert progress.start_ranks("start rank=²  local_rank=0") is None
+    assert progress.start_ranks("start rank=\u0663 local_rank=0") is None  # Arabic-Indic 3
+    assert progress.start_ranks("start local_rank=0") is None
+
+
+@pytest.mark.parametrize("kind, fields, note", [
+    ("nope", {}, ""),                   # unknown kind
+    ("step", {"loss": "1"}, ""),        # a keyed line starts with its own field
+    ("done", {"bad key": "1"}, ""),
+    ("done", {"step": "1"}, "a=b then text"),   # would parse back as a field
+    ("done", {"step": "1"}, "two\nlines"),
+])
+def test_lines_that_would_not_parse_back_are_refused(kind, fields, note):
+    with pytest.raises(ValueError):
+        progress.format_line(kind, fields, note)
+
+
+def test_the_module_is_stdlib_only_and_pushed_with_the_payload():
+    """Importable in an isolated interpreter with torch made unimportable, and a payload file
+    (push sends every file under payload/)."""
+    from torchrig.launch.push import manifest
+    assert "progress.py" in manifest(REPO / "payload")
+    code = ("import sys; sys.modules['torch'] = None; sys.path.insert(0, sys.argv[1]); "
+            "import progress; print(progress.format_line('done', {'step': 1}))")
+    r = subprocess.run([sys.executable, "-I", "-c", code, str(REPO / "payload")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == "done step=1\n", r.stderr
+
+
+def test_bundled_script_can_import_it_on_a_node_without_a_payload():
+    script = progress.bundled("import progress\nprint(progress.is_progress('step=1 loss=2'))\n")
+    r = subprocess.run([sys.executable, "-I", "-"], input=script, capture_output=True, text=True,
+                       timeout=60)
+    assert (r.returncode, r.stdout) == (0, "True\n"), r.stderr
+
+
+def _imports(path: Path) -> set[str]:
+    import ast
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_payload_files_import_only_each_other_stdlib_and_torch():
+    """launch pushes payload/ whole, so train.py's modules travel together; verify sends
+    allreduce_bench.py alone, so it imports no payload module; progress.py needs nothing."""
+    payload = REPO / "payload"
+    local = {p.stem for p in payload.glob("*.py")}
+    allowed = set(sys.stdlib_module_names) | {"torch"} | local
+    for p in payload.glob("*.py"):
+        assert _imports(p) <= allowed, (p.name, _imports(p) - allowed)
+    assert not _imports(payload / "allreduce_bench.py") & local
+    assert _imports(payload / "progress.py") <= set(sys.stdlib_module_names)
+    assert {"model", "runtime", "progress"} <= _imports(payload / "train.py") | _imports(
+        payload / "runtime.py")
+
+
+def test_demo_summary_from_rank_0_lines():
+    lines = ["start rank=0 local_rank=0 host=h", "config preset=tiny (lr 0.01 x 8/32)",
+             "step=10 loss=5.5000 lr=1e-3 tok/s=100 epoch=0", "step=20 loss=3.0 tok/s=300",
+             "step=30 loss=2.0 tok/s=200", "step=40 loss=1.5 tok/s=oops",
+             'done step=40 loss=1.5000 ckpt="/c k/ckpt_00000040.pt"']
+    assert progress.run_summary(lines) == {"steps": "40", "first_loss": "5.5000",
+                                           "last_loss": "1.5000", "ckpt": "/c k/ckpt_00000040.pt",
+                                           "median_tok_s": 300.0}
+    assert progress.run_summary(lines[:-1]) is None  # the job did not finish
+    assert progress.run_summary(["done step=3 ckpt=x (nothing to train: past the end)"])[
+        "median_tok_s"] is None

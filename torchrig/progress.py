@@ -1,0 +1,51 @@
+"""The progress-line protocol on the operator's side. Its one definition is payload/progress.py
+(stdlib only, pushed with every release for the jobs' scripts); this loads that same file, so
+torchrig holds no copy of the format, and `bundled` sends it along with a script run on a node."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+SOURCE = Path(__file__).resolve().parents[1] / "payload" / "progress.py"
+
+_spec = importlib.util.spec_from_file_location("torchrig._payload_progress", SOURCE)
+protocol = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = protocol
+_spec.loader.exec_module(protocol)
+
+Line = protocol.Line
+format_line = protocol.format_line
+parse = protocol.parse
+start_ranks = protocol.start_ranks
+is_progress = protocol.is_progress
+
+
+def run_summary(lines) -> dict | None:
+    """From rank 0's lines of a finished run: {"steps", "first_loss", "last_loss", "ckpt",
+    "median_tok_s"} (None for what is missing), or None when no done line was seen."""
+    parsed = [p for p in map(parse, lines) if p is not None]
+    done = next((p.fields for p in reversed(parsed) if p.kind == "done"), None)
+    if done is None:
+        return None
+    steps = [p.fields for p in parsed if p.kind == "step"]
+    rates = []
+    for f in steps[1:]:  # the first interval holds start-up costs
+        try:
+            rates.append(float(f["tok/s"]))
+        except (KeyError, ValueError):
+            pass
+    rates.sort()
+    return {"steps": done.get("step"), "first_loss": steps[0].get("loss") if steps else None,
+            "last_loss": done.get("loss"), "ckpt": done.get("ckpt"),
+            "median_tok_s": rates[len(rates) // 2] if rates else None}
+
+
+def bundled(script: str) -> str:
+    """`script` (run as `python3 -I -` on a node) preceded by the protocol as module `progress`,
+    so that the script can `import progress` where no payload may have been pushed yet."""
+    return ("import sys as _s, types as _t\n"
+            "_m = _s.modules['progress'] = _t.ModuleType('progress')\n"
+            f"exec(compile({SOURCE.read_text()!r}, 'progress.py', 'exec'), _m.__dict__)\n"
+            "del _s, _t, _m\n" + script)
