@@ -99,6 +99,7 @@ class Job:
     release: str                     # payload release directory on every node
     env: dict[str, str] = field(default_factory=dict)
     rdzv_timeout: int = 300          # how long nodes wait for each other (then the job ends)
+    exit_barrier_timeout: int = 120  # how long a finished node waits for the others to finish
     secret_keys: set[str] = field(default_factory=set)
     # marks the unit files this launch wrote: another launch of the same job at the same time
     # may overwrite them, and then this one must neither start nor remove what it finds
@@ -115,7 +116,8 @@ class Job:
 
 def torchrun_argv(job: Job, n: Node) -> list[str]:
     log_dir = f"{n.log_dir}/{job.name}"
-    argv = [f"{n.venv}/bin/python", "-m", "torch.distributed.run"]
+    # torchrun, with its exit barrier bounded (payload/torchrig_torchrun.py: torchrun has no flag)
+    argv = [f"{n.venv}/bin/python", "-m", "torchrig_torchrun"]
     if job.nnodes == 1:
         argv += ["--standalone"]
     else:
@@ -144,6 +146,10 @@ def node_env(job: Job, n: Node) -> dict[str, str]:
         # gloo: connect rank pairs on first use instead of a full mesh at init, so a restarted
         # group whose nodes start their workers seconds apart does not fail to connect
         "TORCH_GLOO_LAZY_INIT": "1",
+        # the agent logs its rendezvous results (global ranks), restarts and waits, which
+        # `status` and `logs --failures` read from the unit's journal
+        "LOGLEVEL": "INFO",
+        "TORCHRIG_EXIT_BARRIER_TIMEOUT": str(job.exit_barrier_timeout),
         "TORCHRIG_JOB": job.name,
         "TORCHRIG_CKPT_DIR": f"{n.checkpoint_dir}/{job.name}",
         "TORCHRIG_DATA_DIR": n.data_dir,

@@ -50,6 +50,7 @@ class LaunchOptions:
     dry_run: bool = False
     start_timeout: int = 180
     rdzv_timeout: int = 300
+    exit_barrier_timeout: int = 120
     accept_new: bool = False
     parallel: int = 16
 
@@ -100,7 +101,8 @@ def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
         args = ["--ckpt-dir", f"{nodes[0].checkpoint_dir}/{o.job}"] + args
     port = job_port(o.job, int(first_vars.get("rdzv_port", 29400)))
     return Job(o.job, o.script, args, o.max_restarts, port, nodes, release, env=parse_env(o.env),
-               secret_keys=secret_keys, rdzv_timeout=o.rdzv_timeout)
+               secret_keys=secret_keys, rdzv_timeout=o.rdzv_timeout,
+               exit_barrier_timeout=o.exit_barrier_timeout)
 
 
 @dataclass
