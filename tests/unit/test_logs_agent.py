@@ -118,3 +118,12 @@ def test_glog_time_to_unix():
     assert agent.to_unix("1130 18:41:54.855000", 2026, "+0000") == 1796064114.855
     assert agent.to_unix("1130 19:41:54", 2026, "+0100") == 1796064114.0
     assert agent.to_unix("garbage", 2026, "+0000") is None
+
+
+def test_after_both_waits_ran_out_nothing_is_waited_for_and_the_cause_stays():
+    nodes = [node("gpu1", 0, "torchrun_10_journal_info_exit_barrier_timed_out_node0of2.txt"),
+             node("gpu2", 1, "torchrun_11_journal_info_rejoin_timed_out_node1of2.txt")]
+    assert diagnose.waiting(nodes, 2) == {}
+    assert nodes[1].log.rdzv_timed_out and nodes[1].log.ended
+    f = diagnose.failures(nodes, UNIT)
+    assert [(x.host, x.global_rank, x.pid, x.cause) for x in f] == [("gpu2", 3, 1703, "killed by SIGKILL")]

@@ -42,6 +42,8 @@ _CONF_NPROC = re.compile(r"^\s+nproc_per_node\s*:\s*(\d+)")
 _TEE = re.compile(r"^\[default(\d+)\]:(.*)$")
 _START = re.compile(r"^start rank=(\d+) local_rank=(\d+)")
 _SYSTEMD_STARTED = re.compile(r"^Started torchrig-")
+# systemd's lines when the agent has exited: whatever it waited for is over
+_SYSTEMD_ENDED = re.compile(r"^torchrig-\S+\.service: (Main process exited|Deactivated successfully|Failed with result)")
 _SYSTEMD_OOM = re.compile(r"(?:A process of this unit has been|process \d+ .*) killed by the OOM killer")
 _RDZV_TIMEOUT = re.compile(r"RendezvousTimeoutError")
 # kernel: "Out of memory: Killed process 123 (python3) ..." / "Memory cgroup out of memory:
@@ -106,6 +108,7 @@ class AgentLog:
     nproc: int = 1                          # processes per node (launch config, else ranks seen)
     restarts: int = 0
     rdzv_timed_out: bool = False
+    ended: bool = False                     # systemd logged the agent's exit
     rank_lines: dict[int, list[str]] = field(default_factory=dict)  # local rank -> last lines
     oom_unit: bool = False                  # systemd: a process of the unit was OOM-killed
 
@@ -151,6 +154,9 @@ def parse(text: str) -> AgentLog:
             continue
         if _SYSTEMD_OOM.search(raw):
             log.oom_unit = True
+        if _SYSTEMD_ENDED.match(raw):
+            log.state = None
+            log.ended = True
         if _RDZV_TIMEOUT.search(raw):
             log.rdzv_timed_out = True
         g = _GLOG.match(raw)
