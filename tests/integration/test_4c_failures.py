@@ -51,7 +51,7 @@ def _killed_worker_is_named(testbed, job, sig, cause):
                  text)
     assert m, text
     assert "then: [gpu1/r" in text, text
-    assert f"last lines of [gpu4/r{m.group(1)}]:" in text and "step=" in text or "start rank=" in text
+    assert f"\nlast lines of [gpu4/r{m.group(1)}]:\n  " in text, text
     r, st = status(testbed, job)
     assert r.returncode == 1
     assert st["failure"]["host"] == "gpu4" and st["failure"]["pid"] == pid
@@ -123,8 +123,11 @@ def test_worker_over_its_memory_limit_is_named(testbed):
     cg = cg_root / f"torchrig-test-oom-{host_pid}"
     cg.mkdir()
     try:
-        (cg / "memory.limit_in_bytes").write_text(str(64 << 20))
         (cg / "cgroup.procs").write_text(str(host_pid))
+        # v1 moves no earlier charges and refuses a limit below the use: just above what the
+        # worker has charged here since the move, so its next pages are over the limit
+        use = int((cg / "memory.usage_in_bytes").read_text())
+        (cg / "memory.limit_in_bytes").write_text(str(use + 8192))
         wait_ended(testbed, "t-oom")
         text = failures(testbed, "t-oom")
         assert re.match(rf"first failure: \[gpu4/r\d\] \(local rank {local}, pid {pid}\) killed by SIGKILL",

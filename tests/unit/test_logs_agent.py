@@ -127,3 +127,14 @@ def test_after_both_waits_ran_out_nothing_is_waited_for_and_the_cause_stays():
     assert nodes[1].log.rdzv_timed_out and nodes[1].log.ended
     f = diagnose.failures(nodes, UNIT)
     assert [(x.host, x.global_rank, x.pid, x.cause) for x in f] == [("gpu2", 3, 1703, "killed by SIGKILL")]
+
+
+def test_kernel_oom_kill_captured_on_this_machine():
+    """The kernel's own lines (a testbed worker moved into a memory cgroup with a limit just
+    above its use; host pid 3088): the pid's kill is an OOM kill of a cgroup limit."""
+    text = fixture("kernel_oom_01_memcg_v1_worker_over_limit.txt")
+    assert agent.oom_kill(text, 3088, UNIT) == "cgroup memory limit"
+    assert agent.oom_kill(text, 3089, UNIT) is None
+    host_wide = text.replace("Memory cgroup out of memory", "Out of memory").replace(
+        "CONSTRAINT_MEMCG", "CONSTRAINT_NONE")
+    assert agent.oom_kill(host_wide, 3088, UNIT) == "host memory"
