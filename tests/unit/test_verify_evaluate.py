@@ -130,3 +130,15 @@ def test_benchmark_copy_goes_to_a_private_folder_removed_afterwards(tmp_path):
     assert mode.split()[0] == "700" and path.startswith(f"{tmpdir}/tmp.") and same == "same"
     assert f"--nproc-per-node 2 {path} --min-bytes" in argv
     assert list(tmpdir.iterdir()) == []  # removed when the command ended
+
+
+def test_peer_address_without_a_name_warns_with_the_fix():
+    net = {"address": "10.0.0.1", "port": 29400, "resolved": "10.0.0.1", "reachable": True,
+           "interface": "eth0", "reverse_error": "[Errno -3] Temporary failure in name resolution"}
+    v = evaluate.host_verdict("a", facts(network=net), 8, "cuda")
+    st = statuses(v)
+    assert st["network"] == PASS and st["name-resolution"] == WARN and v.status != FAIL
+    detail = [c for c in v.checks if c.name == "name-resolution"][0].detail
+    assert "::ffff:10.0.0.1 NAME" in detail and "cannot be retrieved" in detail
+    named = {k: x for k, x in net.items() if k != "reverse_error"}
+    assert "name-resolution" not in statuses(evaluate.host_verdict("a", facts(network=named), 8, "cuda"))
