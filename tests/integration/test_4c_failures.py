@@ -4,10 +4,11 @@ torchrun under systemd on gpu1/gpu4 (provisioned by test_1/test_2); the test mak
 die from outside (kill, a memory cgroup) so that nothing of it is in the product."""
 
 import re
+import secrets
 import time
 from pathlib import Path
 
-from conftest import REPO, invoke
+from conftest import ENV, REPO, invoke
 from test_4_launch import NODES, launch, logs, sh, status, wait_step
 
 WORKER = "^/opt/torchrig/venv/bin/python[0-9.]* -u train.py"
@@ -23,10 +24,18 @@ def wait_ended(inv, job, timeout=240, hosts=("gpu1", "gpu4")):
     raise AssertionError(f"job {job} still running after {timeout}s")
 
 
+def unique(job):
+    """A job name of its own per run: a rerun on the same testbed must not find the steps an
+    earlier run of the job logged."""
+    return f"{job}-{secrets.token_hex(2)}"
+
+
 def worker(inv, host="gpu4"):
     """(pid, local rank) of one train.py worker on `host`."""
-    pid = sh(inv, host, f"pgrep -f '{WORKER}' | tail -1")
-    assert pid.isdigit(), pid
+    deadline = time.monotonic() + 60
+    while not (pid := sh(inv, host, f"pgrep -f '{WORKER}' | tail -1")).isdigit():
+        assert time.monotonic() < deadline, f"no worker on {host}"
+        time.sleep(1)
     env = sh(inv, host, f"tr '\\0' '\\n' < /proc/{pid}/environ | grep '^LOCAL_RANK='")
     return int(pid), int(env.split("=")[1])
 
@@ -38,6 +47,7 @@ def failures(inv, job):
 
 
 def _killed_worker_is_named(testbed, job, sig, cause):
+    job = unique(job)
     r = launch(testbed, job, "--max-restarts", "0",
                "--args", "--max-steps 100000 --log-every 5 --init-timeout 60")
     assert r.returncode == 0, r.stderr
@@ -58,13 +68,13 @@ def _killed_worker_is_named(testbed, job, sig, cause):
     assert st["failure"]["cause"] == cause and st["failure"]["rank"] == int(m.group(1))
     txt = invoke("status", "-i", str(testbed), "-h", NODES, "--job", job)
     assert f"first failure: rank {m.group(1)} on gpu4 (local rank {local}, pid {pid}) {cause}" in txt.stdout
-    return text
+    return job, text
 
 
 def test_sigkill_of_a_worker_is_named_with_its_rank(testbed):
-    text = _killed_worker_is_named(testbed, "t-sigkill", "KILL", "killed by SIGKILL")
+    job, text = _killed_worker_is_named(testbed, "t-sigkill", "KILL", "killed by SIGKILL")
     # item 8: testbed hosts resolve each other's addresses, so no c10d hostname warning
-    out = logs(testbed, "t-sigkill")
+    out = logs(testbed, job)
     assert "[gpu1/r0] start rank=0" in out.stdout
     assert "hostname of the client socket cannot be retrieved" not in out.stdout + text
 
@@ -76,15 +86,16 @@ def test_sigsegv_of_a_worker_is_named(testbed):
 def test_exit_code_without_error_json_names_rank_and_its_last_lines(testbed):
     """A data file present on gpu1 only: gpu4's ranks exit 2 (argparse) without error.json;
     gpu1's wait at init until --init-timeout, then fail."""
-    data = "/srv/torchrig/data/t-exit.txt"
+    job = unique("t-exit")
+    data = f"/srv/torchrig/data/{job}.txt"
     sh(testbed, "gpu1", f"head -c 200000 /dev/urandom | base64 > {data}; chmod 644 {data}")
     sh(testbed, "gpu4", f"rm -f {data}")
     try:
-        r = launch(testbed, "t-exit", "--max-restarts", "0",
+        r = launch(testbed, job, "--max-restarts", "0",
                    "--args", f"--data {data} --max-steps 20 --init-timeout 20", timeout=400)
         # gpu4's workers may be gone before launch confirms them: either way it is reported
-        wait_ended(testbed, "t-exit")
-        text = failures(testbed, "t-exit")
+        wait_ended(testbed, job)
+        text = failures(testbed, job)
         assert re.match(r"first failure: \[gpu4/[rl]\d\] \(local rank \d, pid \d+\) exited with code 2 ",
                         text), text + r.stderr
         assert "--data: no such file" in text
@@ -101,12 +112,15 @@ def test_worker_over_its_memory_limit_is_named(testbed):
     if not (cg_root / "memory.limit_in_bytes").exists():
         import pytest
         pytest.skip("needs a cgroup v1 memory hierarchy on this machine")
-    r = launch(testbed, "t-oom", "--max-restarts", "0",
+    job = unique("t-oom")
+    r = launch(testbed, job, "--max-restarts", "0",
                "--args", "--max-steps 100000 --log-every 5 --init-timeout 60")
     assert r.returncode == 0, r.stderr
-    wait_step(testbed, "t-oom", 5)
+    wait_step(testbed, job, 5)
     pid, local = worker(testbed)
-    # the same process as this machine sees it: the worker whose namespace pid is `pid`
+    # the same process as this machine sees it: the worker whose namespace pid is `pid` in
+    # this testbed's gpu4 (other testbeds on this machine have a gpu4 too)
+    mine = f"/{ENV['TORCHRIG_TESTBED_BRIDGE']}-gpu4/"
     host_pid = None
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
@@ -117,7 +131,8 @@ def test_worker_over_its_memory_limit_is_named(testbed):
         except OSError:
             continue
         ns = re.search(r"^NSpid:\s+\d+\s+(\d+)$", status_txt, re.M)
-        if ns and int(ns.group(1)) == pid and "gpu4" in cg and "train.py" in (p / "cmdline").read_text():
+        if ns and int(ns.group(1)) == pid and mine in cg and f"/torchrig-{job}.service" in cg
+                and "train.py" in (p / "cmdline").read_text():
             host_pid = int(p.name)
     assert host_pid, "worker not found from this machine"
     cg = cg_root / f"torchrig-test-oom-{host_pid}"
@@ -128,8 +143,8 @@ def test_worker_over_its_memory_limit_is_named(testbed):
         # worker has charged here since the move, so its next pages are over the limit
         use = int((cg / "memory.usage_in_bytes").read_text())
         (cg / "memory.limit_in_bytes").write_text(str(use + 8192))
-        wait_ended(testbed, "t-oom")
-        text = failures(testbed, "t-oom")
+        wait_ended(testbed, job)
+        text = failures(testbed, job)
         assert re.match(rf"first failure: \[gpu4/r\d\] \(local rank {local}, pid {pid}\) killed by SIGKILL",
                         text), text
     finally:
@@ -157,10 +172,11 @@ time.sleep(600)
 
 
 def test_worker_dies_while_others_finish_status_says_what_each_waits_for(testbed):
+    job = unique("t-finish")
     script = REPO / "payload" / "_test_4c_fault.py"
     script.write_text(FAULT)
     try:
-        r = launch(testbed, "t-finish", "--script", script.name, "--max-restarts", "1",
+        r = launch(testbed, job, "--script", script.name, "--max-restarts", "1",
                    "--rdzv-timeout", "30", "--exit-barrier-timeout", "45")
     finally:
         script.unlink()
@@ -168,16 +184,16 @@ def test_worker_dies_while_others_finish_status_says_what_each_waits_for(testbed
     t0 = time.monotonic()
     seen = {}
     while time.monotonic() - t0 < 60 and len(seen) < 2:
-        _, st = status(testbed, "t-finish")
+        _, st = status(testbed, job)
         seen.update(st["waiting"])
         time.sleep(2)
     assert re.fullmatch(r"finished, waiting for peers at the exit barrier, gives up at \d\d:\d\d:\d\d",
                         seen.get("gpu1", "")), seen
     assert re.fullmatch(r"restarting, waiting for 1 more node to rejoin, gives up at \d\d:\d\d:\d\d",
                         seen.get("gpu4", "")), seen
-    took = wait_ended(testbed, "t-finish", timeout=200) - t0
+    took = wait_ended(testbed, job, timeout=200) - t0
     assert took < 45 + 30, took       # the operator's bounds, not torchrun's 300 s
-    text = failures(testbed, "t-finish")
+    text = failures(testbed, job)
     assert re.match(r"first failure: \[gpu4/r[23]\] \(local rank 1, pid \d+\) killed by SIGKILL ", text), text
     assert "dying now" in text
     print(f"job ended {took:.0f}s after launch")
