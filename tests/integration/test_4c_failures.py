@@ -131,8 +131,8 @@ def test_worker_over_its_memory_limit_is_named(testbed):
         except OSError:
             continue
         ns = re.search(r"^NSpid:\s+\d+\s+(\d+)$", status_txt, re.M)
-        if ns and int(ns.group(1)) == pid and mine in cg and f"/torchrig-{job}.service" in cg
-                and "train.py" in (p / "cmdline").read_text():
+        if (ns and int(ns.group(1)) == pid and mine in cg and f"/torchrig-{job}.service" in cg
+                and "train.py" in (p / "cmdline").read_text()):
             host_pid = int(p.name)
     assert host_pid, "worker not found from this machine"
     cg = cg_root / f"torchrig-test-oom-{host_pid}"
