@@ -336,7 +336,9 @@ def _diagnosis(inv, hosts, job, accept_new, parallel) -> dict:
     """From the nodes' journals: the job's first failed rank and what each node waits for."""
     from torchrig.launch.plan import unit_name
     from torchrig.logs import diagnose
-    nodes = diagnose.fetch(inv, hosts, unit_name(job), accept_new, parallel, keep=0)
+    # the newest lines only: status runs often (--watch), the waits and an ended job's
+    # failure are at the end
+    nodes = diagnose.fetch(inv, hosts, unit_name(job), accept_new, parallel, keep=0, lines=20000)
     found = diagnose.failures(nodes, unit_name(job))
     return {"failure": found[0].as_dict() if found else None,
             "waiting": diagnose.waiting(nodes, len(hosts))}

@@ -125,14 +125,16 @@ def _gives_up(since: str, timeout: float | None) -> str:
     return f", gives up at {t // 3600:02d}:{t // 60 % 60:02d}:{t % 60:02d}"
 
 
-def fetch(inv, hosts: list, unit: str, accept_new=False, parallel=16, keep=agent.LAST_LINES):
-    """Every node's journal for the unit -> [NodeJournal] (node rank = position in hosts);
-    nodes that could not be read are left out."""
+def fetch(inv, hosts: list, unit: str, accept_new=False, parallel=16, keep=agent.LAST_LINES,
+          lines=500000):
+    """Every node's journal for the unit (its newest `lines` lines: the ranks' output is in it
+    too) -> [NodeJournal] (node rank = position in hosts); nodes that could not be read are
+    left out."""
     from ..remote import fan_out, run_once, sh
     ranks = {h.name: i for i, h in enumerate(hosts)}
 
     def one(h):
-        r = run_once(h, inv, "python3 -I - " + sh(json.dumps({"unit": unit, "keep": keep})),
+        r = run_once(h, inv, "python3 -I - " + sh(json.dumps({"unit": unit, "keep": keep, "lines": lines})),
                      root=True, accept_new=accept_new, timeout=60, data=SCRIPT.read_text())
         if r.exited != 0:
             raise RuntimeError(r.stderr.strip()[-300:])

@@ -1,5 +1,5 @@
 """Runs ON THE NODE as root (python3 -I -): the job unit's journal since its last start, for
-torchrig.logs.agent. argv[1]: JSON {"unit": U, "keep": N}
+torchrig.logs.agent. argv[1]: JSON {"unit": U, "keep": N, "lines": L}
 
 The journal also holds every rank's output (torchrun --tee), which can be millions of lines:
 kept are the agent's and systemd's lines (the newest 5000) and the last N lines of each local
@@ -14,7 +14,7 @@ import time
 
 a = json.loads(sys.argv[1])
 TEE = re.compile(r"^\[default(\d+)\]:")
-p = subprocess.Popen(["journalctl", "-u", a["unit"], "-o", "cat", "--no-pager", "-n", "500000"],
+p = subprocess.Popen(["journalctl", "-u", a["unit"], "-o", "cat", "--no-pager", "-n", str(a["lines"])],
                      stdout=subprocess.PIPE, text=True, errors="replace")
 other = collections.deque(maxlen=5000)
 ranks = {}
