@@ -138,3 +138,13 @@ def test_kernel_oom_kill_captured_on_this_machine():
     host_wide = text.replace("Memory cgroup out of memory", "Out of memory").replace(
         "CONSTRAINT_MEMCG", "CONSTRAINT_NONE")
     assert agent.oom_kill(host_wide, 3088, UNIT) == "host memory"
+
+
+def test_failure_time_is_when_the_agent_noticed_not_when_it_logged_it():
+    """Node 1's agent logged its OOM-killed rank 6 s after stopping the other one (which hung
+    in gloo); node 0's ranks failed in between. The first failure is still node 1's."""
+    nodes = [node("gpu1", 0, "torchrun_13_journal_oom_peer_node0of2.txt"),
+             node("gpu2", 1, "torchrun_12_journal_oom_killed_rank3_node1of2_slow_sigterm.txt")]
+    found = diagnose.failures(nodes, UNIT)
+    assert [(f.host, f.global_rank, f.pid, f.cause) for f in found][0] == ("gpu2", 3, 8498, "killed by SIGKILL")
+    assert found[0].at == agent.to_unix("1130 19:08:38.483000", 2026, "+0000")

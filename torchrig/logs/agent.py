@@ -90,7 +90,9 @@ class Exit:
     local_rank: int
     pid: int
     exitcode: int
-    when: str              # node-local 'MMDD HH:MM:SS.ffffff' from the glog prefix
+    when: str              # node-local 'MMDD HH:MM:SS.ffffff' when the agent saw the failure:
+                           # its first closing-signal line (it logs `failed` only after the
+                           # others exited, which can take seconds), else the `failed` line
     line: int              # index in the text
     global_rank: int | None = None
     terminated: bool = False   # the agent sent it a closing signal first: a consequence
@@ -136,6 +138,7 @@ def parse(text: str) -> AgentLog:
             break
     log = AgentLog()
     closing: set[int] = set()
+    noticed = ""                           # the current episode's first closing-signal line
     nproc = None
     ranks: dict[int, int] = {}             # local -> global, from the newest rendezvous/start line
     result: dict[str, str] = {}
@@ -183,17 +186,18 @@ def parse(text: str) -> AgentLog:
             m = _FAILED.search(body)
             if m:
                 pid = int(m.group(3))
-                log.exits.append(Exit(int(m.group(2)), pid, int(m.group(1)), _when(g), i,
+                log.exits.append(Exit(int(m.group(2)), pid, int(m.group(1)), noticed or _when(g), i,
                                       terminated=pid in closing))
                 continue
             m = _CLOSING.search(body)
             if m:
                 closing.add(int(m.group(1)))
+                noticed = noticed or _when(g)
                 continue
             if _RESTART.search(body):
                 log.restarts += 1
                 log.state, log.state_since = "rejoining", _when(g)
-                closing = set()
+                closing, noticed = set(), ""
                 continue
             if _RDZV_START.search(body):
                 if log.state != "rejoining":
