@@ -52,7 +52,7 @@ def test_sigterm_lines_logged_first_are_not_the_first_failure():
 
 def test_restarts_the_last_episode_counts_and_rendezvous_result_gives_global_rank():
     log = agent.parse(fixture("torchrun_09_stdout_info_sigkill_restart_standalone.txt"))
-    assert log.restarts == 1 and len(log.exits) == 2
+    assert log.restarts == 1 and len([e for e in log.exits if not e.terminated]) == 2
     assert log.first_failure().pid == 4960 and log.first_failure().global_rank == 1
     assert log.nproc == 2
 
@@ -148,3 +148,25 @@ def test_failure_time_is_when_the_agent_noticed_not_when_it_logged_it():
     found = diagnose.failures(nodes, UNIT)
     assert [(f.host, f.global_rank, f.pid, f.cause) for f in found][0] == ("gpu2", 3, 8498, "killed by SIGKILL")
     assert found[0].at == agent.to_unix("1130 19:08:38.483000", 2026, "+0000")
+
+
+def test_sigkilled_rank_beats_the_local_peer_torchrun_names_as_root_cause():
+    """Seen on the testbed (2026-11-30, the journal went with the testbed): gpu4's local rank 1
+    SIGKILLed; local rank 0 lost its gloo connection, raised, wrote error.json and exited 1
+    before the agent polled; torchrun, ordering by error.json time, logged rank 0 as `failed`
+    and as the Root Cause, and listed the killed rank only under Failures."""
+    text = (fixture("torchrun_03_journal_sigkill_rank3_node1of2.txt")
+            .replace("W1130 18:41:06.717000 1017 torch/distributed/elastic/multiprocessing/api.py:1028] "
+                     "Sending process 1095 closing signal SIGTERM\n", "")
+            .replace("failed (exitcode: -9) local_rank: 1 (pid: 1096)", "failed (exitcode: 1) local_rank: 0 (pid: 1095)"))
+    a, b = text.index("Failures:"), text.index("Root Cause")
+    c = text.index("=====", b)
+    fails, root = text[a:b], text[b:c]
+    swapped = (fails.replace("-15 (pid: 1095)  (SIGTERM)", "-9 (pid: 1096)  (SIGKILL)")
+               .replace("2 (local_rank: 0)", "3 (local_rank: 1)"),
+               root.replace("-9 (pid: 1096)  (SIGKILL)", "1 (pid: 1095)").replace("3 (local_rank: 1)", "2 (local_rank: 0)"))
+    text = text[:a] + swapped[0] + swapped[1] + text[c:]
+    log = agent.parse(text)
+    assert log.root_cause["pid"] == 1095                     # torchrun's pick
+    e = log.first_failure()
+    assert (e.pid, e.local_rank, e.global_rank, e.exitcode) == (1096, 1, 3, -9)

@@ -96,6 +96,7 @@ class Exit:
     line: int              # index in the text
     global_rank: int | None = None
     terminated: bool = False   # the agent sent it a closing signal first: a consequence
+    episode: int = 0           # worker group failures counted from the unit's start
 
 
 @dataclass
@@ -115,14 +116,21 @@ class AgentLog:
     oom_unit: bool = False                  # systemd: a process of the unit was OOM-killed
 
     def first_failure(self) -> Exit | None:
-        """The exit that caused the others: the newest episode's worker that failed without
-        having been sent a closing signal; the summary's root cause pid wins when present."""
+        """The exit that caused the others, in the newest episode: a worker killed by a signal
+        its agent did not send (a SIGKILLed rank breaks its local peers' connections, they exit
+        1 at once, and torchrun, which orders failures by error.json time, may name one of
+        them as root cause); else the summary's root cause; else the failed worker that was
+        not sent a closing signal."""
+        last = max((e.episode for e in self.exits), default=0)
+        own = [e for e in self.exits if e.episode == last and e.exitcode != 0 and not e.terminated]
+        signalled = [e for e in own if e.exitcode < 0]
+        if signalled:
+            return signalled[0]
         if self.root_cause and self.root_cause.get("pid") is not None:
             for e in reversed(self.exits):
                 if e.pid == self.root_cause["pid"]:
                     return e
-        own = [e for e in self.exits if e.exitcode != 0 and not e.terminated]
-        return own[-1] if own else None
+        return own[0] if own else None
 
 
 def _when(m: re.Match) -> str:
@@ -138,6 +146,7 @@ def parse(text: str) -> AgentLog:
             break
     log = AgentLog()
     closing: set[int] = set()
+    summary: list[dict] = []               # the ChildFailedError summary's entries
     noticed = ""                           # the current episode's first closing-signal line
     nproc = None
     ranks: dict[int, int] = {}             # local -> global, from the newest rendezvous/start line
@@ -187,7 +196,7 @@ def parse(text: str) -> AgentLog:
             if m:
                 pid = int(m.group(3))
                 log.exits.append(Exit(int(m.group(2)), pid, int(m.group(1)), noticed or _when(g), i,
-                                      terminated=pid in closing))
+                                      terminated=pid in closing, episode=log.restarts))
                 continue
             m = _CLOSING.search(body)
             if m:
@@ -221,6 +230,7 @@ def parse(text: str) -> AgentLog:
             continue
         if summary_block and _SUM_ITEM.match(raw):
             item = {}
+            summary.append(item)
             if summary_block == "root":
                 log.root_cause = item
             continue
@@ -237,12 +247,19 @@ def parse(text: str) -> AgentLog:
             summary_block, item = (None, None) if summary_block else (summary_block, item)
     if in_result:
         _apply_result(result, ranks)
+    # a worker the summary lists but no `failed` line names (torchrun logs one per episode)
+    logged = {e.pid for e in log.exits}
+    when = log.exits[-1].when if log.exits else ""
+    for it in summary:
+        if "pid" in it and it["pid"] not in logged and "local_rank" in it:
+            log.exits.append(Exit(it["local_rank"], it["pid"], it.get("exitcode", 0), when, len(lines),
+                                  terminated=it["pid"] in closing, episode=log.restarts))
     for e in log.exits:
         e.global_rank = ranks.get(e.local_rank)
-    if log.root_cause and "global_rank" in log.root_cause:
+    for it in summary:
         for e in log.exits:
-            if e.pid == log.root_cause.get("pid"):
-                e.global_rank = log.root_cause["global_rank"]
+            if e.pid == it.get("pid") and "global_rank" in it:
+                e.global_rank = it["global_rank"]
     if log.exits or log.root_cause:
         log.state = None if log.state in ("running", "rendezvous") else log.state
     log.rank_lines = tails
