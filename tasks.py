@@ -242,11 +242,14 @@ def _latest_job(c, inv, hosts) -> str:
             "start_timeout": "seconds to wait for every node's workers (default 180)",
             "rdzv_timeout": "seconds nodes wait for each other at (re)start; after a node is lost "
                             "the survivors end after this (default 300)",
+            "exit_barrier_timeout": "seconds a node whose workers finished waits for the other "
+                                    "nodes to finish (torchrun's exit barrier; default 120)",
             "accept_new_host_keys": "record unknown host keys (OpenSSH accept-new)"})
 @user_errors
 def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", script="train.py",
            args="", job=None, max_restarts=None, env=None, dry_run=False, follow=False,
-           start_timeout=None, rdzv_timeout=None, accept_new_host_keys=False):
+           start_timeout=None, rdzv_timeout=None, exit_barrier_timeout=None,
+           accept_new_host_keys=False):
     """Run a torchrun DDP job under systemd on the nodes: everywhere or nowhere."""
     import time as _time
     from torchrig.launch.run import LaunchOptions, launch as run_launch
@@ -254,6 +257,7 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", scrip
         ("max_restarts", 3 if max_restarts is None else max_restarts, 0),
         ("start_timeout", 180 if start_timeout is None else start_timeout, 1),
         ("rdzv_timeout", 300 if rdzv_timeout is None else rdzv_timeout, 1),
+        ("exit_barrier_timeout", 120 if exit_barrier_timeout is None else exit_barrier_timeout, 1),
         ("torchrig.parallel", c.config.torchrig.parallel, 1))}
     if nodes is not None:
         _number("nodes", nodes, 1)
@@ -263,6 +267,7 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", scrip
                       env=list(env or []), nproc=str(nproc_per_node), dry_run=dry_run,
                       accept_new=accept_new_host_keys, max_restarts=numbers["max_restarts"],
                       start_timeout=numbers["start_timeout"], rdzv_timeout=numbers["rdzv_timeout"],
+                      exit_barrier_timeout=numbers["exit_barrier_timeout"],
                       parallel=numbers["torchrig.parallel"])
     res = run_launch(inv, chosen, o, log=lambda m: print(m, file=sys.stderr))
     if dry_run:
@@ -304,11 +309,20 @@ def status(c, inventory=None, host=None, job=None, json_=False, watch=None,
     red = _redactor(inv)  # the inventory's secrets do not change between --watch rounds
     while True:
         res = red.data(run_status(inv, chosen, job, accept_new_host_keys, par))
+        diag = red.data(_diagnosis(inv, chosen, job, accept_new_host_keys, par))
         if json_:
             print(json.dumps({"job": job, "nodes": {r.host: (r.value if r.ok else {"error": r.error})
-                                                     for r in res}}, indent=2))
+                                                     for r in res}, **diag}, indent=2))
         else:
             report.status_table(job, res)
+            for h, what in diag["waiting"].items():
+                print(f"{h}: {what}")
+            if diag["failure"]:
+                f = diag["failure"]
+                print(f"first failure: rank {f['rank']} on {f['host']} (local rank "
+                      f"{f['local_rank']}, pid {f['pid']}) {f['cause']}"
+                      + (f": {f['error']}" if f["error"] else "")
+                      + f" (its last lines: invoke logs --failures --job {job})")
         if not watch:
             break
         _time.sleep(watch)
@@ -317,6 +331,18 @@ def status(c, inventory=None, host=None, job=None, json_=False, watch=None,
     if bad or failed:
         raise Exit(f"error: job {job}: " + "; ".join(bad + [f"{h}: unit failed" for h in failed]),
                    code=1)
+
+
+def _diagnosis(inv, hosts, job, accept_new, parallel) -> dict:
+    """From the nodes' journals: the job's first failed rank and what each node waits for."""
+    from torchrig.launch.plan import unit_name
+    from torchrig.logs import diagnose
+    # the newest lines only: status runs often (--watch), the waits and an ended job's
+    # failure are at the end
+    nodes = diagnose.fetch(inv, hosts, unit_name(job), accept_new, parallel, keep=0, lines=20000)
+    found = diagnose.failures(nodes, unit_name(job))
+    return {"failure": found[0].as_dict() if found else None,
+            "waiting": diagnose.waiting(nodes, len(hosts))}
 
 
 @task(help={"inventory": INVENTORY_HELP, "host": HOST_HELP,
@@ -345,7 +371,8 @@ def stop(c, inventory=None, host=None, job=None, accept_new_host_keys=False):
             "rank": "only this global rank's lines",
             "since": "only files written since: seconds ago (e.g. 600), or a unix time",
             "grep": "only lines matching this regular expression",
-            "failures": "show the first failing rank and its error (error.json / traceback)",
+            "failures": "show the first failed rank, why (signal, OOM kill, exit code, error.json) "
+                        "and its last lines",
             "color": "colour the prefixes per rank (default: when stdout is a terminal)"})
 @user_errors
 def logs(c, inventory=None, host=None, job=None, follow=False, rank=None, since=None, grep=None,
@@ -375,9 +402,15 @@ def logs(c, inventory=None, host=None, job=None, follow=False, rank=None, since=
                 color=sys.stdout.isatty() if color is None else color)
     red = _redactor(inv)
     if failures:
+        from torchrig.logs import diagnose
         res = run_follow(inv, chosen, o, printer=_NullPrinter())
-        text = failure_report(res.errors)
-        print(red.text(text) if text else f"job {job}: no rank wrote an error.json (no failure recorded)")
+        # torchrun's agent saw every exit (a signal leaves no error.json); error.json alone
+        # when no journal could be read
+        found = diagnose.failures(diagnose.fetch(inv, chosen, unit_name(job)), unit_name(job),
+                                  res.errors)
+        text = diagnose.report(found) or failure_report(res.errors)
+        print(red.text(text) if text else f"job {job}: no failed rank (no error.json, no failed "
+                                          "worker in torchrun's log)")
     else:
         res = run_follow(inv, chosen, o, printer=_redacting_printer(red, o.color))
     if res.lost:

@@ -20,6 +20,11 @@ def rendezvous(nnodes: int, endpoint: str, rdzv_id: str, is_host: bool, local_ad
             "--local-addr", local_addr]  # what the peers dial (the inventory address)
 
 
-def command(venv: str, rdzv: list[str], nproc: int) -> list[str]:
+TORCHRUN = "torch.distributed.run"
+# launch's units: torchrun with its exit barrier bounded (payload/torchrig_torchrun.py)
+BOUNDED_TORCHRUN = "torchrig_torchrun"
+
+
+def command(venv: str, rdzv: list[str], nproc: int, module: str = TORCHRUN) -> list[str]:
     """torchrun from the venv (`python -m`: no reliance on the venv's bin/ scripts)."""
-    return [f"{venv}/bin/python", "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(nproc)]
+    return [f"{venv}/bin/python", "-m", module, *rdzv, "--nproc-per-node", str(nproc)]

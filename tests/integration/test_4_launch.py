@@ -242,7 +242,7 @@ def test_stop_leaves_no_process_and_checkpoints(testbed):
     assert r.returncode == 0, r.stdout + r.stderr
     for h in ("gpu1", "gpu4"):
         # [t]: the pattern must not match the shell running this very pgrep
-        assert sh(testbed, h, "pgrep -fc '[t]rain.py|[t]orch.distributed.run' || true") == "0"
+        assert sh(testbed, h, "pgrep -fc '[t]rain.py|[t]orch.distributed.run|[t]orchrig_torchrun' || true") == "0"
     # graceful SIGTERM: a checkpoint at the step where the job stopped
     ck = sh(testbed, "gpu1", "ls /srv/torchrig/checkpoints/t-stop/ 2>/dev/null; "
                              "ls /srv/torchrig/checkpoints/t-stop 2>/dev/null | wc -l") + \

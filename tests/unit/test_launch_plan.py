@@ -242,3 +242,17 @@ def test_bad_flags_are_refused_before_any_host_is_touched(tmp_path, field, value
     o = LaunchOptions(job="j1", **{field: value})
     with pytest.raises(TorchrigError, match=expected):
         launch(inv, inv.hosts, o)
+
+
+def test_agent_logs_at_info_and_its_exit_barrier_is_the_operators():
+    """status/logs --failures read the agent's INFO lines (rendezvous results, restarts,
+    waits); torchrun's 300 s exit barrier has no flag: the unit runs it through the payload's
+    torchrig_torchrun with the operator's bound."""
+    j = job()
+    j.exit_barrier_timeout = 45
+    n = j.nodes[1]
+    env = plan.node_env(j, n)
+    assert env["LOGLEVEL"] == "INFO" and env["TORCHRIG_EXIT_BARRIER_TIMEOUT"] == "45"
+    argv = plan.torchrun_argv(j, n)
+    assert argv[1:3] == ["-m", "torchrig_torchrun"]
+    assert f"is_host=false,join_timeout={j.rdzv_timeout}" in argv

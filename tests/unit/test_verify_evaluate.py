@@ -248,3 +248,15 @@ def test_single_gpu_box_bandwidth_says_why_not_run():
     res = {"world_size": 1, "wrong_total": 0, "rows": [{"bytes": GiB, "time_us": 5000.0}]}
     chk = evaluate.bandwidth_check("bandwidth (in node)", res, "single", "NVIDIA L4", None, gpu_count=1)
     assert chk.status == NOT_RUN and "not defined below 2 ranks" in chk.detail
+
+
+def test_peer_address_without_a_name_warns_with_the_fix():
+    net = {"address": "10.0.0.1", "port": 29400, "resolved": "10.0.0.1", "reachable": True,
+           "interface": "eth0", "reverse_error": "[Errno -3] Temporary failure in name resolution"}
+    v = evaluate.host_verdict("a", facts(network=net), 8, "cuda")
+    st = statuses(v)
+    assert st["network"] == PASS and st["name-resolution"] == WARN and v.status != FAIL
+    detail = [c for c in v.checks if c.name == "name-resolution"][0].detail
+    assert "::ffff:10.0.0.1 NAME" in detail and "cannot be retrieved" in detail
+    named = {k: x for k, x in net.items() if k != "reverse_error"}
+    assert "name-resolution" not in statuses(evaluate.host_verdict("a", facts(network=named), 8, "cuda"))

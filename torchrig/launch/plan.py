@@ -100,6 +100,7 @@ class Job:
     release: str                     # payload release directory on every node
     env: dict[str, str] = field(default_factory=dict)
     rdzv_timeout: int = 300          # how long nodes wait for each other (then the job ends)
+    exit_barrier_timeout: int = 120  # how long a finished node waits for the others to finish
     secret_keys: set[str] = field(default_factory=set)
     # marks the unit files this launch wrote: another launch of the same job at the same time
     # may overwrite them, and then this one must neither start nor remove what it finds
@@ -118,7 +119,7 @@ def torchrun_argv(job: Job, n: Node) -> list[str]:
     first = job.rdzv_host
     rdzv = torchrun.rendezvous(job.nnodes, f"{first.address}:{job.rdzv_port}", job.name,
                                n is first, n.address, join_timeout=job.rdzv_timeout)
-    return torchrun.command(n.venv, rdzv, n.nproc) + [
+    return torchrun.command(n.venv, rdzv, n.nproc, torchrun.BOUNDED_TORCHRUN) + [
         "--max-restarts", str(job.max_restarts), "--log-dir", job_folder(n.log_dir, job.name),
         "--redirects", "3", "--tee", "3", job.script, *job.args]
 
@@ -134,6 +135,10 @@ def node_env(job: Job, n: Node) -> dict[str, str]:
         # gloo: connect rank pairs on first use instead of a full mesh at init, so a restarted
         # group whose nodes start their workers seconds apart does not fail to connect
         "TORCH_GLOO_LAZY_INIT": "1",
+        # the agent logs its rendezvous results (global ranks), restarts and waits, which
+        # `status` and `logs --failures` read from the unit's journal
+        "LOGLEVEL": "INFO",
+        "TORCHRIG_EXIT_BARRIER_TIMEOUT": str(job.exit_barrier_timeout),
         "TORCHRIG_JOB": job.name,
         "TORCHRIG_CKPT_DIR": job_folder(n.checkpoint_dir, job.name),
         "TORCHRIG_DATA_DIR": n.data_dir,

@@ -49,6 +49,7 @@ class LaunchOptions:
     dry_run: bool = False
     start_timeout: int = 180
     rdzv_timeout: int = 300
+    exit_barrier_timeout: int = 120
     accept_new: bool = False
     parallel: int = 16
 
@@ -94,7 +95,8 @@ def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
         args = ["--ckpt-dir", job_folder(nodes[0].checkpoint_dir, o.job)] + args
     port = job_port(o.job, hosts[0].settings.rdzv_port)
     return Job(o.job, o.script, args, o.max_restarts, port, nodes, release, env=parse_env(o.env),
-               secret_keys=secret_keys, rdzv_timeout=o.rdzv_timeout)
+               secret_keys=secret_keys, rdzv_timeout=o.rdzv_timeout,
+               exit_barrier_timeout=o.exit_barrier_timeout)
 
 
 @dataclass

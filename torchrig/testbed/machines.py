@@ -55,6 +55,11 @@ def configure(name: str, ip: str, peers: dict[str, str], pubkey: str, profile: s
     (root / "etc/hostname").write_text(name + "\n")
     hosts = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
     hosts += [f"{pip} {pname}" for pname, pip in peers.items()]
+    # The c10d store listens on a dual-stack socket, so a peer's address reaches it as
+    # ::ffff:a.b.c.d; a cluster's DNS answers those reverse lookups, glibc's hosts file does
+    # not (without these lines every rank logs "[c10d] The hostname of the client socket
+    # cannot be retrieved. err=-3")
+    hosts += [f"::ffff:{pip} {pname}" for pname, pip in peers.items()]
     (root / "etc/hosts").write_text("\n".join(hosts) + "\n")
     mid = root / "etc/machine-id"
     if not mid.read_text().strip():  # its own identity, kept across reboots

@@ -180,6 +180,14 @@ def _network(v: HostVerdict, facts: dict) -> None:
         v.checks.append(Check("network", PASS, f"reaches {where} via {v.interface} "
                                                f"(use NCCL_SOCKET_IFNAME={v.interface} "
                                                f"GLOO_SOCKET_IFNAME={v.interface})"))
+    if "reverse_error" in net:
+        ip = net.get("resolved") or net["address"]
+        v.checks.append(Check("name-resolution", WARN,
+                              f"{ip} has no name here ({net['reverse_error']}): every rank will log "
+                              "'[c10d] The hostname of the client socket cannot be retrieved'; give "
+                              "the nodes reverse DNS, or /etc/hosts lines on every node for each node "
+                              f"both as '{ip} NAME' and '::ffff:{ip} NAME' (the hosts file does not "
+                              "map IPv4-mapped addresses)"))
 
 
 def version_gate(verdicts: list[HostVerdict]) -> tuple[str, dict[str, dict[str, object]], list[str]]:

@@ -95,6 +95,13 @@ if peer:
         except (ValueError, IndexError):
             net["route_error"] = (r["err"] or r["out"]).strip()
         if peer.get("probe", True):  # launch's fast gate wants the route only
+            # c10d's store socket is dual-stack: peers reach it as ::ffff:a.b.c.d, and every
+            # rank logs a warning when that address has no name (glibc's hosts file does not
+            # map it; DNS does)
+            try:
+                socket.getnameinfo(("::ffff:" + ip, 0, 0, 0), socket.NI_NAMEREQD)
+            except OSError as e:
+                net["reverse_error"] = str(e)
             t0 = time.monotonic()
             try:
                 with socket.create_connection((ip, peer["port"]), timeout=5):

@@ -1,0 +1,142 @@
+"""Why a job failed and what each node waits for, from every node's unit journal (torchrun's
+agent lines, see agent.py) and kernel OOM lines, plus the ranks' error.json reports when some
+were written. Used by `status` and `logs --failures`.
+
+fetch() is the edge (one SSH round trip per node); the rest is pure."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import agent
+from .merge import printable, rank_label
+
+SCRIPT = Path(__file__).parent / "journal_remote.py"
+
+
+@dataclass
+class NodeJournal:
+    host: str
+    node_rank: int
+    log: agent.AgentLog
+    year: int
+    utc_offset: str
+    kernel: str = ""
+
+
+@dataclass
+class Failure:
+    host: str
+    local_rank: int
+    global_rank: int
+    pid: int
+    exitcode: int
+    cause: str                      # in words: 'killed by SIGKILL', 'exited with code 1', ...
+    at: float | None                # unix time the agent saw it
+    lines: list[str] = field(default_factory=list)   # the rank's last lines
+    error: str | None = None        # the rank's error.json message, when it wrote one
+
+    def label(self) -> str:
+        return rank_label(self.host, self.local_rank, self.global_rank, 0)
+
+    def as_dict(self) -> dict:
+        return {"host": self.host, "rank": self.global_rank, "local_rank": self.local_rank,
+                "pid": self.pid, "exitcode": self.exitcode, "cause": self.cause,
+                "at": self.at, "error": self.error}
+
+
+def node_from(host: str, node_rank: int, doc: dict) -> NodeJournal:
+    return NodeJournal(host, node_rank, agent.parse(doc.get("journal", "")), int(doc.get("year", 1970)),
+                       str(doc.get("utc_offset", "+0000")), doc.get("kernel", ""))
+
+
+def failures(nodes: list[NodeJournal], unit: str, errors: list | None = None) -> list[Failure]:
+    """Each node's first failure (the rank whose exit made its agent stop the others), earliest
+    first: the head of the list is the job's first failure. errors: merge.ErrorReport items, used
+    for their message (a rank that raised wrote one; a signal leaves none)."""
+    out = []
+    for n in nodes:
+        e = n.log.first_failure()
+        if e is None:
+            continue
+        oom = None
+        if e.exitcode == -9:
+            oom = agent.oom_kill(n.kernel, e.pid, unit) or ("cgroup memory limit" if n.log.oom_unit else None)
+        g = agent.global_rank(e, n.node_rank, n.log.nproc)
+        msg = None
+        for r in errors or []:
+            if r.node == n.host and r.local_rank == e.local_rank and r.message:
+                msg = r.message
+        out.append(Failure(n.host, e.local_rank, g, e.pid, e.exitcode,
+                           agent.describe_exit(e.exitcode, oom),
+                           agent.to_unix(e.when, n.year, n.utc_offset),
+                           list(n.log.rank_lines.get(e.local_rank, [])), msg))
+    out.sort(key=lambda f: (f.at is None, f.at or 0.0))
+    return out
+
+
+def _clock(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "?"
+
+
+def report(found: list[Failure]) -> str | None:
+    """`logs --failures` text: the first failure, its cause and the rank's last lines; then the
+    failures on other nodes that followed it."""
+    if not found:
+        return None
+    f = found[0]
+    out = [f"first failure: {f.label()} (local rank {f.local_rank}, pid {f.pid}) {f.cause} "
+           f"at {_clock(f.at)}"]
+    if f.error:
+        out.append(f"  error: {f.error}")
+    if f.lines:
+        out.append(f"last lines of {f.label()}:")
+        out += ["  " + ln for ln in f.lines]
+    for o in found[1:]:
+        out.append(f"then: {o.label()} {o.cause} at {_clock(o.at)}"
+                   + (f" ({o.error})" if o.error else ""))
+    return printable("\n".join(out), newlines=True)
+
+
+def waiting(nodes: list[NodeJournal], nnodes: int) -> dict[str, str]:
+    """What each node's agent waits for, in words, with when it gives up (node-local clock)."""
+    rejoining = sum(1 for n in nodes if n.log.state == "rejoining")
+    out = {}
+    for n in nodes:
+        lg = n.log
+        if lg.state == "exit-barrier":
+            out[n.host] = ("finished, waiting for peers at the exit barrier"
+                           + _gives_up(lg.state_since, lg.barrier_timeout))
+        elif lg.state == "rejoining":
+            more = max(nnodes - rejoining, 1)
+            out[n.host] = (f"restarting, waiting for {more} more node{'s' if more > 1 else ''} "
+                           "to rejoin" + _gives_up(lg.state_since, lg.join_timeout))
+    return out
+
+
+def _gives_up(since: str, timeout: float | None) -> str:
+    if not since or timeout is None:
+        return ""
+    hh, mm, ss = (float(x) for x in since.split(" ")[1].split(":"))
+    t = (int(hh * 3600 + mm * 60 + ss + timeout)) % 86400
+    return f", gives up at {t // 3600:02d}:{t // 60 % 60:02d}:{t % 60:02d}"
+
+
+def fetch(inv, hosts: list, unit: str, accept_new=False, parallel=16, keep=agent.LAST_LINES,
+          lines=500000):
+    """Every node's journal for the unit (its newest `lines` lines: the ranks' output is in it
+    too) -> [NodeJournal] (node rank = position in hosts); nodes that could not be read are
+    left out."""
+    from ..remote import fan_out, run_once, sh
+    ranks = {h.name: i for i, h in enumerate(hosts)}
+
+    def one(h):
+        r = run_once(h, inv, "python3 -I - " + sh(json.dumps({"unit": unit, "keep": keep, "lines": lines})),
+                     root=True, accept_new=accept_new, timeout=60, data=SCRIPT.read_text())
+        if r.exited != 0:
+            raise RuntimeError(r.stderr.strip()[-300:])
+        return node_from(h.name, ranks[h.name], json.loads(r.stdout))
+    return [r.value for r in fan_out(hosts, one, parallel=parallel) if r.ok]
