@@ -67,7 +67,7 @@ def test_launch_and_verify_build_c10d_args_with_one_builder(monkeypatch):
     assert "--RDZV-MARK" in unit_argv and "--RDZV-MARK" in bench
     assert calls == [(2, "10.0.0.1:29412", "exp1", False, "10.0.0.2"),
                      (2, "10.0.0.1:29400", "r1", False, "10.0.0.2")]
-    assert unit_argv[:3] == ["/v/bin/python", "-m", "torch.distributed.run"]
+    assert unit_argv[:3] == ["/v/bin/python", "-m", "torchrig_torchrun"]  # exit barrier bounded
     assert "/v/bin/python -m torch.distributed.run --RDZV-MARK --nproc-per-node 2" in bench
 
 
