@@ -12,6 +12,7 @@ from ..errors import TorchrigError
 from ..inventory import Host, Inventory
 from ..provision.desired import settings_for
 from ..remote import flock_lines, sh
+from ..resources import PAYLOAD
 from ..secrets import secret_env_names
 from ..verify.run import verify
 from .plan import (GPU_SAMPLER, JOB_RE, SAMPLER_PATH, Job, Node, check_job_name, env_path,
@@ -20,7 +21,6 @@ from .plan import (GPU_SAMPLER, JOB_RE, SAMPLER_PATH, Job, Node, check_job_name,
 from ..session import Fleet
 from .push import push
 
-PAYLOAD = Path(__file__).resolve().parents[2] / "payload"
 JOBS_DIR = "/etc/torchrig/jobs"
 GPU_SAMPLE_S = 30  # seconds between GPU utilisation samples
 # a job holds its GPUs (and its release) from start until its unit is fully down: a job that is

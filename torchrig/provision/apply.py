@@ -10,12 +10,13 @@ from pathlib import Path
 from ..errors import TorchrigError
 from ..inventory import Host
 from ..remote import login_user, privileged, sh
+from ..resources import PAYLOAD
 from ..session import Fleet
 from .changes import SCRIPTS, FileChange, b64, preamble
 from .desired import Settings, settings_for
 from .steps import NCCL_TARBALL, STEPS, Ctx, driver_state, fact_request, is_tarball, preflight
 
-PAYLOAD_REQUIREMENTS = Path(__file__).resolve().parents[2] / "payload" / "requirements.txt"
+PAYLOAD_REQUIREMENTS = PAYLOAD / "requirements.txt"
 
 
 def payload_requirements() -> list[str]:

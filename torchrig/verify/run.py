@@ -14,12 +14,13 @@ from ..facts import nccl_tests, smi_query
 from ..inventory import Host, Inventory
 from ..provision.desired import settings_for
 from ..remote import sh, with_env
+from ..resources import PAYLOAD
 from ..session import Fleet
 from . import evaluate, thresholds
 from .evaluate import Check, HostVerdict
 
 SCRIPT = Path(__file__).parent / "scripts" / "verify_facts.py"
-BENCH = Path(__file__).resolve().parents[2] / "payload" / "allreduce_bench.py"
+BENCH = PAYLOAD / "allreduce_bench.py"
 LISTENER = ("import socket,sys\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
             "s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen(64)\n"
             "while True:\n    c, _ = s.accept(); c.close()\n")
