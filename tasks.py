@@ -203,15 +203,8 @@ def verify(c, inventory=None, host=None, bandwidth=False, json_=False, accept_ne
         print(json.dumps(red.data(rep.as_dict()), indent=2, default=str))
     else:
         report.verify_report(rep)
-    if rep.status != "PASS":
-        bad = [f"{v.host}: " + "; ".join(f"{ch.name} {ch.status}" for ch in v.checks
-                                         if ch.status in ("FAIL", "NOT RUN"))
-               for v in rep.hosts if v.status != "PASS"]
-        bad += [f"{h}: unreachable ({e})" for h, e in rep.unreachable.items()]
-        bad += rep.gate[2]
-        bad += [f"{b['scope']} bandwidth {b['check'].status}: {b['check'].detail}"
-                for b in rep.bandwidth if b["check"].status != "PASS"]
-        raise Exit("error: verify " + rep.status + ": " + "; ".join(bad), code=1)
+    if not rep.ok:
+        raise Exit("error: verify " + rep.status + ": " + "; ".join(rep.failures), code=1)
 
 
 def _nodes(chosen, nodes):
@@ -307,18 +300,14 @@ def _status(fleet, job, json_, watch):
     while True:
         res = red.data(run_status(fleet, fleet.hosts, job))
         if json_:
-            print(json.dumps({"job": job, "nodes": {r.host: (r.value if r.ok else {"error": r.error})
-                                                     for r in res}}, indent=2))
+            print(json.dumps({"job": job, "nodes": res.as_dict()}, indent=2))
         else:
             report.status_table(job, res)
         if not watch:
             break
         _time.sleep(watch)
-    bad = [f"{r.host}: {r.error}" for r in res if not r.ok]
-    failed = [r.host for r in res if r.ok and r.value["unit"].get("ActiveState") == "failed"]
-    if bad or failed:
-        raise Exit(f"error: job {job}: " + "; ".join(bad + [f"{h}: unit failed" for h in failed]),
-                   code=1)
+    if not res.ok:
+        raise Exit(f"error: job {job}: " + "; ".join(res.failures), code=1)
 
 
 @fleet_task(help={"job": "job name (default: the newest job on the first host)"})
@@ -330,9 +319,8 @@ def stop(c, inventory=None, host=None, job=None, accept_new_host_keys=False):
         res = run_stop(fleet, fleet.hosts, job)
     for r in res:
         print(f"{r.host}: {'stopped' if r.ok else 'FAILED: ' + r.error}")
-    bad = [f"{r.host}: {r.error}" for r in res if not r.ok]
-    if bad:
-        raise Exit(f"error: stop of job {job} failed on " + "; ".join(bad), code=1)
+    if not res.ok:
+        raise Exit(res.error_line(), code=1)
     print(f"job {job} stopped on {len(res)} node(s); logs and checkpoints are kept")
 
 

@@ -11,7 +11,8 @@ command.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from .inventory import Host, Inventory
@@ -110,3 +111,33 @@ class Fleet:
                 cxn.close()
             except Exception:  # noqa: BLE001 - closing a dead connection: nothing to do
                 pass
+
+
+@dataclass
+class Outcome:
+    """A service's typed result over the hosts: what the tasks map to output and an exit
+    status. `problems` are failures that are not a host's error (a unit that failed)."""
+
+    what: str                                  # for the error line: "stop of job j1"
+    results: list[Result]
+    problems: list[str] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[Result]:
+        return iter(self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    @property
+    def failures(self) -> list[str]:
+        return [f"{r.host}: {r.error}" for r in self.results if not r.ok] + self.problems
+
+    def error_line(self) -> str:
+        return f"error: {self.what} failed on " + "; ".join(self.failures)
+
+    def as_dict(self) -> dict:
+        return {r.host: (r.value if r.ok else {"error": r.error}) for r in self.results}

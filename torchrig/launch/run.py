@@ -18,7 +18,7 @@ from ..verify.run import verify
 from .plan import (GPU_SAMPLER, JOB_RE, SAMPLER_PATH, Job, Node, check_job_name, env_path,
                    gpumon_paths, job_of_unit, job_port, launch_marker, parse_env, redact_env,
                    render_env, render_gpumon, render_unit, split_args, unit_name, unit_path)
-from ..session import Fleet
+from ..session import Fleet, Outcome
 from .push import push
 
 JOBS_DIR = "/etc/torchrig/jobs"
@@ -354,7 +354,7 @@ echo "$(systemctl show -p ActiveState --value "$u") $left"
 """
 
 
-def stop(fleet: Fleet, hosts: list[Host], job: str) -> list:
+def stop(fleet: Fleet, hosts: list[Host], job: str) -> Outcome:
     """Stop the job everywhere; report per node the final state and processes left."""
     check_job_name(job)
 
@@ -364,13 +364,13 @@ def stop(fleet: Fleet, hosts: list[Host], job: str) -> list:
         if state not in ("inactive", "failed") or left != "0":
             raise TorchrigError(f"job still {state} with {left} process(es) left")
         return state
-    return fleet.fan_out(one, hosts)
+    return Outcome(f"stop of job {job}", fleet.fan_out(one, hosts))
 
 
 STATUS_SCRIPT = Path(__file__).parent / "status_remote.py"
 
 
-def status(fleet: Fleet, hosts: list[Host], job: str) -> list:
+def status(fleet: Fleet, hosts: list[Host], job: str) -> Outcome:
     """Per node: unit state, restarts, attempt, uptime, latest progress, GPUs, util samples."""
     check_job_name(job)
 
@@ -389,7 +389,9 @@ def status(fleet: Fleet, hosts: list[Host], job: str) -> list:
         d["low_util"] = low_utilisation(d["util_samples"], window,
                                         float(h.vars.get("low_util_percent", 20)))
         return d
-    return fleet.fan_out(one, hosts)
+    res = fleet.fan_out(one, hosts)
+    return Outcome(f"job {job}", res, [f"{r.host}: unit failed" for r in res
+                                       if r.ok and r.value["unit"].get("ActiveState") == "failed"])
 
 
 def low_utilisation(samples: list, window_s: int, threshold: float) -> str | None:

@@ -71,6 +71,23 @@ class Report:
         st += ["FAIL"] * len(self.unreachable)
         return evaluate.overall(st)
 
+    @property
+    def ok(self) -> bool:
+        return self.status == "PASS"
+
+    @property
+    def failures(self) -> list[str]:
+        """One line per thing that is not PASS: a host's checks, an unreachable host, the
+        version gate, a bandwidth check."""
+        bad = [f"{v.host}: " + "; ".join(f"{ch.name} {ch.status}" for ch in v.checks
+                                         if ch.status in ("FAIL", "NOT RUN"))
+               for v in self.hosts if v.status != "PASS"]
+        bad += [f"{h}: unreachable ({e})" for h, e in self.unreachable.items()]
+        bad += self.gate[2]
+        bad += [f"{b['scope']} bandwidth {b['check'].status}: {b['check'].detail}"
+                for b in self.bandwidth if b["check"].status != "PASS"]
+        return bad
+
     def redact(self, red) -> None:
         """Mask secrets in every text that came from a host (tool output, error lines) before
         any of it is printed: verify's table and --json go through the one redactor too."""
