@@ -484,21 +484,6 @@ def login_user(cxn) -> str:
     return getattr(cxn, "user", None) or getpass.getuser()
 
 
-def run_once(host: Host, inv: Inventory, command: str, *, root: bool = False,
-             accept_new: bool = False, timeout: float | None = None, data: str | None = None):
-    """One command on one host, over a connection opened and closed for it (warn=True: the
-    caller reads .exited). root=True runs it through privileged(); `data` goes to its stdin
-    through run_input()."""
-    cxn = connect(host, inv, accept_new=accept_new)
-    try:
-        line = privileged(command, login_user(cxn)) if root else command
-        if data is not None:
-            return run_input(cxn, line, data, timeout=600 if timeout is None else timeout)
-        return cxn.run(line, hide=True, warn=True, timeout=timeout)
-    finally:
-        cxn.close()
-
-
 def run_priv(cxn, command: str, **kwargs):
     """Run `command` as root on `cxn` (see privileged())."""
     return cxn.run(privileged(command, login_user(cxn)), **kwargs)
@@ -512,16 +497,13 @@ class Ran:
 
 
 def _collect(cxn, command: str, data: str, timeout: float) -> Ran:
+    """run_input(): `command` with `data` on its stdin, all sent at once. (Invoke feeds
+    in_stream in small sleeps: a 6 KB script took a minute.) Data on stdin never shows in
+    `ps` on the host, which is why scripts carrying file contents or credentials travel
+    this way."""
     out, err = bytearray(), bytearray()
     rc = cxn.stream(command, data, out.extend, err.extend, timeout=timeout)
     return Ran(rc, out.decode(errors="replace"), err.decode(errors="replace"))
-
-
-def run_input(cxn, command: str, data: str, timeout: float = 600) -> Ran:
-    """Run `command` with `data` on its stdin, all sent at once. (Invoke feeds in_stream in
-    small sleeps: a 6 KB script took a minute.) Data on stdin never shows in `ps` on the host,
-    which is why scripts carrying file contents or credentials travel this way."""
-    return cxn.run_input(command, data, timeout)
 
 
 # --- fan-out ---------------------------------------------------------------------------------
