@@ -275,10 +275,10 @@ class SshConnection(Connection):
                 elif chan.exit_status_ready() and not chan.recv_stderr_ready():
                     break
                 now = time.monotonic()
+                if timeout is not None and now - start > timeout:
+                    raise invoke.exceptions.CommandTimedOut(None, timeout)
                 if got:
                     last = now
-                elif timeout is not None and now - start > timeout:
-                    raise invoke.exceptions.CommandTimedOut(None, timeout)
                 elif silence is not None and now - last > silence:
                     return None
                 elif not chan.get_transport() or not chan.get_transport().is_active():
