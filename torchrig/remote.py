@@ -380,9 +380,9 @@ class LocalConnection:
                 wait = [w for w in (silence, deadline and deadline - time.monotonic())
                         if w is not None]
                 ready = sel.select(timeout=max(0, min(wait)) if wait else None)
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise invoke.exceptions.CommandTimedOut(None, timeout)
                 if not ready:
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise invoke.exceptions.CommandTimedOut(None, timeout)
                     return None
                 for key, _ in ready:
                     chunk = key.fileobj.read1(65536)

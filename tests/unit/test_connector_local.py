@@ -4,6 +4,9 @@ written against an SSH connection broke on it."""
 
 import getpass
 
+import pytest
+from invoke.exceptions import CommandTimedOut
+
 from torchrig import inventory
 from torchrig.remote import LocalConnection
 from torchrig.session import Fleet
@@ -18,6 +21,8 @@ def test_local_connector_runs_streams_and_puts(tmp_path):
     rc = c.stream("cat; printf x >&2", "a\nb\n", out.append, err.append)
     assert rc == 0 and b"".join(out) == b"a\nb\n" and b"".join(err) == b"x"
     assert c.stream("sleep 5", "", out.append, err.append, silence=0.3) is None
+    with pytest.raises(CommandTimedOut):  # a timeout holds while the command keeps printing
+        c.run_input("while :; do echo y; sleep 0.05; done", "", timeout=1)
     (tmp_path / "src").write_text("payload")
     c.put(str(tmp_path / "src"), str(tmp_path / "dst"))
     assert (tmp_path / "dst").read_text() == "payload"
