@@ -14,6 +14,10 @@ from invoke import Collection, Exit, task
 
 INVENTORY_HELP = "inventory YAML file (default: torchrig.inventory in invoke.yaml, else inventory/hosts.yml)"
 HOST_HELP = "host names or group names, comma-separated (default: every host)"
+ACCEPT_HELP = ("record unknown host keys in the known_hosts file in use (like OpenSSH's "
+               "accept-new); changed keys are always refused")
+# the prologue every task on the fleet shares: see fleet_task() and _fleet()
+FLEET_HELP = {"inventory": INVENTORY_HELP, "host": HOST_HELP, "accept_new_host_keys": ACCEPT_HELP}
 
 
 def user_errors(fn):
@@ -78,6 +82,24 @@ def _inventory(c, path: str | None):
     return inventory.load(path or c.config.torchrig.inventory)
 
 
+def fleet_task(help: dict | None = None, **kwargs):
+    """A task on the selected hosts: @task with the shared flags' help (FLEET_HELP) and
+    user_errors. Its body declares inventory=None, host=None, accept_new_host_keys=False and
+    opens its one session with _fleet()."""
+    def deco(fn):
+        return task(help={**FLEET_HELP, **(help or {})}, **kwargs)(user_errors(fn))
+    return deco
+
+
+def _fleet(c, inventory, host, accept_new_host_keys=False, parallel=None):
+    """The task's one fleet session: the inventory, the selection, the host-key choice (made
+    here and nowhere else) and the parallelism; one connection per host for the whole task."""
+    from torchrig.session import Fleet
+    par = _parallel(c) if parallel is None else _number("parallel", parallel, 1)
+    inv = _inventory(c, inventory)
+    return Fleet(inv, inv.select(host), accept_new=accept_new_host_keys, parallel=par)
+
+
 def _redactor(inv):
     """The one redactor for everything a task prints: every host's secrets, by form and value."""
     from torchrig.secrets import Redactor
@@ -98,50 +120,41 @@ def hosts(c, inventory=None, host=None, json_=False):
         hosts_table(inv, chosen, red)
 
 
-@task(name="exec",
-      help={"command": "the shell command line to run on every selected host",
-            "inventory": INVENTORY_HELP, "host": HOST_HELP,
-            "sudo": "run the command as root (root login, or passwordless sudo)",
-            "timeout": "seconds before the command is stopped on a host (default: none)",
-            "parallel": "at most this many hosts at once (default: torchrig.parallel)",
-            "accept_new_host_keys": "record unknown host keys in the known_hosts file in use "
-                                    "(like OpenSSH's accept-new); changed keys are always refused"})
-@user_errors
+@fleet_task(name="exec",
+            help={"command": "the shell command line to run on every selected host",
+                  "sudo": "run the command as root (root login, or passwordless sudo)",
+                  "timeout": "seconds before the command is stopped on a host (default: none)",
+                  "parallel": "at most this many hosts at once (default: torchrig.parallel)"})
 def exec_(c, command, inventory=None, host=None, sudo=False, timeout=None, parallel=None,
           accept_new_host_keys=False):
     """Run an ad-hoc command on the selected hosts in parallel, output prefixed by host."""
     timeout = None if timeout is None else _number("timeout", timeout, 1)
-    parallel = _parallel(c) if parallel is None else _number("parallel", parallel, 1)
     from torchrig.execute import run_on
     from torchrig.report import exec_summary
-    inv = _inventory(c, inventory)
-    chosen = inv.select(host)
-    results = run_on(inv, chosen, command, sudo=sudo, accept_new=accept_new_host_keys,
-                     timeout=timeout, parallel=parallel)
+    with _fleet(c, inventory, host, accept_new_host_keys, parallel) as fleet:
+        results = run_on(fleet, fleet.hosts, command, sudo=sudo, timeout=timeout)
     bad = exec_summary(results)
     if bad:
         raise Exit(f"error: failed on {len(bad)} of {len(results)} host(s): " + "; ".join(bad),
                    code=1)
 
 
-@task(help={"inventory": INVENTORY_HELP, "host": HOST_HELP,
-            "dry_run": "print the per-host plan (files as diffs) and change nothing",
-            "yes": "apply without asking (needed when there is no terminal to ask on)",
-            "reboot": "reboot hosts whose new driver needs it, wait for SSH, and continue",
-            "json": "print the results as JSON",
-            "accept_new_host_keys": "record unknown host keys (OpenSSH accept-new)"})
-@user_errors
+@fleet_task(help={"dry_run": "print the per-host plan (files as diffs) and change nothing",
+                  "yes": "apply without asking (needed when there is no terminal to ask on)",
+                  "reboot": "reboot hosts whose new driver needs it, wait for SSH, and continue",
+                  "json": "print the results as JSON"})
 def provision(c, inventory=None, host=None, dry_run=False, yes=False, reboot=False, json_=False,
               accept_new_host_keys=False):
     """Install the NVIDIA driver, CUDA, NCCL, a torch venv and nccl-tests; plan first, idempotent."""
+    with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
+        _provision(fleet, dry_run, yes, reboot, json_)
+
+
+def _provision(fleet, dry_run, yes, reboot, json_):
     from torchrig.provision.apply import HostReport, apply_host, plan_host
-    from torchrig.remote import fan_out
-    inv = _inventory(c, inventory)
-    chosen = inv.select(host)
-    red = _redactor(inv)
-    par = _parallel(c)
+    red = _redactor(fleet.inv)
     _warm("torchrig.report")
-    gathered = fan_out(chosen, lambda h: plan_host(inv, h, accept_new_host_keys), parallel=par)
+    gathered = fleet.fan_out(lambda h: plan_host(fleet, h))
     from torchrig import report
     planned = [r.value for r in gathered if r.ok and r.value.report.ok]
     failed = [HostReport(r.host, ok=False, error=r.error) for r in gathered if not r.ok]
@@ -164,8 +177,8 @@ def provision(c, inventory=None, host=None, dry_run=False, yes=False, reboot=Fal
     from torchrig.execute import PrefixedLines  # whole lines: hosts' threads never interleave
     log = (lambda h, m: None) if json_ else \
         (lambda h, m: PrefixedLines(h, sys.stderr).write(red.text(m) + "\n"))
-    applied = fan_out(planned, lambda p: apply_host(inv, p, reboot, accept_new_host_keys, log),
-                      parallel=par, name=lambda p: p.host.name)
+    applied = fleet.fan_out(lambda p: apply_host(fleet, p, reboot, log), planned,
+                            name=lambda p: p.host.name)
     reports = red.data([r.value if r.ok else HostReport(r.host, ok=False, error=r.error)
                         for r in applied]) + failed
     if json_:
@@ -175,38 +188,26 @@ def provision(c, inventory=None, host=None, dry_run=False, yes=False, reboot=Fal
     _exit_if_failed([r for r in reports if not r.ok], "provision")
 
 
-@task(help={"inventory": INVENTORY_HELP, "host": HOST_HELP,
-            "bandwidth": "also measure all-reduce busbw (torchrun in each node and across nodes; "
-                         "nccl-tests where built) against the expected minimum",
-            "json": "print the report as JSON",
-            "accept_new_host_keys": "record unknown host keys (OpenSSH accept-new)"})
-@user_errors
+@fleet_task(help={"bandwidth": "also measure all-reduce busbw (torchrun in each node and across "
+                               "nodes; nccl-tests where built) against the expected minimum",
+                  "json": "print the report as JSON"})
 def verify(c, inventory=None, host=None, bandwidth=False, json_=False, accept_new_host_keys=False):
     """GPUs, topology, driver health, one version gate across nodes, network; PASS or FAIL."""
     from torchrig.verify.run import verify as run_verify
-    inv = _inventory(c, inventory)
     _warm("torchrig.report")
-    rep = run_verify(inv, inv.select(host), bandwidth=bandwidth, accept_new=accept_new_host_keys,
-                     parallel=_parallel(c))
-    rep.redact(red := _redactor(inv))
+    with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
+        rep = run_verify(fleet, fleet.hosts, bandwidth=bandwidth)
+    rep.redact(red := _redactor(fleet.inv))
     from torchrig import report
     if json_:
         print(json.dumps(red.data(rep.as_dict()), indent=2, default=str))
     else:
         report.verify_report(rep)
-    if rep.status != "PASS":
-        bad = [f"{v.host}: " + "; ".join(f"{ch.name} {ch.status}" for ch in v.checks
-                                         if ch.status in ("FAIL", "NOT RUN"))
-               for v in rep.hosts if v.status != "PASS"]
-        bad += [f"{h}: unreachable ({e})" for h, e in rep.unreachable.items()]
-        bad += rep.gate[2]
-        bad += [f"{b['scope']} bandwidth {b['check'].status}: {b['check'].detail}"
-                for b in rep.bandwidth if b["check"].status != "PASS"]
-        raise Exit("error: verify " + rep.status + ": " + "; ".join(bad), code=1)
+    if not rep.ok:
+        raise Exit("error: verify " + rep.status + ": " + "; ".join(rep.failures), code=1)
 
 
-def _nodes(inv, host, nodes):
-    chosen = inv.select(host)
+def _nodes(chosen, nodes):
     if nodes is not None:
         n = _number("nodes", nodes, 1)
         if n > len(chosen):
@@ -216,19 +217,19 @@ def _nodes(inv, host, nodes):
     return chosen
 
 
-def _latest_job(c, inv, hosts) -> str:
+def _latest_job(fleet) -> str:
     """The newest job on the first selected host (the one whose env file was written last)."""
-    from torchrig.remote import run_once, sh
+    from torchrig.remote import sh
     from torchrig.settings import JOBS_DIR
-    r = run_once(hosts[0], inv, f"ls -t {sh(JOBS_DIR + '/')} 2>/dev/null | sed -n 's/\\.env$//p' | head -1")
+    first = fleet.hosts[0]
+    r = fleet.run(first, f"ls -t {sh(JOBS_DIR + '/')} 2>/dev/null | sed -n 's/\\.env$//p' | head -1")
     if not r.stdout.strip():
-        raise Exit(f"error: no torchrig job found on {hosts[0].name}; pass --job NAME", code=1)
+        raise Exit(f"error: no torchrig job found on {first.name}; pass --job NAME", code=1)
     return r.stdout.strip()
 
 
-@task(iterable=["env"],
-      help={"inventory": INVENTORY_HELP, "host": HOST_HELP,
-            "nodes": "use the first N selected hosts (the first one hosts the rendezvous)",
+@fleet_task(iterable=["env"],
+      help={"nodes": "use the first N selected hosts (the first one hosts the rendezvous)",
             "nproc_per_node": "processes per node: a number, or 'gpu' = one per GPU "
                               "(2 on hosts with var accelerator: cpu)",
             "script": "the training script, a path inside payload/ (default train.py)",
@@ -243,9 +244,7 @@ def _latest_job(c, inv, hosts) -> str:
             "rdzv_timeout": "seconds nodes wait for each other at (re)start; after a node is lost "
                             "the survivors end after this (default 300)",
             "exit_barrier_timeout": "seconds a node whose workers finished waits for the other "
-                                    "nodes to finish (torchrun's exit barrier; default 120)",
-            "accept_new_host_keys": "record unknown host keys (OpenSSH accept-new)"})
-@user_errors
+                                    "nodes to finish (torchrun's exit barrier; default 120)"})
 def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", script="train.py",
            args="", job=None, max_restarts=None, env=None, dry_run=False, follow=False,
            start_timeout=None, rdzv_timeout=None, exit_barrier_timeout=None,
@@ -257,21 +256,19 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", scrip
         ("max_restarts", 3 if max_restarts is None else max_restarts, 0),
         ("start_timeout", 180 if start_timeout is None else start_timeout, 1),
         ("rdzv_timeout", 300 if rdzv_timeout is None else rdzv_timeout, 1),
-        ("exit_barrier_timeout", 120 if exit_barrier_timeout is None else exit_barrier_timeout, 1),
-        ("torchrig.parallel", c.config.torchrig.parallel, 1))}
+        ("exit_barrier_timeout", 120 if exit_barrier_timeout is None else exit_barrier_timeout, 1))}
     if nodes is not None:
         _number("nodes", nodes, 1)
-    inv = _inventory(c, inventory)
-    chosen = _nodes(inv, host, nodes)
     o = LaunchOptions(job=job or _time.strftime("job-%Y%m%d-%H%M%S"), script=script, args=args,
                       env=list(env or []), nproc=str(nproc_per_node), dry_run=dry_run,
-                      accept_new=accept_new_host_keys, max_restarts=numbers["max_restarts"],
+                      max_restarts=numbers["max_restarts"],
                       start_timeout=numbers["start_timeout"], rdzv_timeout=numbers["rdzv_timeout"],
-                      exit_barrier_timeout=numbers["exit_barrier_timeout"],
-                      parallel=numbers["torchrig.parallel"])
-    res = run_launch(inv, chosen, o, log=lambda m: print(m, file=sys.stderr))
+                      exit_barrier_timeout=numbers["exit_barrier_timeout"])
+    with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
+        fleet.hosts = _nodes(fleet.hosts, nodes)
+        res = run_launch(fleet, fleet.hosts, o, log=lambda m: print(m, file=sys.stderr))
     if dry_run:
-        red = _redactor(inv)
+        red = _redactor(fleet.inv)
         for hname, files in res.rendered.items():
             for path, text in files.items():
                 print(f"--- {hname}:{path}\n{red.text(text)}")
@@ -286,33 +283,32 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", scrip
     print(f"  status:  invoke status{inv_flag} -h {sel} --job {j.name}")
     print(f"  stop:    invoke stop{inv_flag} -h {sel} --job {j.name}")
     if follow:
-        logs(c, inventory=inventory, host=sel, job=j.name, follow=True)
+        logs(c, inventory=inventory, host=sel, job=j.name, follow=True,
+             accept_new_host_keys=accept_new_host_keys)
 
 
-@task(help={"inventory": INVENTORY_HELP, "host": HOST_HELP,
-            "job": "job name (default: the newest job on the first host)",
-            "json": "print the status as JSON",
-            "watch": "refresh every N seconds until interrupted (0: once)",
-            "accept_new_host_keys": "record unknown host keys (OpenSSH accept-new)"})
-@user_errors
+@fleet_task(help={"job": "job name (default: the newest job on the first host)",
+                  "json": "print the status as JSON",
+                  "watch": "refresh every N seconds until interrupted (0: once)"})
 def status(c, inventory=None, host=None, job=None, json_=False, watch=None,
            accept_new_host_keys=False):
     """Per node: unit state, restarts, attempt, uptime, latest progress, GPU use; idle GPUs flagged."""
+    watch = 0 if watch is None else _number("watch", watch, 0, float)
+    with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
+        _status(fleet, job, json_, watch)
+
+
+def _status(fleet, job, json_, watch):
     import time as _time
     from torchrig import report
     from torchrig.launch.run import status as run_status
-    watch = 0 if watch is None else _number("watch", watch, 0, float)
-    par = _parallel(c)
-    inv = _inventory(c, inventory)
-    chosen = inv.select(host)
-    job = job or _latest_job(c, inv, chosen)
-    red = _redactor(inv)  # the inventory's secrets do not change between --watch rounds
+    job = job or _latest_job(fleet)
+    red = _redactor(fleet.inv)  # the inventory's secrets do not change between --watch rounds
     while True:
-        res = red.data(run_status(inv, chosen, job, accept_new_host_keys, par))
-        diag = red.data(_diagnosis(inv, chosen, job, accept_new_host_keys, par))
+        res = red.data(run_status(fleet, fleet.hosts, job))
+        diag = red.data(_diagnosis(fleet, job))
         if json_:
-            print(json.dumps({"job": job, "nodes": {r.host: (r.value if r.ok else {"error": r.error})
-                                                     for r in res}, **diag}, indent=2))
+            print(json.dumps({"job": job, "nodes": res.as_dict(), **diag}, indent=2))
         else:
             report.status_table(job, res)
             for h, what in diag["waiting"].items():
@@ -326,46 +322,37 @@ def status(c, inventory=None, host=None, job=None, json_=False, watch=None,
         if not watch:
             break
         _time.sleep(watch)
-    bad = [f"{r.host}: {r.error}" for r in res if not r.ok]
-    failed = [r.host for r in res if r.ok and r.value["unit"].get("ActiveState") == "failed"]
-    if bad or failed:
-        raise Exit(f"error: job {job}: " + "; ".join(bad + [f"{h}: unit failed" for h in failed]),
-                   code=1)
+    if not res.ok:
+        raise Exit(f"error: job {job}: " + "; ".join(res.failures), code=1)
 
 
-def _diagnosis(inv, hosts, job, accept_new, parallel) -> dict:
+def _diagnosis(fleet, job) -> dict:
     """From the nodes' journals: the job's first failed rank and what each node waits for."""
     from torchrig.launch.plan import unit_name
     from torchrig.logs import diagnose
     # the newest lines only: status runs often (--watch), the waits and an ended job's
     # failure are at the end
-    nodes = diagnose.fetch(inv, hosts, unit_name(job), accept_new, parallel, keep=0, lines=20000)
+    nodes = diagnose.fetch(fleet, fleet.hosts, unit_name(job), keep=0, lines=20000)
     found = diagnose.failures(nodes, unit_name(job))
     return {"failure": found[0].as_dict() if found else None,
-            "waiting": diagnose.waiting(nodes, len(hosts))}
+            "waiting": diagnose.waiting(nodes, len(fleet.hosts))}
 
 
-@task(help={"inventory": INVENTORY_HELP, "host": HOST_HELP,
-            "job": "job name (default: the newest job on the first host)",
-            "accept_new_host_keys": "record unknown host keys (OpenSSH accept-new)"})
-@user_errors
+@fleet_task(help={"job": "job name (default: the newest job on the first host)"})
 def stop(c, inventory=None, host=None, job=None, accept_new_host_keys=False):
     """Stop a job on every node: all ranks gone within TimeoutStopSec; logs and checkpoints stay."""
     from torchrig.launch.run import stop as run_stop
-    inv = _inventory(c, inventory)
-    chosen = inv.select(host)
-    job = job or _latest_job(c, inv, chosen)
-    res = run_stop(inv, chosen, job, accept_new_host_keys,
-                   _parallel(c))
+    with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
+        job = job or _latest_job(fleet)
+        res = run_stop(fleet, fleet.hosts, job)
     for r in res:
         print(f"{r.host}: {'stopped' if r.ok else 'FAILED: ' + r.error}")
-    bad = [f"{r.host}: {r.error}" for r in res if not r.ok]
-    if bad:
-        raise Exit(f"error: stop of job {job} failed on " + "; ".join(bad), code=1)
+    if not res.ok:
+        raise Exit(res.error_line(), code=1)
     print(f"job {job} stopped on {len(res)} node(s); logs and checkpoints are kept")
 
 
-@task(help={"inventory": INVENTORY_HELP, "host": HOST_HELP,
+@fleet_task(help={
             "job": "job name (default: the newest job on the first host)",
             "follow": "keep streaming until the job ends (across torchrun restarts and SSH drops)",
             "rank": "only this global rank's lines",
@@ -374,15 +361,12 @@ def stop(c, inventory=None, host=None, job=None, accept_new_host_keys=False):
             "failures": "show the first failed rank, why (signal, OOM kill, exit code, error.json) "
                         "and its last lines",
             "color": "colour the prefixes per rank (default: when stdout is a terminal)"})
-@user_errors
 def logs(c, inventory=None, host=None, job=None, follow=False, rank=None, since=None, grep=None,
-         failures=False, color=None):
+         failures=False, color=None, accept_new_host_keys=False):
     """Every rank's stdout and stderr from every node, merged and prefixed [node/rank]."""
     import re as _re
     import time as _time
     from torchrig.errors import TorchrigError
-    from torchrig.launch.plan import check_job_name, unit_name
-    from torchrig.logs.stream import Options, failure_report, follow as run_follow
     rank = None if rank is None else _number("rank", rank, 0)
     if grep:
         try:
@@ -393,9 +377,15 @@ def logs(c, inventory=None, host=None, job=None, follow=False, rank=None, since=
     if since:
         v = _number("since", since, 0, float)  # seconds ago, or a unix time
         when = v if v > 1e9 else _time.time() - v
-    inv = _inventory(c, inventory)
-    chosen = inv.select(host)
-    job = check_job_name(job or _latest_job(c, inv, chosen))
+    with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
+        _logs(fleet, job, follow, rank, grep, when, failures, color)
+
+
+def _logs(fleet, job, follow, rank, grep, when, failures, color):
+    from torchrig.launch.plan import check_job_name, unit_name
+    from torchrig.logs.stream import Options, failure_report, follow as run_follow
+    inv, chosen = fleet.inv, fleet.hosts
+    job = check_job_name(job or _latest_job(fleet))
     o = Options(job, {h.name: h.settings.job_log_dir(job) for h in chosen},
                 unit_name(job), follow=follow and not failures,
                 rank=rank, grep=grep, since=when,
@@ -403,16 +393,16 @@ def logs(c, inventory=None, host=None, job=None, follow=False, rank=None, since=
     red = _redactor(inv)
     if failures:
         from torchrig.logs import diagnose
-        res = run_follow(inv, chosen, o, printer=_NullPrinter())
+        res = run_follow(fleet, chosen, o, printer=_NullPrinter())
         # torchrun's agent saw every exit (a signal leaves no error.json); error.json alone
         # when no journal could be read
-        found = diagnose.failures(diagnose.fetch(inv, chosen, unit_name(job)), unit_name(job),
+        found = diagnose.failures(diagnose.fetch(fleet, chosen, unit_name(job)), unit_name(job),
                                   res.errors)
         text = diagnose.report(found) or failure_report(res.errors)
         print(red.text(text) if text else f"job {job}: no failed rank (no error.json, no failed "
                                           "worker in torchrun's log)")
     else:
-        res = run_follow(inv, chosen, o, printer=_redacting_printer(red, o.color))
+        res = run_follow(fleet, chosen, o, printer=_redacting_printer(red, o.color))
     if res.lost:
         raise Exit("error: lost " + "; ".join(f"{h}: {w}" for h, w in res.lost.items()), code=1)
 
@@ -526,8 +516,10 @@ def demo(c, steps=None):
                 seen.append(item.text)
 
     log_dirs = {h.name: h.settings.job_log_dir(job) for h in hosts}
-    run_follow(inv, hosts, Options(job, log_dirs,
-                                   unit_name(job), follow=True), printer=Tee(sys.stdout, sys.stdout.isatty()))
+    from torchrig.session import Fleet
+    with Fleet(inv, hosts) as fleet:
+        run_follow(fleet, hosts, Options(job, log_dirs, unit_name(job), follow=True),
+                   printer=Tee(sys.stdout, sys.stdout.isatty()))
     from torchrig.progress import run_summary
     s = run_summary(seen)
     stage("summary")

@@ -2,6 +2,7 @@
 
 1. provision: fresh provision of 8 hosts, no-change reruns on 1 and 8 hosts (median of 5)
 2. launch overhead and log delivery on two of those hosts
+3. the fleet session: launch (2 nodes) and status (8 hosts), wall time and SSH connections
 Results: bench/out/*.json."""
 
 import os
@@ -22,6 +23,7 @@ def run(*argv):
 try:
     run("bench/provision_bench.py", "--hosts", "8", "--runs", "5", "--keep")
     run("bench/launch_logs_bench.py", str(INV), "gpu1,gpu2", "--runs", "5")
+    run("bench/session_bench.py", str(INV), ",".join(f"gpu{i}" for i in range(1, 9)), "--runs", "5")
 finally:
     subprocess.run([sys.executable, "-m", "invoke", "testbed.down"], cwd=REPO,
                    env={**os.environ, **ENV})

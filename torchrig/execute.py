@@ -7,8 +7,9 @@ import threading
 from dataclasses import dataclass
 from typing import TextIO
 
-from .inventory import Host, Inventory
-from .remote import Result, connect, fan_out, privileged, login_user
+from .inventory import Host
+from .remote import Result, login_user, privileged
+from .session import Fleet
 
 
 class PrefixedLines:
@@ -53,15 +54,14 @@ class Exited:
     code: int
 
 
-def run_on(inv: Inventory, hosts: list[Host], command: str, *, sudo: bool = False,
-           accept_new: bool = False, timeout: int | None = None, parallel: int = 16,
-           out: TextIO = sys.stdout) -> list[Result]:
+def run_on(fleet: Fleet, hosts: list[Host], command: str, *, sudo: bool = False,
+           timeout: int | None = None, out: TextIO = sys.stdout) -> list[Result]:
     """Run `command` on each host; Result.value is Exited(code). Connection problems are
     Result errors; a non-zero exit status is a value, so callers see both."""
     width = max(len(h.name) for h in hosts)
 
     def one(h: Host) -> Exited:
-        cxn = connect(h, inv, accept_new=accept_new)
+        cxn = fleet.conn(h)
         sink = PrefixedLines(h.name.ljust(width), out)
         try:
             line = privileged(command, login_user(cxn)) if sudo else command
@@ -70,6 +70,5 @@ def run_on(inv: Inventory, hosts: list[Host], command: str, *, sudo: bool = Fals
             return Exited(r.exited)
         finally:
             sink.close()
-            cxn.close()
 
-    return fan_out(hosts, one, parallel=parallel)
+    return fleet.fan_out(one, hosts)

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from pathlib import Path
 
-SOURCE = Path(__file__).resolve().parents[1] / "payload" / "progress.py"
+from .resources import PAYLOAD
+
+SOURCE = PAYLOAD / "progress.py"
 
 _spec = importlib.util.spec_from_file_location("torchrig._payload_progress", SOURCE)
 protocol = importlib.util.module_from_spec(_spec)

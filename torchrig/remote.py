@@ -12,8 +12,11 @@ import getpass
 import hashlib
 import logging
 import os
+import selectors
 import shlex
+import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -247,6 +250,53 @@ class SshConnection(Connection):
             self.check_alive("a file upload (sftp)")
             raise
 
+    def stream(self, command: str, data: str, on_out: Callable[[bytes], None],
+               on_err: Callable[[bytes], None], *, timeout: float | None = None,
+               silence: float | None = None) -> int | None:
+        """Run `command` with `data` on its stdin (all sent at once), handing stdout and stderr
+        chunks to on_out/on_err as they arrive. The exit status, or None when nothing arrived
+        for `silence` seconds (a dead or frozen peer). The one paramiko read loop."""
+        self.open()
+        chan = self.client.get_transport().open_session(timeout=CONNECT_TIMEOUT)
+        try:
+            chan.exec_command(command)
+            chan.sendall(data.encode())
+            chan.shutdown_write()
+            start = last = time.monotonic()
+            # the server sends a channel's data before its exit status: once the status is
+            # here and the buffers are empty, everything has been read
+            while True:
+                got = False
+                while chan.recv_stderr_ready():
+                    on_err(chan.recv_stderr(65536))
+                    got = True
+                if chan.recv_ready():
+                    on_out(chan.recv(65536))
+                    got = True
+                elif chan.exit_status_ready() and not chan.recv_stderr_ready():
+                    break
+                now = time.monotonic()
+                if timeout is not None and now - start > timeout:
+                    raise invoke.exceptions.CommandTimedOut(None, timeout)
+                if got:
+                    last = now
+                elif silence is not None and now - last > silence:
+                    return None
+                elif not chan.get_transport() or not chan.get_transport().is_active():
+                    break  # the connection is gone: check_alive below says why
+                else:
+                    time.sleep(0.005)
+            self.check_alive(command, data)
+            return chan.recv_exit_status()
+        except Exception:
+            self.check_alive(command, data)
+            raise
+        finally:
+            chan.close()
+
+    def run_input(self, command: str, data: str, timeout: float = 600) -> "Ran":
+        return _collect(self, command, data, timeout)
+
 
 def _watch(cxn: SshConnection) -> None:
     """OpenSSH's ServerAlive*: every ALIVE_INTERVAL s a keepalive@openssh.com request that sshd
@@ -290,16 +340,71 @@ _Local = _linear(invoke.runners.Local)
 
 
 class LocalConnection:
-    """`connection: local` hosts: the operator's own machine, same run() interface."""
+    """`connection: local` hosts: the operator's own machine, the same Connector interface."""
 
-    def __init__(self, host: Host):
+    lost = None
+
+    def __init__(self, host: Host | None = None):
         self.host = "localhost"
         self.user = getpass.getuser()
         self._ctx = invoke.Context(invoke.Config(overrides={
             "run": {"hide": True, "in_stream": False}, "runners": {"local": _Local}}))
 
+    def open(self) -> None:
+        pass
+
+    @property
+    def is_connected(self) -> bool:
+        return True
+
     def run(self, command: str, **kwargs):
         return self._ctx.run(command, **kwargs)
+
+    def stream(self, command: str, data: str, on_out: Callable[[bytes], None],
+               on_err: Callable[[bytes], None], *, timeout: float | None = None,
+               silence: float | None = None) -> int | None:
+        """SshConnection.stream in a local bash."""
+        p = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            try:
+                p.stdin.write(data.encode())
+                p.stdin.close()
+            except BrokenPipeError:
+                pass
+            sel = selectors.DefaultSelector()
+            sel.register(p.stdout, selectors.EVENT_READ, on_out)
+            sel.register(p.stderr, selectors.EVENT_READ, on_err)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            open_ = 2
+            while open_:
+                wait = [w for w in (silence, deadline and deadline - time.monotonic())
+                        if w is not None]
+                ready = sel.select(timeout=max(0, min(wait)) if wait else None)
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise invoke.exceptions.CommandTimedOut(None, timeout)
+                if not ready:
+                    return None
+                for key, _ in ready:
+                    chunk = key.fileobj.read1(65536)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        open_ -= 1
+                    else:
+                        key.data(chunk)
+            return p.wait()
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            p.stdout.close()
+            p.stderr.close()
+
+    def run_input(self, command: str, data: str, timeout: float = 600) -> "Ran":
+        return _collect(self, command, data, timeout)
+
+    def put(self, local: str, remote: str) -> None:
+        shutil.copyfile(local, remote)
 
     def close(self) -> None:
         pass
@@ -380,21 +485,6 @@ def login_user(cxn) -> str:
     return getattr(cxn, "user", None) or getpass.getuser()
 
 
-def run_once(host: Host, inv: Inventory, command: str, *, root: bool = False,
-             accept_new: bool = False, timeout: float | None = None, data: str | None = None):
-    """One command on one host, over a connection opened and closed for it (warn=True: the
-    caller reads .exited). root=True runs it through privileged(); `data` goes to its stdin
-    through run_input()."""
-    cxn = connect(host, inv, accept_new=accept_new)
-    try:
-        line = privileged(command, login_user(cxn)) if root else command
-        if data is not None:
-            return run_input(cxn, line, data, timeout=600 if timeout is None else timeout)
-        return cxn.run(line, hide=True, warn=True, timeout=timeout)
-    finally:
-        cxn.close()
-
-
 def run_priv(cxn, command: str, **kwargs):
     """Run `command` as root on `cxn` (see privileged())."""
     return cxn.run(privileged(command, login_user(cxn)), **kwargs)
@@ -407,45 +497,14 @@ class Ran:
     stderr: str
 
 
-def run_input(cxn, command: str, data: str, timeout: float = 600) -> Ran:
-    """Run `command` with `data` on its stdin, all sent at once. (Invoke feeds in_stream in
-    small sleeps: a 6 KB script took a minute.) Data on stdin never shows in `ps` on the host,
-    which is why scripts carrying file contents or credentials travel this way."""
-    if isinstance(cxn, LocalConnection):
-        import subprocess
-        r = subprocess.run(["bash", "-c", command], input=data, capture_output=True, text=True,
-                           timeout=timeout)
-        return Ran(r.returncode, r.stdout, r.stderr)
-    cxn.open()
-    chan = cxn.client.get_transport().open_session(timeout=CONNECT_TIMEOUT)
-    try:
-        chan.settimeout(timeout)
-        chan.exec_command(command)
-        chan.sendall(data.encode())
-        chan.shutdown_write()
-        out, err = bytearray(), bytearray()
-        deadline = time.monotonic() + timeout
-        while not (chan.exit_status_ready() and not chan.recv_ready()
-                   and not chan.recv_stderr_ready()):
-            if time.monotonic() > deadline:
-                raise invoke.exceptions.CommandTimedOut(None, timeout)
-            got = False
-            if chan.recv_ready():
-                out += chan.recv(65536)
-                got = True
-            if chan.recv_stderr_ready():
-                err += chan.recv_stderr(65536)
-                got = True
-            if not got:
-                time.sleep(0.005)
-        cxn.check_alive(command, data)
-        return Ran(chan.recv_exit_status(), out.decode(errors="replace"),
-                   err.decode(errors="replace"))
-    except Exception:
-        cxn.check_alive(command, data)
-        raise
-    finally:
-        chan.close()
+def _collect(cxn, command: str, data: str, timeout: float) -> Ran:
+    """run_input(): `command` with `data` on its stdin, all sent at once. (Invoke feeds
+    in_stream in small sleeps: a 6 KB script took a minute.) Data on stdin never shows in
+    `ps` on the host, which is why scripts carrying file contents or credentials travel
+    this way."""
+    out, err = bytearray(), bytearray()
+    rc = cxn.stream(command, data, out.extend, err.extend, timeout=timeout)
+    return Ran(rc, out.decode(errors="replace"), err.decode(errors="replace"))
 
 
 # --- fan-out ---------------------------------------------------------------------------------

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import re
 import traceback
-from pathlib import Path
 
 import jinja2
 
 from .errors import TorchrigError
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+from .resources import TEMPLATES
 _env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
                           keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
                           autoescape=False)

@@ -63,6 +63,38 @@ def test_unknown_host_key_refused_then_accepted(testbed, inventory_doc, tmp_path
     assert r.returncode == 0 and "gpu1 | again" in r.stdout
 
 
+def test_logs_has_the_host_key_flag_like_the_other_tasks(testbed, inventory_doc, tmp_path):
+    """`logs` had no --accept-new-host-keys: a first `logs` of a new host could not record
+    its key. Now it asks for the flag, and with it records the key (then finds no job)."""
+    doc = copy.deepcopy(inventory_doc)
+    kh = tmp_path / "known_hosts"
+    doc["known_hosts"] = str(kh)
+    inv = write_inventory(tmp_path, doc)
+    r = invoke("logs", "-i", str(inv), "-h", "gpu1")
+    assert r.returncode == 1 and "--accept-new-host-keys" in r.stderr, r.stderr
+    assert not kh.exists() or kh.read_text() == ""
+    r = invoke("logs", "-i", str(inv), "-h", "gpu1", "--accept-new-host-keys")
+    assert "no torchrig job found on gpu1" in r.stderr or r.returncode == 0, r.stderr
+    assert kh.read_text().count("ssh-ed25519") == 1
+
+
+def test_a_fleet_holds_one_connection_per_host(testbed):
+    """Every command of a task goes over the host's one SSH connection (sshd sees the same
+    client port each time); before, every command opened a new one."""
+    from torchrig.session import Fleet
+    inv = inventory.load(testbed)
+    hosts = inv.select("gpu1,gpu2")
+    with Fleet(inv, hosts) as fleet:
+        seen = fleet.fan_out(lambda h: {fleet.run(h, "echo $SSH_CONNECTION").stdout.split()[1]
+                                        for _ in range(5)})
+        assert all(r.ok and len(r.value) == 1 for r in seen), seen
+        assert fleet.run(hosts[0], "id -u", root=True).stdout.strip() == "0"
+        assert fleet.run(hosts[0], "cat", data="on stdin").stdout == "on stdin"
+        fleet.drop(hosts[0])  # as provision does across a reboot: a new connection next time
+        again = fleet.run(hosts[0], "echo $SSH_CONNECTION").stdout.split()[1]
+        assert again not in seen[0].value
+
+
 def test_changed_host_key_always_refused(testbed, inventory_doc, tmp_path):
     real = open(inventory_doc["known_hosts"]).read().splitlines()
     ip1, ip2 = (h["address"] for h in inventory_doc["hosts"][:2])

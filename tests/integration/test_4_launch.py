@@ -59,6 +59,26 @@ def test_dry_run_shows_units_and_changes_nothing(testbed):
         "No such file or directory")
 
 
+def ssh_logins(host: str) -> int:
+    """sshd's 'Accepted' lines so far in the host's journal (read from the operator's side)."""
+    from torchrig.testbed.machines import root_of
+    out = subprocess.run(["journalctl", "-D", f"{root_of(host)}/var/log/journal", "-t", "sshd",
+                          "-o", "cat", "--no-pager"], capture_output=True, text=True).stdout
+    return out.count("Accepted ")
+
+
+def test_launch_opens_one_ssh_connection_per_node(testbed):
+    """One fleet session per task: launch's checks, gate, push, install, start and its wait
+    for the workers all go over one connection per node (before: one per command, and one
+    per node every second while it waited)."""
+    nodes = NODES.split(",")
+    before = {h: ssh_logins(h) for h in nodes}
+    r = launch(testbed, "t-conns", "--script", "env_check.py", "--nproc-per-node", "2")
+    assert r.returncode == 0, r.stderr
+    time.sleep(1)  # journald has the last lines on disk
+    assert {h: ssh_logins(h) - before[h] for h in nodes} == {h: 1 for h in nodes}
+
+
 def test_two_nodes_train_to_completion(testbed):
     r = launch(testbed, "t-basic", "--args", "--max-steps 30 --log-every 5 --ckpt-every 10")
     assert r.returncode == 0, r.stderr

@@ -186,13 +186,19 @@ def _payload(tmp_path, tag):
 def test_concurrent_pushes_to_one_node_all_succeed(testbed, tmp_path):
     """Today 11 in 20 concurrent pushes failed (`mv: cannot move ... Directory not empty`)."""
     from torchrig.inventory import load
-    from torchrig.launch.push import push_to
+    from torchrig.launch.push import push
+    from torchrig.session import Fleet
     inv = load(testbed)
     h = inv.select("gpu1")[0]
+
+    def one_launch(payload):  # a session, so a connection, of its own: six launches at once
+        with Fleet(inv) as fleet:
+            return push(fleet.conn(h), payload, "/opt/torchrig")
+
     for rnd in range(3):
         payload = _payload(tmp_path, f"race{rnd}")
         with ThreadPoolExecutor(6) as ex:
-            got = list(ex.map(lambda _: push_to(h, inv, payload, "/opt/torchrig"), range(6)))
+            got = list(ex.map(lambda _: one_launch(payload), range(6)))
         releases = {rel for rel, _ in got}
         assert len(releases) == 1
         rel = releases.pop()
@@ -206,10 +212,12 @@ def test_a_release_about_to_be_used_is_not_swept(testbed, tmp_path):
     """A launch that finds its release already on the node (pushed long ago) writes its unit a
     moment later: a push by another launch meanwhile must not delete that release."""
     from torchrig.inventory import load
-    from torchrig.launch.push import push_to
+    from torchrig.launch.push import push as push_payload
+    from torchrig.session import Fleet
     inv = load(testbed)
     h = inv.select("gpu1")[0]
-    push = lambda tag: push_to(h, inv, _payload(tmp_path, tag), "/opt/torchrig")  # noqa: E731
+    fleet = Fleet(inv)
+    push = lambda tag: push_payload(fleet.conn(h), _payload(tmp_path, tag), "/opt/torchrig")  # noqa: E731
     first, _ = push("old")
     older = [push(f"mid{i}")[0] for i in range(4)]
     sh(testbed, "gpu1", f"touch -d '3 hours ago' /opt/torchrig/payload/releases/*; touch -d '4 hours ago' {first}")

@@ -11,6 +11,7 @@ import pytest
 from torchrig import inventory
 from torchrig.launch.run import INSTALL, status
 from torchrig.provision.apply import gather as provision_gather
+from torchrig.session import Fleet
 from torchrig.verify.run import HostOpts, _bench_cmd, gather, host_opts
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ def _local_inv(tmp_path):
 @pytest.mark.skipif(os.geteuid() != 0, reason="status runs its helper through privileged()")
 def test_status_helper_imports_nothing_from_the_cwd(tmp_path, planted):
     inv = _local_inv(tmp_path)
-    status(inv, inv.hosts, "job1")  # the result does not matter (no unit here)
+    status(Fleet(inv), inv.hosts, "job1")  # the result does not matter (no unit here)
     assert not planted.exists()
 
 
@@ -47,7 +48,7 @@ def test_verify_facts_helper_imports_nothing_from_the_cwd(tmp_path, planted):
     inv = _local_inv(tmp_path)
     h = inv.hosts[0]
     try:
-        gather(inv, h, host_opts(inv, h), None, False)
+        gather(Fleet(inv), h, host_opts(inv, h), None, False)
     except Exception:  # noqa: BLE001 - facts of this machine do not matter here
         pass
     assert not planted.exists()
@@ -62,7 +63,7 @@ def test_verify_torch_runtime_imports_nothing_from_the_cwd(tmp_path, planted):
                  f"{{prefix: {tmp_path / 'prefix'}, accelerator: cpu}}}}\n")
     inv = inventory.load(p)
     h = inv.hosts[0]
-    facts = gather(inv, h, host_opts(inv, h), None, True)
+    facts = gather(Fleet(inv), h, host_opts(inv, h), None, True)
     assert facts["torch_runtime"].get("torch"), facts["torch_runtime"]
     assert not planted.exists()
 

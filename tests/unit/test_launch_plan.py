@@ -236,12 +236,13 @@ def test_bad_flags_are_refused_before_any_host_is_touched(tmp_path, field, value
     come first."""
     from torchrig import inventory
     from torchrig.launch.run import LaunchOptions, launch
+    from torchrig.session import Fleet
     inv_path = tmp_path / "inv.yml"
     inv_path.write_text("hosts:\n  - {name: h1, address: 127.0.0.1, port: 1}\n")
     inv = inventory.load(inv_path)
     o = LaunchOptions(job="j1", **{field: value})
     with pytest.raises(TorchrigError, match=expected):
-        launch(inv, inv.hosts, o)
+        launch(Fleet(inv), inv.hosts, o)
 
 
 def test_agent_logs_at_info_and_its_exit_barrier_is_the_operators():

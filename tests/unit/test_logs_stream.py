@@ -20,6 +20,7 @@ from torchrig import inventory
 from torchrig.logs import stream
 from torchrig.logs.stream import Options, Printer, Window, _stream
 from torchrig.remote import LocalConnection
+from torchrig.session import Fleet
 
 REPO = Path(__file__).resolve().parents[2]
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the follower runs as root (sudo -n otherwise)")
@@ -66,7 +67,7 @@ class Run:
         self.thread.start()
 
     def _run(self, inv, o):
-        self.result = stream.follow(inv, list(inv.hosts), o, printer=Printer(self.out, False, self.err))
+        self.result = stream.follow(Fleet(inv), list(inv.hosts), o, printer=Printer(self.out, False, self.err))
 
     def lines(self) -> list[str]:
         return self.out.getvalue().splitlines()

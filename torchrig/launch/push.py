@@ -17,7 +17,7 @@ import tarfile
 from pathlib import Path
 
 from ..errors import TorchrigError
-from ..remote import connect, flock_lines, login_user, privileged, run_input, sh
+from ..remote import flock_lines, login_user, privileged, sh
 
 SKIP_DIRS = {"__pycache__", ".git", ".pytest_cache"}
 
@@ -134,7 +134,7 @@ def push(cxn, root: Path, prefix: str) -> tuple[str, int]:
         script = INSTALL.format(base=sh(base), h=h, src=sh(src.strip()))
         data = "\n".join([_b64("".join(f + "\0" for f in removed).encode()),
                           _b64(json.dumps(m, sort_keys=True).encode()), _tar(root, changed)])
-        r = run_input(cxn, privileged(script, user), data, timeout=600)
+        r = cxn.run_input(privileged(script, user), data, timeout=600)
         if r.exited != 0:
             raise TorchrigError(f"payload push failed: {r.stderr.strip()[-300:]}")
         sent = len(changed)
@@ -142,11 +142,3 @@ def push(cxn, root: Path, prefix: str) -> tuple[str, int]:
     if r.exited != 0:
         raise TorchrigError(f"payload switch failed: {r.stderr.strip()[-300:]}")
     return f"{base}/releases/{h}", sent
-
-
-def push_to(host, inv, root: Path, prefix: str, accept_new: bool = False) -> tuple[str, int]:
-    cxn = connect(host, inv, accept_new=accept_new)
-    try:
-        return push(cxn, root, prefix)
-    finally:
-        cxn.close()

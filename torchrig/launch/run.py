@@ -11,15 +11,16 @@ from pathlib import Path
 from ..errors import TorchrigError
 from ..inventory import Host, Inventory
 from ..progress import bundled
-from ..remote import fan_out, flock_lines, run_once, sh
+from ..remote import flock_lines, sh
+from ..resources import PAYLOAD
 from ..settings import JOBS_DIR, SAMPLER_PATH, job_folder, procs_per_node
 from ..verify.run import verify
 from .plan import (GPU_SAMPLER, JOB_RE, Job, Node, check_job_name, env_path,
                    gpumon_paths, job_of_unit, job_port, launch_marker, parse_env, redact_env,
                    render_env, render_gpumon, render_unit, split_args, unit_name, unit_path)
-from .push import push_to
+from ..session import Fleet, Outcome
+from .push import push
 
-PAYLOAD = Path(__file__).resolve().parents[2] / "payload"
 GPU_SAMPLE_S = 30  # seconds between GPU utilisation samples
 # a job holds its GPUs (and its release) from start until its unit is fully down: a job that is
 # stopping (deactivating) still writes its last checkpoint for up to TimeoutStopSec
@@ -50,8 +51,6 @@ class LaunchOptions:
     start_timeout: int = 180
     rdzv_timeout: int = 300
     exit_barrier_timeout: int = 120
-    accept_new: bool = False
-    parallel: int = 16
 
 
 def check_options(o: LaunchOptions) -> None:
@@ -107,9 +106,9 @@ class Launched:
     seconds: float = 0.0
 
 
-def _gate(inv: Inventory, hosts: list[Host], o: LaunchOptions) -> dict[str, str | None]:
+def _gate(fleet: Fleet, hosts: list[Host]) -> dict[str, str | None]:
     """verify's fast version gate (one round trip per host); returns each node's interface."""
-    rep = verify(inv, hosts, full=False, accept_new=o.accept_new, parallel=o.parallel)
+    rep = verify(fleet, hosts, full=False)
     if rep.unreachable:
         raise TorchrigError("nothing started: " + "; ".join(
             f"{h}: {e}" for h, e in rep.unreachable.items()))
@@ -131,17 +130,18 @@ def busy_jobs(list_units: str) -> list[str]:
     return [j for j in map(job_of_unit, units) if j]
 
 
-def _active_jobs(inv, h: Host, accept_new) -> list[str]:
-    r = run_once(h, inv, BUSY_UNITS, accept_new=accept_new)
+def _active_jobs(fleet: Fleet, h: Host) -> list[str]:
+    r = fleet.run(h, BUSY_UNITS)
     return busy_jobs(r.stdout)
 
 
-def launch(inv: Inventory, hosts: list[Host], o: LaunchOptions, log=print) -> Launched:
+def launch(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print) -> Launched:
     t0 = time.monotonic()
+    inv = fleet.inv
     if not hosts:
         raise TorchrigError("no hosts selected")
     check_options(o)  # before any host is touched
-    busy = fan_out(hosts, lambda h: _active_jobs(inv, h, o.accept_new), parallel=o.parallel)
+    busy = fleet.fan_out(lambda h: _active_jobs(fleet, h), hosts)
     for r in busy:
         if not r.ok:
             raise TorchrigError(f"nothing started: {r.host}: {r.error}")
@@ -154,14 +154,13 @@ def launch(inv: Inventory, hosts: list[Host], o: LaunchOptions, log=print) -> La
             raise TorchrigError(f"nothing started: {r.host} already runs job(s) "
                                 f"{', '.join(r.value)} on its GPUs; two jobs would share them. "
                                 "Stop it or choose other hosts")
-    interfaces = _gate(inv, hosts, o)
+    interfaces = _gate(fleet, hosts)
     prefix = hosts[0].settings.prefix
     if o.dry_run:
         from .push import manifest, tree_hash
         release = f"{prefix}/payload/releases/{tree_hash(manifest(PAYLOAD))}"
     else:
-        pushed = fan_out(hosts, lambda h: push_to(h, inv, PAYLOAD, prefix, o.accept_new),
-                         parallel=o.parallel)
+        pushed = fleet.fan_out(lambda h: push(fleet.conn(h), PAYLOAD, prefix), hosts)
         bad = [f"{r.host}: {r.error}" for r in pushed if not r.ok]
         if bad:
             raise TorchrigError("nothing started: payload push failed: " + "; ".join(bad))
@@ -176,18 +175,18 @@ def launch(inv: Inventory, hosts: list[Host], o: LaunchOptions, log=print) -> La
     if o.dry_run:
         return out
     by_name = {h.name: h for h in hosts}
-    installed = fan_out(job.nodes, lambda n: _install(inv, by_name[n.host], job, n, o.accept_new),
-                        parallel=o.parallel, name=lambda n: n.host)
+    installed = fleet.fan_out(lambda n: _install(fleet, by_name[n.host], job, n), job.nodes,
+                              name=lambda n: n.host)
     bad = [f"{r.host}: {r.error}" for r in installed if not r.ok]
     if bad:
-        _undo(inv, hosts, job, o, remove=True)
+        _undo(fleet, hosts, job, remove=True)
         raise TorchrigError("nothing started: installing the job failed: " + "; ".join(bad))
-    started = fan_out(hosts, lambda h: _start(inv, h, job, o.accept_new), parallel=o.parallel)
+    started = fleet.fan_out(lambda h: _start(fleet, h, job), hosts)
     problems = [f"{r.host}: {r.error}" for r in started if not r.ok]
     if not problems:
-        problems = _confirm(inv, hosts, job, o)
+        problems = _confirm(fleet, hosts, job, o)
     if problems:
-        _undo(inv, hosts, job, o, remove=False)
+        _undo(fleet, hosts, job, remove=False)
         raise TorchrigError(f"job {job.name} did not start on every node, so it was stopped on "
                             "all of them: " + "; ".join(problems))
     out.started = True
@@ -221,7 +220,7 @@ systemctl reset-failed {name} 2>/dev/null || true
 JOBDIRS_SCRIPT = Path(__file__).parent / "jobdirs_remote.py"
 
 
-def _install(inv, h: Host, job: Job, n: Node, accept_new) -> None:
+def _install(fleet: Fleet, h: Host, job: Job, n: Node) -> None:
     """The job's folders (made safely: see jobdirs_remote.py), env file (0600, may hold
     secrets: sent on stdin, never in a command line) and units."""
     import base64
@@ -237,7 +236,7 @@ def _install(inv, h: Host, job: Job, n: Node, accept_new) -> None:
         env=sh(env_path(job.name)),
         unit=sh(unit_path(job.name)), name=sh(unit_name(job.name)), job=job.name,
         env_b64=b64(render_env(job, n)), unit_b64=b64(render_unit(job, n)))
-    r = run_once(h, inv, "bash -s", root=True, accept_new=accept_new, timeout=120, data=script)
+    r = fleet.run(h, "bash -s", root=True, timeout=120, data=script)
     if r.exited != 0:
         raise TorchrigError(_refusal(r.stderr) or f"writing the unit failed: {r.stderr.strip()[-300:]}")
 
@@ -262,13 +261,13 @@ systemctl start {name}
 """
 
 
-def _start(inv, h: Host, job: Job, accept_new) -> None:
+def _start(fleet: Fleet, h: Host, job: Job) -> None:
     exclusive = h.settings.accelerator == "cuda"
     script = START.format(jobs=sh(JOBS_DIR), busy_units=BUSY_UNITS, name=sh(unit_name(job.name)),
                           unit_file=sh(unit_path(job.name)), marker=sh(launch_marker(job)),
                           job=job.name, unit_re=sh(rf"torchrig-{JOB_RE.pattern}\.service"),
                           exclusive=int(exclusive))
-    r = run_once(h, inv, "bash -s", root=True, accept_new=accept_new, timeout=400, data=script)
+    r = fleet.run(h, "bash -s", root=True, timeout=400, data=script)
     if r.exited != 0:
         raise TorchrigError(_refusal(r.stderr) or f"systemctl start failed: {r.stderr.strip()[-300:]}")
 
@@ -280,7 +279,7 @@ echo "$state $result $workers"
 """
 
 
-def _confirm(inv, hosts: list[Host], job: Job, o: LaunchOptions) -> list[str]:
+def _confirm(fleet: Fleet, hosts: list[Host], job: Job, o: LaunchOptions) -> list[str]:
     """Every node active (or already finished cleanly) with its workers spawned, which
     torchrun does only after the rendezvous completed."""
     by_name = {n.host: n for n in job.nodes}
@@ -289,31 +288,31 @@ def _confirm(inv, hosts: list[Host], job: Job, o: LaunchOptions) -> list[str]:
     while pending and time.monotonic() < deadline:
         def probe(h: Host):
             n = by_name[h.name]
-            r = run_once(h, inv, PROBE.format(unit=sh(unit_name(job.name)),
-                                              logdir=sh(job_folder(n.log_dir, job.name))),
-                         root=True, accept_new=o.accept_new, timeout=30)
+            r = fleet.run(h, PROBE.format(unit=sh(unit_name(job.name)),
+                                          logdir=sh(job_folder(n.log_dir, job.name))),
+                          root=True, timeout=30)
             state, result, workers = (r.stdout.split() + ["", "", "0"])[:3]
             return state, result, int(workers or 0)
-        results = fan_out([h for h in hosts if h.name in pending], probe, parallel=o.parallel)
+        results = fleet.fan_out(probe, [h for h in hosts if h.name in pending])
         for r in results:
             if not r.ok:
                 return [f"{r.host}: {r.error}"]
             state, result, workers = r.value
             if state == "failed" or (state == "inactive" and result not in ("success", "")):
-                return [f"{r.host}: unit {state} ({result}): " + _journal(inv, r.host, hosts, job.name, o)]
+                return [f"{r.host}: unit {state} ({result}): " + _journal(fleet, r.host, hosts, job.name)]
             if workers >= by_name[r.host].nproc or (state == "inactive" and workers):
                 pending.discard(r.host)
         if pending:
             time.sleep(1)
     return [f"{h}: workers not started within {o.start_timeout}s (rendezvous incomplete?): "
-            + _journal(inv, h, hosts, job.name, o) for h in sorted(pending)]
+            + _journal(fleet, h, hosts, job.name) for h in sorted(pending)]
 
 
-def _journal(inv, name: str, hosts: list[Host], job: str, o: LaunchOptions) -> str:
+def _journal(fleet: Fleet, name: str, hosts: list[Host], job: str) -> str:
     h = next(x for x in hosts if x.name == name)
     try:
-        r = run_once(h, inv, sh("journalctl", "-u", unit_name(job), "-n", "5", "-o", "cat",
-                                "--no-pager"), root=True, accept_new=o.accept_new, timeout=30)
+        r = fleet.run(h, sh("journalctl", "-u", unit_name(job), "-n", "5", "-o", "cat",
+                            "--no-pager"), root=True, timeout=30)
         return " | ".join(ln for ln in r.stdout.strip().splitlines()[-5:]) or "(no journal lines)"
     except Exception as e:  # noqa: BLE001 - diagnostics only
         return f"(journal unavailable: {e})"
@@ -328,14 +327,13 @@ systemctl stop {name}
 """
 
 
-def _undo(inv, hosts: list[Host], job: Job, o: LaunchOptions, remove: bool) -> list:
+def _undo(fleet: Fleet, hosts: list[Host], job: Job, remove: bool) -> list:
     rm = (sh("rm", "-f", unit_path(job.name), env_path(job.name), *gpumon_paths(job.name))
           + " && systemctl daemon-reload") if remove else ""
     script = UNDO.format(jobs=sh(JOBS_DIR), marker=sh(launch_marker(job)),
                          unit_file=sh(unit_path(job.name)), name=sh(unit_name(job.name)), remove=rm)
-    return fan_out(hosts, lambda h: run_once(h, inv, "bash -s", root=True, accept_new=o.accept_new,
-                                             timeout=400, data=script).exited,
-                   parallel=o.parallel)
+    return fleet.fan_out(lambda h: fleet.run(h, "bash -s", root=True, timeout=400,
+                                             data=script).exited, hosts)
 
 
 STOP_CHECK = """u={unit}
@@ -352,24 +350,23 @@ echo "$(systemctl show -p ActiveState --value "$u") $left"
 """
 
 
-def stop(inv, hosts: list[Host], job: str, accept_new=False, parallel=16) -> list:
+def stop(fleet: Fleet, hosts: list[Host], job: str) -> Outcome:
     """Stop the job everywhere; report per node the final state and processes left."""
     check_job_name(job)
 
     def one(h: Host):
-        r = run_once(h, inv, STOP_CHECK.format(unit=sh(unit_name(job))), root=True,
-                     accept_new=accept_new, timeout=600)
+        r = fleet.run(h, STOP_CHECK.format(unit=sh(unit_name(job))), root=True, timeout=600)
         state, left = (r.stdout.split() + ["unknown", "0"])[:2]
         if state not in ("inactive", "failed") or left != "0":
             raise TorchrigError(f"job still {state} with {left} process(es) left")
         return state
-    return fan_out(hosts, one, parallel=parallel)
+    return Outcome(f"stop of job {job}", fleet.fan_out(one, hosts))
 
 
 STATUS_SCRIPT = Path(__file__).parent / "status_remote.py"
 
 
-def status(inv, hosts: list[Host], job: str, accept_new=False, parallel=16) -> list:
+def status(fleet: Fleet, hosts: list[Host], job: str) -> Outcome:
     """Per node: unit state, restarts, attempt, uptime, latest progress, GPUs, util samples."""
     check_job_name(job)
 
@@ -378,8 +375,8 @@ def status(inv, hosts: list[Host], job: str, accept_new=False, parallel=16) -> l
         window = s.low_util_minutes * 60
         args = {"unit": unit_name(job), "logdir": s.job_log_dir(job),
                 "util_file": s.util_file(job), "window_s": window}
-        r = run_once(h, inv, "python3 -I - " + sh(json.dumps(args)), root=True,
-                     accept_new=accept_new, timeout=60, data=bundled(STATUS_SCRIPT.read_text()))
+        r = fleet.run(h, "python3 -I - " + sh(json.dumps(args)), root=True, timeout=60,
+                      data=bundled(STATUS_SCRIPT.read_text()))
         if r.exited != 0:
             raise TorchrigError(f"status failed: {r.stderr.strip()[-300:]}")
         d = json.loads(r.stdout)
@@ -388,7 +385,9 @@ def status(inv, hosts: list[Host], job: str, accept_new=False, parallel=16) -> l
         d["low_util"] = low_utilisation(d["util_samples"], window,
                                         s.low_util_percent)
         return d
-    return fan_out(hosts, one, parallel=parallel)
+    res = fleet.fan_out(one, hosts)
+    return Outcome(f"job {job}", res, [f"{r.host}: unit failed" for r in res
+                                       if r.ok and r.value["unit"].get("ActiveState") == "failed"])
 
 
 def low_utilisation(samples: list, window_s: int, threshold: float) -> str | None:

@@ -125,18 +125,17 @@ def _gives_up(since: str, timeout: float | None) -> str:
     return f", gives up at {t // 3600:02d}:{t // 60 % 60:02d}:{t % 60:02d}"
 
 
-def fetch(inv, hosts: list, unit: str, accept_new=False, parallel=16, keep=agent.LAST_LINES,
-          lines=500000):
+def fetch(fleet, hosts: list, unit: str, keep=agent.LAST_LINES, lines=500000):
     """Every node's journal for the unit (its newest `lines` lines: the ranks' output is in it
     too) -> [NodeJournal] (node rank = position in hosts); nodes that could not be read are
     left out."""
-    from ..remote import fan_out, run_once, sh
+    from ..remote import sh
     ranks = {h.name: i for i, h in enumerate(hosts)}
 
     def one(h):
-        r = run_once(h, inv, "python3 -I - " + sh(json.dumps({"unit": unit, "keep": keep, "lines": lines})),
-                     root=True, accept_new=accept_new, timeout=60, data=SCRIPT.read_text())
+        r = fleet.run(h, "python3 -I - " + sh(json.dumps({"unit": unit, "keep": keep, "lines": lines})),
+                      root=True, timeout=60, data=SCRIPT.read_text())
         if r.exited != 0:
             raise RuntimeError(r.stderr.strip()[-300:])
         return node_from(h.name, ranks[h.name], json.loads(r.stdout))
-    return [r.value for r in fan_out(hosts, one, parallel=parallel) if r.ok]
+    return [r.value for r in fleet.fan_out(one, hosts) if r.ok]

@@ -9,8 +9,6 @@ follower as a local process, the same way.
 from __future__ import annotations
 
 import json
-import selectors
-import subprocess
 import sys
 import threading
 import time
@@ -18,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
-from ..inventory import Host, Inventory
-from ..remote import LocalConnection, connect, login_user, privileged, CONNECT_TIMEOUT
+from ..inventory import Host
+from ..remote import login_user, privileged
+from ..session import Fleet
 from . import merge
 
 FOLLOWER = Path(__file__).parent / "follow_remote.py"
@@ -82,74 +81,14 @@ def _stream(cxn, command: str, data: str, on_line: Callable[[str], None],
             silence: float) -> tuple[int | None, str]:
     """Run `command` (stdin = data) and call on_line for each whole stdout line as it arrives.
     Returns (exit status or None if the connection went silent or dropped, stderr's tail)."""
-    if isinstance(cxn, LocalConnection):
-        return _stream_local(command, data, on_line, silence)
-    cxn.open()
-    chan = cxn.client.get_transport().open_session(timeout=CONNECT_TIMEOUT)
-    lines, err = _Lines(on_line), b""
-    try:
-        chan.exec_command(command)
-        chan.sendall(data.encode())
-        chan.shutdown_write()
-        last = time.monotonic()
-        while True:
-            if chan.recv_ready():
-                chunk = chan.recv(65536)
-                if not chunk:
-                    break
-                last = time.monotonic()
-                lines.feed(chunk)
-            elif chan.exit_status_ready() and not chan.recv_ready():
-                break
-            elif time.monotonic() - last > silence:
-                return None, _tail(err)
-            else:
-                time.sleep(0.01)
-            while chan.recv_stderr_ready():
-                err = (err + chan.recv_stderr(65536))[-STDERR_KEEP:]
-        while chan.recv_stderr_ready():
-            err = (err + chan.recv_stderr(65536))[-STDERR_KEEP:]
-        return chan.recv_exit_status(), _tail(err)
-    finally:
-        chan.close()
+    lines, err = _Lines(on_line), bytearray()
 
+    def keep_err(chunk: bytes) -> None:
+        err.extend(chunk)
+        del err[:-STDERR_KEEP]
 
-def _stream_local(command: str, data: str, on_line: Callable[[str], None],
-                  silence: float) -> tuple[int | None, str]:
-    """_stream for `connection: local`: the same command in a local bash."""
-    p = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
-    lines, err = _Lines(on_line), b""
-    try:
-        try:
-            p.stdin.write(data.encode())
-            p.stdin.close()
-        except BrokenPipeError:
-            pass
-        sel = selectors.DefaultSelector()
-        sel.register(p.stdout, selectors.EVENT_READ)
-        sel.register(p.stderr, selectors.EVENT_READ)
-        open_ = 2
-        while open_:
-            ready = sel.select(timeout=silence)
-            if not ready:
-                return None, _tail(err)
-            for key, _ in ready:
-                chunk = key.fileobj.read1(65536)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    open_ -= 1
-                elif key.fileobj is p.stdout:
-                    lines.feed(chunk)
-                else:
-                    err = (err + chunk)[-STDERR_KEEP:]
-        return p.wait(), _tail(err)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        p.stdout.close()
-        p.stderr.close()
+    rc = cxn.stream(command, data, lines.feed, keep_err, silence=silence)
+    return rc, _tail(bytes(err))
 
 
 class Window:
@@ -193,7 +132,7 @@ class Printer:
             self.out.flush()
 
 
-def follow(inv: Inventory, hosts: list[Host], o: Options, printer: Printer | None = None,
+def follow(fleet: Fleet, hosts: list[Host], o: Options, printer: Printer | None = None,
            on_event: Callable | None = None) -> Outcome:
     printer = printer or Printer(sys.stdout, o.color)
     tracker = merge.Tracker()
@@ -254,12 +193,9 @@ def follow(inv: Inventory, hosts: list[Host], o: Options, printer: Printer | Non
                 heard[0] += len(handle(h.name, ln))
 
             try:
-                cxn = connect(h, inv)
-                try:
-                    rc, err = _stream(cxn, privileged(FOLLOWER_CMD, login_user(cxn)),
-                                      follower_input(args), on_line, SILENCE_S)
-                finally:
-                    cxn.close()
+                cxn = fleet.conn(h)
+                rc, err = _stream(cxn, privileged(FOLLOWER_CMD, login_user(cxn)),
+                                  follower_input(args), on_line, SILENCE_S)
                 tell_cleared(h.name)
                 if rc == 0:
                     return
@@ -267,6 +203,7 @@ def follow(inv: Inventory, hosts: list[Host], o: Options, printer: Printer | Non
                 why += f": {err.splitlines()[-1]}" if err else ""
             except Exception as e:  # noqa: BLE001 - any transport error: reconnect below
                 why = f"{type(e).__name__}: {e}"
+            fleet.drop(h)  # silent or dropped: the next try opens a fresh connection
             # it worked if it brought more than the opening heartbeat (a follower that fails
             # on start every time, having read nothing new, must not retry forever)
             if heard[0] > 1:

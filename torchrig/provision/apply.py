@@ -8,13 +8,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import TorchrigError
-from ..inventory import Host, Inventory
-from ..remote import connect, login_user, privileged, run_input, sh
+from ..inventory import Host
+from ..remote import login_user, privileged, sh
+from ..resources import PAYLOAD
+from ..session import Fleet
 from .changes import SCRIPTS, FileChange, b64, preamble
 from .desired import Settings
 from .steps import NCCL_TARBALL, STEPS, Ctx, driver_state, fact_request, is_tarball, preflight
 
-PAYLOAD_REQUIREMENTS = Path(__file__).resolve().parents[2] / "payload" / "requirements.txt"
+PAYLOAD_REQUIREMENTS = PAYLOAD / "requirements.txt"
 
 
 def payload_requirements() -> list[str]:
@@ -28,13 +30,13 @@ def payload_requirements() -> list[str]:
 def run_root_script(cxn, script: str, timeout: int = 3600):
     """A bash script run as root, sent on stdin: nothing of it (file contents, credentials)
     appears in any process's command line on the host."""
-    return run_input(cxn, privileged("bash -s", login_user(cxn)), script, timeout)
+    return cxn.run_input(privileged("bash -s", login_user(cxn)), script, timeout)
 
 
 def gather(cxn, s: Settings) -> dict:
     req = json.dumps(fact_request(s))
-    r = run_input(cxn, privileged("python3 -I - " + sh(req), login_user(cxn)),
-                  (SCRIPTS / "gather_facts.py").read_text(), timeout=120)
+    r = cxn.run_input(privileged("python3 -I - " + sh(req), login_user(cxn)),
+                      (SCRIPTS / "gather_facts.py").read_text(), timeout=120)
     if r.exited != 0:
         err = (r.stderr or r.stdout).strip()
         if "password is required" in err or "sudo:" in err:
@@ -81,13 +83,9 @@ class Planned:
     report: HostReport
 
 
-def plan_host(inv: Inventory, host: Host, accept_new: bool = False) -> Planned:
+def plan_host(fleet: Fleet, host: Host) -> Planned:
     s = host.settings
-    cxn = connect(host, inv, accept_new=accept_new)
-    try:
-        facts = gather(cxn, s)
-    finally:
-        cxn.close()
+    facts = gather(fleet.conn(host), s)
     ctx = Ctx(facts, s, host.name, payload_requirements())
     return Planned(host, s, ctx, make_plan(ctx))
 
@@ -117,14 +115,13 @@ def make_plan(ctx: Ctx) -> HostReport:
     return rep
 
 
-def apply_host(inv: Inventory, p: Planned, reboot: bool, accept_new: bool = False,
-               log=lambda host, msg: None) -> HostReport:
+def apply_host(fleet: Fleet, p: Planned, reboot: bool, log=lambda host, msg: None) -> HostReport:
     """Apply the plan; reboot (with --reboot) when the driver needs it, then continue."""
     t0 = time.monotonic()
     host, s = p.host, p.settings
     ctx, rep = p.ctx, HostReport(host.name)
-    cxn = connect(host, inv, accept_new=accept_new)
     try:
+        cxn = fleet.conn(host)
         first: list[StepResult] | None = None
         for attempt in range(2):
             rep.steps = [StepResult("preflight", "ok")]
@@ -146,15 +143,12 @@ def apply_host(inv: Inventory, p: Planned, reboot: bool, accept_new: bool = Fals
                 rep.reboot_required = True
                 break
             log(host.name, "rebooting to load the new driver")
-            cxn.close()
-            _reboot_and_wait(inv, host, ctx.facts.get("boot_id", ""), s.reboot_timeout, accept_new)
+            _reboot_and_wait(fleet, host, ctx.facts.get("boot_id", ""), s.reboot_timeout)
             rep.rebooted = True
-            cxn = connect(host, inv, accept_new=accept_new)
+            cxn = fleet.conn(host)
             ctx = Ctx(gather(cxn, s), s, host.name, ctx.payload_requirements)
     except TorchrigError as e:
         rep.error = str(e)
-    finally:
-        cxn.close()
     failed = [st for st in rep.steps if st.status == "failed"]
     if failed and not rep.error:
         rep.error = f"step {failed[0].name} failed: {failed[0].error}"
@@ -255,28 +249,22 @@ def _last_lines(text: str, n: int = 3) -> str:
     return " | ".join(lines[-n:])[-600:]
 
 
-def _reboot_and_wait(inv: Inventory, host: Host, old_boot: str, timeout: int, accept_new: bool):
-    cxn = connect(host, inv, accept_new=accept_new)
-    try:
-        # a transient timer, so the SSH command returns before the host goes down
-        cxn.run(privileged("systemd-run --on-active=1 --timer-property=AccuracySec=100ms "
-                           "/bin/systemctl reboot", login_user(cxn)), hide=True, warn=True)
-    finally:
-        cxn.close()
+def _reboot_and_wait(fleet: Fleet, host: Host, old_boot: str, timeout: int):
+    # a transient timer, so the SSH command returns before the host goes down
+    fleet.run(host, "systemd-run --on-active=1 --timer-property=AccuracySec=100ms "
+              "/bin/systemctl reboot", root=True)
+    fleet.drop(host)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         time.sleep(2)
         try:
-            c = connect(host, inv, accept_new=accept_new)
-            try:
-                r = c.run("cat /proc/sys/kernel/random/boot_id; systemctl is-system-running --wait",
-                          hide=True, warn=True, timeout=120)
-            finally:
-                c.close()
+            r = fleet.run(host, "cat /proc/sys/kernel/random/boot_id; "
+                          "systemctl is-system-running --wait", timeout=120)
             boot = r.stdout.split()[0] if r.stdout.split() else ""
             if boot and boot != old_boot:
                 return
         except Exception:  # noqa: BLE001 - down while rebooting: keep polling until deadline
-            continue
+            pass
+        fleet.drop(host)  # reached the old boot, or none: the next poll connects afresh
     raise TorchrigError(f"host did not come back over SSH within {timeout}s after the reboot "
                         "(var reboot_timeout)")

@@ -13,13 +13,15 @@ from .. import torchrun
 from ..errors import TorchrigError
 from ..facts import nccl_tests, smi_query
 from ..inventory import Host, Inventory
-from ..remote import connect, fan_out, run_once, sh, with_env
+from ..remote import sh, with_env
+from ..resources import PAYLOAD
+from ..session import Fleet
 from ..settings import procs_per_node
 from . import evaluate
 from .evaluate import Check, HostVerdict
 
 SCRIPT = Path(__file__).parent / "scripts" / "verify_facts.py"
-BENCH = Path(__file__).resolve().parents[2] / "payload" / "allreduce_bench.py"
+BENCH = PAYLOAD / "allreduce_bench.py"
 LISTENER = ("import socket,sys\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
             "s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen(64)\n"
             "while True:\n    c, _ = s.accept(); c.close()\n")
@@ -40,12 +42,10 @@ def host_opts(inv: Inventory, h: Host) -> HostOpts:
     return HostOpts(s.venv, s.prefix, s.accelerator, s.rdzv_port, s.busbw_min_gbs, h.address)
 
 
-def gather(inv: Inventory, h: Host, opts: HostOpts, peer: dict | None, torch_runtime: bool,
-           accept_new: bool = False) -> dict:
+def gather(fleet: Fleet, h: Host, opts: HostOpts, peer: dict | None, torch_runtime: bool) -> dict:
     req = {"query": ",".join(smi_query.QUERY_FIELDS), "venv": opts.venv,
            "torch_runtime": torch_runtime, "peer": peer}
-    r = run_once(h, inv, "python3 -I - " + sh(json.dumps(req)), accept_new=accept_new, timeout=180,
-                 data=SCRIPT.read_text())
+    r = fleet.run(h, "python3 -I - " + sh(json.dumps(req)), timeout=180, data=SCRIPT.read_text())
     if r.exited != 0:
         raise TorchrigError(f"gathering facts failed (exit {r.exited}): {r.stderr.strip()[-400:]}")
     return json.loads(r.stdout)
@@ -64,6 +64,23 @@ class Report:
         st += [b["check"].status for b in self.bandwidth]
         st += ["FAIL"] * len(self.unreachable)
         return evaluate.overall(st)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "PASS"
+
+    @property
+    def failures(self) -> list[str]:
+        """One line per thing that is not PASS: a host's checks, an unreachable host, the
+        version gate, a bandwidth check."""
+        bad = [f"{v.host}: " + "; ".join(f"{ch.name} {ch.status}" for ch in v.checks
+                                         if ch.status in ("FAIL", "NOT RUN"))
+               for v in self.hosts if v.status != "PASS"]
+        bad += [f"{h}: unreachable ({e})" for h, e in self.unreachable.items()]
+        bad += self.gate[2]
+        bad += [f"{b['scope']} bandwidth {b['check'].status}: {b['check'].detail}"
+                for b in self.bandwidth if b["check"].status != "PASS"]
+        return bad
 
     def redact(self, red) -> None:
         """Mask secrets in every text that came from a host (tool output, error lines) before
@@ -85,21 +102,20 @@ class Report:
                               for b in self.bandwidth]}
 
 
-def verify(inv: Inventory, hosts: list[Host], *, bandwidth: bool = False, full: bool = True,
-           accept_new: bool = False, parallel: int = 16) -> Report:
+def verify(fleet: Fleet, hosts: list[Host], *, bandwidth: bool = False, full: bool = True) -> Report:
     """full=False is launch's fast gate: versions from package metadata, no torch import."""
+    inv = fleet.inv
     opts = {h.name: host_opts(inv, h) for h in hosts}
     first = hosts[0]
     peer = ({"address": first.address, "port": opts[first.name].rdzv_port, "probe": full}
             if len(hosts) > 1 else None)
-    listener = _listen(inv, first, opts[first.name].rdzv_port, accept_new) if peer and full else None
+    listener = _listen(fleet, first, opts[first.name].rdzv_port) if peer and full else None
     try:
-        results = fan_out(hosts, lambda h: gather(
-            inv, h, opts[h.name], peer if h is not first else None, full, accept_new),
-            parallel=parallel)
+        results = fleet.fan_out(lambda h: gather(
+            fleet, h, opts[h.name], peer if h is not first else None, full), hosts)
     finally:
         if listener:
-            _stop_unit(inv, first, listener, accept_new)
+            _stop_unit(fleet, first, listener)
     rep = Report()
     for h, r in zip(hosts, results):
         if not r.ok:
@@ -108,22 +124,22 @@ def verify(inv: Inventory, hosts: list[Host], *, bandwidth: bool = False, full: 
         rep.hosts.append(evaluate.host_verdict(h.name, r.value, h.gpus, opts[h.name].accelerator))
     rep.gate = evaluate.version_gate(rep.hosts)
     if bandwidth and not rep.unreachable:
-        _bandwidth(inv, hosts, opts, rep, accept_new, parallel)
+        _bandwidth(fleet, hosts, opts, rep)
     return rep
 
 
-def _listen(inv, h: Host, port: int, accept_new: bool) -> str | None:
+def _listen(fleet: Fleet, h: Host, port: int) -> str | None:
     """A throwaway TCP listener on the rendezvous port of the first node (if the port is
     free): the other nodes prove they can reach it before a job depends on it."""
     unit = f"torchrig-verify-listen-{secrets.token_hex(4)}"
-    r = run_once(h, inv, sh("systemd-run", f"--unit={unit}", "--collect",
-                            "--property=RuntimeMaxSec=120", "python3", "-c", LISTENER, str(port))
-                 + " && sleep 0.5", root=True, accept_new=accept_new)
+    r = fleet.run(h, sh("systemd-run", f"--unit={unit}", "--collect",
+                        "--property=RuntimeMaxSec=120", "python3", "-c", LISTENER, str(port))
+                  + " && sleep 0.5", root=True)
     return unit if r.exited == 0 else None
 
 
-def _stop_unit(inv, h: Host, unit: str, accept_new: bool) -> None:
-    run_once(h, inv, sh("systemctl", "stop", unit), root=True, accept_new=accept_new)
+def _stop_unit(fleet: Fleet, h: Host, unit: str) -> None:
+    fleet.run(h, sh("systemctl", "stop", unit), root=True)
 
 
 def _nproc(v: HostVerdict | None, o: HostOpts) -> int:
@@ -143,8 +159,8 @@ def _bench_cmd(o: HostOpts, nproc: int, rdzv: list[str], env: dict[str, str]) ->
             + with_env(run, {"OMP_NUM_THREADS": "1", **env}))
 
 
-def _run_bench(inv, h: Host, cmd: str, accept_new: bool, timeout: int = 300) -> dict:
-    r = run_once(h, inv, cmd, accept_new=accept_new, timeout=timeout, data=BENCH.read_text())
+def _run_bench(fleet: Fleet, h: Host, cmd: str, timeout: int = 300) -> dict:
+    r = fleet.run(h, cmd, timeout=timeout, data=BENCH.read_text())
     m = re.search(r"^ALLREDUCE_JSON (.+)$", r.stdout, re.M)
     if r.exited != 0:
         tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
@@ -152,14 +168,13 @@ def _run_bench(inv, h: Host, cmd: str, accept_new: bool, timeout: int = 300) -> 
     return json.loads(m.group(1)) if m else {}
 
 
-def _bandwidth(inv, hosts: list[Host], opts: dict[str, HostOpts], rep: Report,
-               accept_new: bool, parallel: int) -> None:
+def _bandwidth(fleet: Fleet, hosts: list[Host], opts: dict[str, HostOpts], rep: Report) -> None:
     by_name = {v.host: v for v in rep.hosts}
     # within each node
-    intra = fan_out(hosts, lambda h: _run_bench(
-        inv, h, _bench_cmd(opts[h.name], _nproc(by_name.get(h.name), opts[h.name]),
-                           list(torchrun.STANDALONE), {}),
-        accept_new), parallel=parallel)
+    intra = fleet.fan_out(lambda h: _run_bench(
+        fleet, h, _bench_cmd(opts[h.name], _nproc(by_name.get(h.name), opts[h.name]),
+                             list(torchrun.STANDALONE), {})),
+        hosts)
     for h, r in zip(hosts, intra):
         v, o = by_name.get(h.name), opts[h.name]
         cls = "cpu-gloo" if o.accelerator == "cpu" else (v.topology if v and v.topology else "unknown")
@@ -169,7 +184,7 @@ def _bandwidth(inv, hosts: list[Host], opts: dict[str, HostOpts], rep: Report,
                                        len(v.gpus) if v else None)
         rep.bandwidth.append({"scope": "node", "hosts": [h.name], "check": chk,
                               "result": r.value if r.ok else None})
-        _nccl_tests(inv, h, o, v, rep, accept_new)
+        _nccl_tests(fleet, h, o, v, rep)
     if len(hosts) < 2:
         return
     # across nodes: c10d rendezvous on the first node, every node on the interface verify found
@@ -177,9 +192,9 @@ def _bandwidth(inv, hosts: list[Host], opts: dict[str, HostOpts], rep: Report,
     rid = f"torchrig-verify-{secrets.token_hex(4)}"
     endpoint = f"{first.address}:{opts[first.name].rdzv_port}"
 
-    cross = fan_out(hosts, lambda h: _run_bench(
-        inv, h, cross_node_cmd(h, hosts, opts[h.name], by_name.get(h.name), endpoint, rid),
-        accept_new), parallel=parallel)
+    cross = fleet.fan_out(lambda h: _run_bench(
+        fleet, h, cross_node_cmd(h, hosts, opts[h.name], by_name.get(h.name), endpoint, rid)),
+        hosts)
     errors = [f"{r.host}: {r.error}" for r in cross if not r.ok]
     result = next((r.value for r in cross if r.ok and r.value), None)
     o0 = opts[first.name]
@@ -201,18 +216,13 @@ def cross_node_cmd(h: Host, hosts: list[Host], o: HostOpts, v: HostVerdict | Non
     return _bench_cmd(o, _nproc(v, o), rdzv, env)
 
 
-def _nccl_tests(inv, h: Host, o: HostOpts, v: HostVerdict | None, rep: Report, accept_new) -> None:
+def _nccl_tests(fleet: Fleet, h: Host, o: HostOpts, v: HostVerdict | None, rep: Report) -> None:
     """nccl-tests' all_reduce_perf too, where provision built it."""
     binary = f"{o.prefix}/nccl-tests/build/all_reduce_perf"
-    cxn = connect(h, inv, accept_new=accept_new)
-    try:
-        if cxn.run(sh("test", "-x", binary), hide=True, warn=True).exited != 0:
-            return
-        n = len(v.gpus) if v and v.gpus else 1
-        r = cxn.run(sh(binary, "-b", "8M", "-e", "1G", "-f", "2", "-g", str(n)),
-                    hide=True, warn=True, timeout=600)
-    finally:
-        cxn.close()
+    if fleet.run(h, sh("test", "-x", binary)).exited != 0:
+        return
+    n = len(v.gpus) if v and v.gpus else 1
+    r = fleet.run(h, sh(binary, "-b", "8M", "-e", "1G", "-f", "2", "-g", str(n)), timeout=600)
     if r.exited != 0:
         chk = Check("nccl-tests", evaluate.NOT_RUN, f"all_reduce_perf failed: {r.stderr.strip()[-300:]}")
         rep.bandwidth.append({"scope": "node-nccl-tests", "hosts": [h.name], "check": chk})
