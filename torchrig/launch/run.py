@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TorchrigError
+from ..facts import job_state, probe
 from ..inventory import Host, Inventory
 from ..provision.desired import settings_for
 from ..remote import fan_out, flock_lines, run_once, sh
@@ -370,9 +371,6 @@ def stop(inv, hosts: list[Host], job: str, accept_new=False, parallel=16) -> lis
     return fan_out(hosts, one, parallel=parallel)
 
 
-STATUS_SCRIPT = Path(__file__).parent / "status_remote.py"
-
-
 def status(inv, hosts: list[Host], job: str, accept_new=False, parallel=16) -> list:
     """Per node: unit state, restarts, attempt, uptime, latest progress, GPUs, util samples."""
     check_job_name(job)
@@ -380,13 +378,11 @@ def status(inv, hosts: list[Host], job: str, accept_new=False, parallel=16) -> l
     def one(h: Host) -> dict:
         s = settings_for(h.name, h.vars, inv.path)
         window = int(h.vars.get("low_util_minutes", 30)) * 60
-        args = {"unit": unit_name(job), "logdir": f"{s.log_dir}/{job}",
-                "util_file": f"{s.log_dir}/{job}/gpu_util.csv", "window_s": window}
-        r = run_once(h, inv, "python3 -I - " + sh(json.dumps(args)), root=True,
-                     accept_new=accept_new, timeout=60, data=STATUS_SCRIPT.read_text())
-        if r.exited != 0:
-            raise TorchrigError(f"status failed: {r.stderr.strip()[-300:]}")
-        d = json.loads(r.stdout)
+        unit = unit_name(job)
+        req = job_state.probe_request(unit, f"{s.log_dir}/{job}", f"{s.log_dir}/{job}/gpu_util.csv")
+        r = run_once(h, inv, probe.COMMAND, root=True, accept_new=accept_new, timeout=60,
+                     data=probe.stdin(req))
+        d = job_state.state(unit, probe.reply(r.exited, r.stdout, r.stderr, "status"), window)
         if d["unit"].get("LoadState") == "not-found":
             raise TorchrigError(f"no job {job!r} on this host")
         d["low_util"] = low_utilisation(d["util_samples"], window,

@@ -10,14 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TorchrigError
-from ..facts import nccl_tests, smi_query
+from ..facts import nccl_tests, probe, smi_query, verify_facts
 from ..inventory import Host, Inventory
 from ..provision.desired import settings_for
 from ..remote import connect, fan_out, run_once, sh, with_env
 from . import evaluate, thresholds
 from .evaluate import Check, HostVerdict
 
-SCRIPT = Path(__file__).parent / "scripts" / "verify_facts.py"
 BENCH = Path(__file__).resolve().parents[2] / "payload" / "allreduce_bench.py"
 LISTENER = ("import socket,sys\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
             "s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen(64)\n"
@@ -48,13 +47,10 @@ def host_opts(inv: Inventory, h: Host) -> HostOpts:
 
 def gather(inv: Inventory, h: Host, opts: HostOpts, peer: dict | None, torch_runtime: bool,
            accept_new: bool = False) -> dict:
-    req = {"query": ",".join(smi_query.QUERY_FIELDS), "venv": opts.venv,
-           "torch_runtime": torch_runtime, "peer": peer}
-    r = run_once(h, inv, "python3 -I - " + sh(json.dumps(req)), accept_new=accept_new, timeout=180,
-                 data=SCRIPT.read_text())
-    if r.exited != 0:
-        raise TorchrigError(f"gathering facts failed (exit {r.exited}): {r.stderr.strip()[-400:]}")
-    return json.loads(r.stdout)
+    """One probe round trip as the login user; the raw output is parsed here."""
+    req = verify_facts.probe_request(",".join(smi_query.QUERY_FIELDS), opts.venv, torch_runtime, peer)
+    r = run_once(h, inv, probe.COMMAND, accept_new=accept_new, timeout=180, data=probe.stdin(req))
+    return verify_facts.facts(opts.venv, peer, probe.reply(r.exited, r.stdout, r.stderr))
 
 
 @dataclass
