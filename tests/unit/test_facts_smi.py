@@ -341,27 +341,26 @@ def test_verdict_of_a_host_with_overflowing_smi_value():
     assert driver.status == "FAIL" and "1e999" in driver.detail
 
 
-@pytest.mark.parametrize("script,want", [
-    ("torchrig/verify/scripts/verify_facts.py", {"query": "index", "venv": "/nonexistent"}),
-    ("torchrig/provision/scripts/gather_facts.py", {}),
-])
-def test_remote_fact_scripts_survive_non_utf8_output(tmp_path, script, want):
-    """lspci and nvidia-smi may print bytes that are not UTF-8 (a vendor string): the fact
-    scripts decode with replacement instead of dying with UnicodeDecodeError on the host."""
-    import json
+@pytest.mark.parametrize("who", ["verify", "provision"])
+def test_the_probe_survives_non_utf8_output(tmp_path, who):
+    """lspci and nvidia-smi may print bytes that are not UTF-8 (a vendor string): the probe
+    decodes with replacement instead of dying with UnicodeDecodeError on the host."""
     import os
     import subprocess
     import sys
-    from pathlib import Path
-    repo = Path(__file__).resolve().parents[2]
+    from torchrig.facts import probe, provision_facts, verify_facts
     for tool in ("nvidia-smi", "lspci"):
         stub = tmp_path / tool
         stub.write_bytes(b"#!/bin/sh\nprintf 'GPU \\377\\376 caf\\351\\n'\n")
         stub.chmod(0o755)
-    r = subprocess.run([sys.executable, str(repo / script), json.dumps(want)],
+    req = (verify_facts.probe_request("index", "/nonexistent", False, None) if who == "verify"
+           else provision_facts.probe_request({}))
+    r = subprocess.run([sys.executable, "-I", "-"], input=probe.stdin(req).encode(),
                        capture_output=True, timeout=120,
                        env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}",
                             "LC_ALL": "C.UTF-8"})
     assert r.returncode == 0, r.stderr.decode(errors="replace")
-    text = json.dumps(json.loads(r.stdout))
-    assert "GPU \\ufffd\\ufffd caf\\ufffd" in text
+    raw = probe.reply(0, r.stdout.decode(), "")
+    got = (verify_facts.facts("/nonexistent", None, raw)["smi_query"]["out"] if who == "verify"
+           else provision_facts.facts({}, raw)["lspci"])
+    assert "GPU \ufffd\ufffd caf\ufffd" in got
