@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from . import dpkg, python_env, systemd
+from . import dpkg, os_release, python_env, systemd
 
 UNIT_PROPS = ["LoadState", "UnitFileState", "ActiveState"]
 EFI_SECURE_BOOT = "/sys/firmware/efi/efivars/SecureBoot-*"
@@ -27,7 +27,7 @@ def probe_request(want: dict) -> dict:
     glob = {"efi-secure-boot": {"pattern": EFI_SECURE_BOOT}, "dpkg-updates": {"pattern": DPKG_UPDATES, "limit": 0}}
     # root's own files: /etc/os-release is usually a symlink, and systemd-nspawn's boot_id is
     # a deleted file bind-mounted in place (0 links): the hardened reader would refuse both
-    read = {"os-release": {"path": "/etc/os-release", "follow": True},
+    read = {"os-release": {"path": os_release.PATH, "follow": True},
             "boot-id": {"path": "/proc/sys/kernel/random/boot_id", "limit": 4096, "follow": True}}
     exists = list(want.get("paths", []))
     venv = want.get("venv")

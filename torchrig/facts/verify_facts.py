@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from . import dpkg, python_env
+from . import dpkg, python_env, smi_query, topo
 
 PACKAGES = ["nvidia-open", "cuda-drivers", "libnccl2", "cuda-toolkit-*"]
 CUDA_VERSION_FILE = "/usr/local/cuda/version.json"
@@ -23,10 +23,9 @@ TORCH_RUNTIME = ("import json, torch\n"
                  "print(json.dumps(d))\n")
 
 
-def probe_request(query: str, venv: str, torch_runtime: bool, peer: dict | None) -> dict:
+def probe_request(venv: str, torch_runtime: bool, peer: dict | None) -> dict:
     py = os.path.join(venv, "bin", "python")
-    run = {"smi_query": ["nvidia-smi", "--query-gpu=" + query, "--format=csv,noheader,nounits"],
-           "topo": ["nvidia-smi", "topo", "-m"],
+    run = {"smi_query": smi_query.command(), "topo": topo.COMMAND,
            "fabricmanager": ["systemctl", "is-active", "nvidia-fabricmanager.service"],
            "dpkg-query": dpkg.query_argv(PACKAGES)}
     if torch_runtime:  # -I: nothing imported from the cwd; a missing venv answers 127

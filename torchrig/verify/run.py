@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TorchrigError
-from ..facts import nccl_tests, probe, smi_query, verify_facts
+from ..facts import nccl_tests, probe, verify_facts
 from ..inventory import Host, Inventory
 from ..provision.desired import settings_for
 from ..remote import connect, fan_out, run_once, sh, with_env
@@ -48,7 +48,7 @@ def host_opts(inv: Inventory, h: Host) -> HostOpts:
 def gather(inv: Inventory, h: Host, opts: HostOpts, peer: dict | None, torch_runtime: bool,
            accept_new: bool = False) -> dict:
     """One probe round trip as the login user; the raw output is parsed here."""
-    req = verify_facts.probe_request(",".join(smi_query.QUERY_FIELDS), opts.venv, torch_runtime, peer)
+    req = verify_facts.probe_request(opts.venv, torch_runtime, peer)
     r = run_once(h, inv, probe.COMMAND, accept_new=accept_new, timeout=180, data=probe.stdin(req))
     return verify_facts.facts(opts.venv, peer, probe.reply(r.exited, r.stdout, r.stderr))
 
@@ -214,7 +214,8 @@ def _nccl_tests(inv, h: Host, o: HostOpts, v: HostVerdict | None, rep: Report, a
         if cxn.run(sh("test", "-x", binary), hide=True, warn=True).exited != 0:
             return
         n = len(v.gpus) if v and v.gpus else 1
-        r = cxn.run(sh(binary, "-b", "8M", "-e", "1G", "-f", "2", "-g", str(n)),
+        r = cxn.run(sh(*nccl_tests.command(min_bytes="8M", max_bytes="1G", gpus=n,
+                                           binary_dir=f"{o.prefix}/nccl-tests/build")),
                     hide=True, warn=True, timeout=600)
     finally:
         cxn.close()
