@@ -408,7 +408,3 @@ def describe(job: Job) -> dict:
     return {"job": job.name, "nodes": [n.host for n in job.nodes], "rdzv_port": job.rdzv_port,
             "release": job.release, "args": job.args,
             "env": redact_env(job.env, job.secret_keys)}
-
-
-def job_json(job: Job) -> str:
-    return json.dumps(describe(job))
