@@ -237,3 +237,15 @@ def test_a_failed_probe_is_one_clear_error():
         probe.reply(2, "", "boom\n", "status")
     with pytest.raises(TorchrigError, match="not JSON"):
         probe.reply(0, "Traceback", "")
+
+
+def test_status_from_a_captured_reply_of_a_running_job():
+    cap = json.loads((FIXTURES / "probe_02_status_reply_testbed_running_job.json").read_text())
+    raw = cap["reply"]
+    assert set(job_state.probe_request(cap["unit"], "/l", "/l/u.csv")["run"]) == set(raw["run"])
+    d = job_state.state(cap["unit"], raw, 1800)
+    assert d["unit"]["ActiveState"] == "active" and d["unit"]["LoadState"] == "loaded"
+    assert d["attempt"] == 0 and d["torchrun_starts"] == 1
+    assert d["progress"].startswith("step=50 loss=2.5560")  # rank 0 prints progress
+    assert d["uptime_s"] == 46.2 and [g["mem_total"] for g in d["gpus"]] == ["32768", "32768"]
+    assert d["util_samples"] == [(45, [0.0, 0.0]), (14, [0.0, 0.0])]
