@@ -1,6 +1,6 @@
 """The progress-line protocol on the operator's side. Its one definition is payload/progress.py
 (stdlib only, pushed with every release for the jobs' scripts); this loads that same file, so
-torchrig holds no copy of the format, and `bundled` sends it along with a script run on a node."""
+torchrig holds no copy of the format. Node-side readers (status) send raw text back; it is parsed here."""
 
 from __future__ import annotations
 
@@ -42,11 +42,3 @@ def run_summary(lines) -> dict | None:
             "last_loss": done.get("loss"), "ckpt": done.get("ckpt"),
             "median_tok_s": rates[len(rates) // 2] if rates else None}
 
-
-def bundled(script: str) -> str:
-    """`script` (run as `python3 -I -` on a node) preceded by the protocol as module `progress`,
-    so that the script can `import progress` where no payload may have been pushed yet."""
-    return ("import sys as _s, types as _t\n"
-            "_m = _s.modules['progress'] = _t.ModuleType('progress')\n"
-            f"exec(compile({SOURCE.read_text()!r}, 'progress.py', 'exec'), _m.__dict__)\n"
-            "del _s, _t, _m\n" + script)

@@ -53,10 +53,6 @@ class UnknownHostKey(TorchrigError):
     pass
 
 
-class HostKeyChanged(TorchrigError):
-    pass
-
-
 def fingerprint(key: paramiko.PKey) -> str:
     """OpenSSH-style 'SHA256:...' fingerprint of a public key."""
     digest = hashlib.sha256(key.asbytes()).digest()
@@ -566,9 +562,3 @@ def fan_out(hosts: Iterable[Any], fn: Callable[[Any], T], parallel: int = 16,
         return []
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(hosts)))) as pool:
         return list(pool.map(one, hosts))
-
-
-def failures_message(results: list[Result], what: str) -> str:
-    bad = [r for r in results if not r.ok]
-    return f"{what} failed on {len(bad)} of {len(results)} host(s): " + "; ".join(
-        f"{r.host}: {r.error}" for r in bad)

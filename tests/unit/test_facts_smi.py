@@ -1,4 +1,4 @@
-"""torchrig.facts.smi_query and smi_table against real nvidia-smi captures and hand-made variants."""
+"""torchrig.facts.smi_query against real nvidia-smi captures and hand-made variants."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from _fixtures import fixture
-from torchrig.facts import smi_query, smi_table
+from torchrig.facts import smi_query
 
 
 
@@ -181,146 +181,6 @@ def test_detect_failure_none_on_data():
     assert smi_query.detect_failure("", 0) is None
 
 
-# ---------------------------------------------------------------- smi_table
-
-
-def test_table_smi01_2080ti_wide_layout():
-    t = smi_table.parse(fixture("smi_01_2xRTX2080Ti_driver550_cuda12_4.txt"))
-    assert (t.smi_version, t.driver_version, t.cuda_version) == ("550.90.07", "550.90.07", "12.4")
-    assert t.timestamp == "Thu Jun  5 17:15:31 2025"
-    assert len(t.gpus) == 2
-    g0, g1 = t.gpus
-    assert (g0.index, g1.index) == (0, 1)
-    assert g0.name == "NVIDIA GeForce RTX 2080 Ti" and not g0.name_truncated
-    assert g0.persistence_mode is True
-    assert g0.bus_id == "00000000:B4:00.0" and g1.bus_id == "00000000:B5:00.0"
-    assert (g0.memory_used_mib, g0.memory_total_mib) == (1, 11264)
-    assert g0.ecc_uncorrected is None  # N/A on GeForce
-    assert (g0.fan_pct, g0.temperature_c, g0.perf_state) == (29, 31, "P8")
-    assert (g0.power_usage_w, g0.power_cap_w) == (20.0, 250.0)
-    assert (g0.utilization_gpu_pct, g0.compute_mode, g0.mig_mode) == (0, "Default", None)
-    assert t.processes == ()
-
-
-def test_table_smi02_8xH100():
-    t = smi_table.parse(fixture("smi_02_8xH100_SXM_driver565_cuda12_7_thamada.txt"))
-    assert (t.smi_version, t.driver_version, t.cuda_version) == ("565.57.01", "565.57.01", "12.7")
-    assert t.timestamp is None
-    assert [g.index for g in t.gpus] == list(range(8))
-    assert {g.name for g in t.gpus} == {"NVIDIA H100 80GB HBM3"}
-    assert [g.bus_id[-7:] for g in t.gpus] == [
-        "18:00.0", "2A:00.0", "3A:00.0", "5D:00.0", "9A:00.0", "AB:00.0", "BA:00.0", "DB:00.0",
-    ]  # fmt: skip
-    assert all(g.memory_total_mib == 81559 and g.memory_used_mib == 1 for g in t.gpus)
-    assert all(g.persistence_mode and g.ecc_uncorrected == 0 for g in t.gpus)
-    assert t.gpus[0].fan_pct is None and t.gpus[0].power_usage_w == 100.0
-    assert t.gpus[7].power_usage_w == 75.0 and t.gpus[7].power_cap_w == 700.0
-    assert all(g.mig_mode == "Disabled" for g in t.gpus)
-    assert t.processes == ()
-
-
-def test_table_smi05_v100_old_narrow_layout():
-    t = smi_table.parse(fixture("smi_05_1xV100SXM2_32GB_driver525_cuda12_0_oldwidth.txt"))
-    assert (t.smi_version, t.driver_version, t.cuda_version) == ("525.105.17", "525.105.17", "12.0")
-    assert len(t.gpus) == 1
-    g = t.gpus[0]
-    assert g.name == "Tesla V100-SXM2..." and g.name_truncated
-    assert g.persistence_mode is True
-    assert g.bus_id == "00000000:00:09.0"
-    assert (g.memory_used_mib, g.memory_total_mib) == (308, 32768)
-    assert (g.power_usage_w, g.power_cap_w) == (38.0, 300.0)
-    assert g.ecc_uncorrected == 0
-    assert t.processes == ()  # empty table, no "No running processes found" line
-
-
-# Hand-made: narrow layout with processes, with and without the GI/CI columns,
-# CRLF line ends, and a persistence-off GPU with a "Off" ECC cell.
-TABLE_WITH_PROCS = """\
-+-----------------------------------------------------------------------------+
-| NVIDIA-SMI 470.82.01    Driver Version: 470.82.01    CUDA Version: 11.4     |
-|-------------------------------+----------------------+----------------------+
-| GPU  Name        Persistence-M| Bus-Id        Disp.A | Volatile Uncorr. ECC |
-| Fan  Temp  Perf  Pwr:Usage/Cap|         Memory-Usage | GPU-Util  Compute M. |
-|                               |                      |               MIG M. |
-|===============================+======================+======================|
-|   0  Tesla P100-PCIE...  Off  | 00000000:0B:00.0 Off |                  Off |
-| N/A   42C    P0    29W / 250W |   1234MiB / 16280MiB |     87%   E. Process |
-|                               |                      |                  N/A |
-+-------------------------------+----------------------+----------------------+
-|   1  Tesla P100-PCIE...  Off  | 00000000:0C:00.0 Off |                    0 |
-| N/A   40C    P0    27W / 250W |      0MiB / 16280MiB |      0%      Default |
-|                               |                      |                  N/A |
-+-------------------------------+----------------------+----------------------+
-
-+-----------------------------------------------------------------------------+
-| Processes:                                                                  |
-|  GPU   GI   CI        PID   Type   Process name                  GPU Memory |
-|        ID   ID                                                   Usage      |
-|=============================================================================|
-|    0   N/A  N/A     21345      C   python train.py                  1231MiB |
-|    0   N/A  N/A      1409      G   /usr/lib/xorg/Xorg                  3MiB |
-+-----------------------------------------------------------------------------+
-""".replace("\n", "\r\n")
-
-TABLE_OLD_PROCS = """\
-+-----------------------------------------------------------------------------+
-| NVIDIA-SMI 375.26                 Driver Version: 375.26                    |
-|-------------------------------+----------------------+----------------------+
-| GPU  Name        Persistence-M| Bus-Id        Disp.A | Volatile Uncorr. ECC |
-| Fan  Temp  Perf  Pwr:Usage/Cap|         Memory-Usage | GPU-Util  Compute M. |
-|===============================+======================+======================|
-|   0  GeForce 840M        Off  | 0000:03:00.0     Off |                  N/A |
-| N/A   47C    P0    N/A /  N/A |    242MiB /  2002MiB |     24%      Default |
-+-------------------------------+----------------------+----------------------+
-
-+-----------------------------------------------------------------------------+
-| Processes:                                                       GPU Memory |
-|  GPU       PID  Type  Process name                               Usage      |
-|=============================================================================|
-|    0      1409    G   /usr/lib/xorg/Xorg                           149MiB |
-|    0      2774  C+G   /usr/lib/firefox/firefox                       1MiB |
-+-----------------------------------------------------------------------------+
-"""
-
-
-def test_table_processes_and_exclusive_mode():
-    t = smi_table.parse(TABLE_WITH_PROCS)
-    assert t.cuda_version == "11.4"
-    assert len(t.gpus) == 2
-    g0 = t.gpus[0]
-    assert g0.persistence_mode is False and g0.ecc_uncorrected is None
-    assert (g0.utilization_gpu_pct, g0.compute_mode) == (87, "E. Process")
-    assert g0.memory_used_mib == 1234
-    assert t.gpus[1].ecc_uncorrected == 0
-    assert len(t.processes) == 2
-    p = t.processes[0]
-    assert (p.gpu, p.gi, p.ci, p.pid, p.type, p.name, p.memory_mib) == (
-        0, None, None, 21345, "C", "python train.py", 1231,
-    )  # fmt: skip
-    assert t.processes[1].type == "G" and t.processes[1].memory_mib == 3
-
-
-def test_table_old_2line_layout_without_cuda_version():
-    t = smi_table.parse(TABLE_OLD_PROCS)
-    assert (t.smi_version, t.driver_version, t.cuda_version) == ("375.26", "375.26", None)
-    assert len(t.gpus) == 1
-    g = t.gpus[0]
-    assert g.name == "GeForce 840M" and g.bus_id == "0000:03:00.0"
-    assert (g.power_usage_w, g.power_cap_w) == (None, None)
-    assert (g.memory_used_mib, g.memory_total_mib) == (242, 2002)
-    assert g.mig_mode is None
-    assert [(p.pid, p.type, p.name, p.memory_mib) for p in t.processes] == [
-        (1409, "G", "/usr/lib/xorg/Xorg", 149),
-        (2774, "C+G", "/usr/lib/firefox/firefox", 1),
-    ]
-    assert t.processes[0].gi is None
-
-
-def test_table_without_banner_raises():
-    with pytest.raises(ValueError):
-        smi_table.parse("No devices were found\n")
-
-
 # ------------------------------------------------------- numbers and bytes that are not readings
 
 
@@ -341,30 +201,30 @@ def test_verdict_of_a_host_with_overflowing_smi_value():
     assert driver.status == "FAIL" and "1e999" in driver.detail
 
 
-@pytest.mark.parametrize("script,want", [
-    ("torchrig/verify/scripts/verify_facts.py", {"query": "index", "venv": "/nonexistent"}),
-    ("torchrig/provision/scripts/gather_facts.py", {}),
-])
-def test_remote_fact_scripts_survive_non_utf8_output(tmp_path, script, want):
-    """lspci and nvidia-smi may print bytes that are not UTF-8 (a vendor string): the fact
-    scripts decode with replacement instead of dying with UnicodeDecodeError on the host."""
-    import json
+@pytest.mark.parametrize("who", ["verify", "provision"])
+def test_the_probe_survives_non_utf8_output(tmp_path, who):
+    """lspci and nvidia-smi may print bytes that are not UTF-8 (a vendor string): the probe
+    decodes with replacement instead of dying with UnicodeDecodeError on the host."""
     import os
     import subprocess
     import sys
-    from pathlib import Path
-    repo = Path(__file__).resolve().parents[2]
+    from torchrig.facts import probe, provision_facts, verify_facts
     for tool in ("nvidia-smi", "lspci"):
         stub = tmp_path / tool
         stub.write_bytes(b"#!/bin/sh\nprintf 'GPU \\377\\376 caf\\351\\n'\n")
         stub.chmod(0o755)
-    r = subprocess.run([sys.executable, str(repo / script), json.dumps(want)],
+    req = (verify_facts.probe_request("/nonexistent", False, None) if who == "verify"
+           else provision_facts.probe_request({}))
+    r = subprocess.run([sys.executable, "-I", "-"], input=probe.stdin(req).encode(),
                        capture_output=True, timeout=120,
                        env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}",
                             "LC_ALL": "C.UTF-8"})
     assert r.returncode == 0, r.stderr.decode(errors="replace")
-    text = json.dumps(json.loads(r.stdout))
-    assert "GPU \\ufffd\\ufffd caf\\ufffd" in text
+    raw = probe.reply(0, r.stdout.decode(), "")
+    got = (verify_facts.facts("/nonexistent", None, raw)["smi_query"]["out"] if who == "verify"
+           else provision_facts.facts({}, raw)["lspci"])
+    assert "GPU \ufffd\ufffd caf\ufffd" in got
+
 
 
 # ---------------------------------------------------------------- --query-gpu CSV (issue 11)

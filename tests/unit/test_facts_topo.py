@@ -20,7 +20,7 @@ T13 = "topo_13_2xRTX2080Ti_pix_gpu_numa_id.txt"
 
 
 def test_command():
-    assert topo.command() == ["nvidia-smi", "topo", "-m"]
+    assert topo.COMMAND == ["nvidia-smi", "topo", "-m"]
 
 
 # ------------------------------------------------------------------ real captures

@@ -99,13 +99,6 @@ def test_the_module_is_stdlib_only_and_pushed_with_the_payload():
     assert r.returncode == 0 and r.stdout == "done step=1\n", r.stderr
 
 
-def test_bundled_script_can_import_it_on_a_node_without_a_payload():
-    script = progress.bundled("import progress\nprint(progress.is_progress('step=1 loss=2'))\n")
-    r = subprocess.run([sys.executable, "-I", "-"], input=script, capture_output=True, text=True,
-                       timeout=60)
-    assert (r.returncode, r.stdout) == (0, "True\n"), r.stderr
-
-
 def _imports(path: Path) -> set[str]:
     import ast
     tree = ast.parse(path.read_text())

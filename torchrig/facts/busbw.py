@@ -33,8 +33,6 @@ _ALIASES = {
     "sendrecv": "sendrecv",
 }
 
-OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "alltoall", "sendrecv")
-
 
 def canonical_op(op: str) -> str:
     """``"AllReduce"``, ``"all_reduce_perf"``, ``"allreduce"`` -> ``"all_reduce"``."""

@@ -13,11 +13,6 @@ from dataclasses import dataclass, field
 from torchrig.facts._text import lines as _lines
 
 PATH = "/etc/os-release"
-COMMAND: list[str] = ["cat", PATH]
-
-
-def command() -> list[str]:
-    return list(COMMAND)
 
 
 @dataclass(frozen=True)

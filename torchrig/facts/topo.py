@@ -25,12 +25,7 @@ from torchrig.facts._text import lines as _lines
 COMMAND: list[str] = ["nvidia-smi", "topo", "-m"]
 
 
-def command() -> list[str]:
-    return list(COMMAND)
-
-
 # Link vocabulary, from nvidia-smi's own legend. SOC is the pre-2017 name of SYS.
-_SIMPLE_LINKS = ("X", "PIX", "PXB", "PHB", "NODE", "SYS", "SOC", "N/A")
 _NV_RE = re.compile(r"^NV(\d+)$")
 _LINK_RE = re.compile(r"^(?:X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC|N/A)$")
 _GPU_RE = re.compile(r"^GPU\d+$")

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TorchrigError
+from ..facts import job_state, probe
 from ..inventory import Host, Inventory
-from ..progress import bundled
 from ..remote import flock_lines, sh
 from ..resources import PAYLOAD
 from ..settings import JOBS_DIR, SAMPLER_PATH, job_folder, procs_per_node
@@ -363,9 +363,6 @@ def stop(fleet: Fleet, hosts: list[Host], job: str) -> Outcome:
     return Outcome(f"stop of job {job}", fleet.fan_out(one, hosts))
 
 
-STATUS_SCRIPT = Path(__file__).parent / "status_remote.py"
-
-
 def status(fleet: Fleet, hosts: list[Host], job: str) -> Outcome:
     """Per node: unit state, restarts, attempt, uptime, latest progress, GPUs, util samples."""
     check_job_name(job)
@@ -373,13 +370,10 @@ def status(fleet: Fleet, hosts: list[Host], job: str) -> Outcome:
     def one(h: Host) -> dict:
         s = h.settings
         window = s.low_util_minutes * 60
-        args = {"unit": unit_name(job), "logdir": s.job_log_dir(job),
-                "util_file": s.util_file(job), "window_s": window}
-        r = fleet.run(h, "python3 -I - " + sh(json.dumps(args)), root=True, timeout=60,
-                      data=bundled(STATUS_SCRIPT.read_text()))
-        if r.exited != 0:
-            raise TorchrigError(f"status failed: {r.stderr.strip()[-300:]}")
-        d = json.loads(r.stdout)
+        unit = unit_name(job)
+        req = job_state.probe_request(unit, s.job_log_dir(job), s.util_file(job))
+        r = fleet.run(h, probe.COMMAND, root=True, timeout=60, data=probe.stdin(req))
+        d = job_state.state(unit, probe.reply(r.exited, r.stdout, r.stderr, "status"), window)
         if d["unit"].get("LoadState") == "not-found":
             raise TorchrigError(f"no job {job!r} on this host")
         d["low_util"] = low_utilisation(d["util_samples"], window,
@@ -407,7 +401,3 @@ def describe(job: Job) -> dict:
     return {"job": job.name, "nodes": [n.host for n in job.nodes], "rdzv_port": job.rdzv_port,
             "release": job.release, "args": job.args,
             "env": redact_env(job.env, job.secret_keys)}
-
-
-def job_json(job: Job) -> str:
-    return json.dumps(describe(job))

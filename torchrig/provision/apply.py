@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import TorchrigError
+from ..facts import probe, provision_facts
 from ..inventory import Host
 from ..remote import login_user, privileged, sh
 from ..resources import PAYLOAD
 from ..session import Fleet
-from .changes import SCRIPTS, FileChange, b64, preamble
+from .changes import FileChange, b64, preamble
 from .desired import Settings
 from .steps import NCCL_TARBALL, STEPS, Ctx, driver_state, fact_request, is_tarball, preflight
 
@@ -34,16 +34,12 @@ def run_root_script(cxn, script: str, timeout: int = 3600):
 
 
 def gather(cxn, s: Settings) -> dict:
-    req = json.dumps(fact_request(s))
-    r = cxn.run_input(privileged("python3 -I - " + sh(req), login_user(cxn)),
-                      (SCRIPTS / "gather_facts.py").read_text(), timeout=120)
-    if r.exited != 0:
-        err = (r.stderr or r.stdout).strip()
-        if "password is required" in err or "sudo:" in err:
-            raise TorchrigError(f"cannot become root ({err.splitlines()[-1]}): log in as root "
-                                "or give the user passwordless sudo")
-        raise TorchrigError(f"gathering facts failed (exit {r.exited}): {err[-500:]}")
-    return json.loads(r.stdout)
+    """Every fact the planners need, in one round trip: the probe runs the commands as root
+    and returns raw text; facts/provision_facts parses it here."""
+    want = fact_request(s)
+    r = cxn.run_input(privileged(probe.COMMAND, login_user(cxn)),
+                  probe.stdin(provision_facts.probe_request(want)), timeout=120)
+    return provision_facts.facts(want, probe.reply(r.exited, r.stdout, r.stderr))
 
 
 @dataclass

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .. import torchrun
 from ..errors import TorchrigError
-from ..facts import nccl_tests, smi_query
+from ..facts import nccl_tests, probe, verify_facts
 from ..inventory import Host, Inventory
 from ..remote import sh, with_env
 from ..resources import PAYLOAD
@@ -20,7 +20,6 @@ from ..settings import procs_per_node
 from . import evaluate
 from .evaluate import Check, HostVerdict
 
-SCRIPT = Path(__file__).parent / "scripts" / "verify_facts.py"
 BENCH = PAYLOAD / "allreduce_bench.py"
 LISTENER = ("import socket,sys\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
             "s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen(64)\n"
@@ -43,12 +42,10 @@ def host_opts(inv: Inventory, h: Host) -> HostOpts:
 
 
 def gather(fleet: Fleet, h: Host, opts: HostOpts, peer: dict | None, torch_runtime: bool) -> dict:
-    req = {"query": ",".join(smi_query.QUERY_FIELDS), "venv": opts.venv,
-           "torch_runtime": torch_runtime, "peer": peer}
-    r = fleet.run(h, "python3 -I - " + sh(json.dumps(req)), timeout=180, data=SCRIPT.read_text())
-    if r.exited != 0:
-        raise TorchrigError(f"gathering facts failed (exit {r.exited}): {r.stderr.strip()[-400:]}")
-    return json.loads(r.stdout)
+    """One probe round trip as the login user; the raw output is parsed here."""
+    req = verify_facts.probe_request(opts.venv, torch_runtime, peer)
+    r = fleet.run(h, probe.COMMAND, timeout=180, data=probe.stdin(req))
+    return verify_facts.facts(opts.venv, peer, probe.reply(r.exited, r.stdout, r.stderr))
 
 
 @dataclass
@@ -222,7 +219,9 @@ def _nccl_tests(fleet: Fleet, h: Host, o: HostOpts, v: HostVerdict | None, rep: 
     if fleet.run(h, sh("test", "-x", binary)).exited != 0:
         return
     n = len(v.gpus) if v and v.gpus else 1
-    r = fleet.run(h, sh(binary, "-b", "8M", "-e", "1G", "-f", "2", "-g", str(n)), timeout=600)
+    r = fleet.run(h, sh(*nccl_tests.command(min_bytes="8M", max_bytes="1G", gpus=n,
+                                            binary_dir=f"{o.prefix}/nccl-tests/build")),
+                  timeout=600)
     if r.exited != 0:
         chk = Check("nccl-tests", evaluate.NOT_RUN, f"all_reduce_perf failed: {r.stderr.strip()[-300:]}")
         rep.bandwidth.append({"scope": "node-nccl-tests", "hosts": [h.name], "check": chk})

@@ -1,0 +1,251 @@
+"""The probe (facts/probe_host.py, run for real here as it runs on a host) and the parsers of
+its raw output (facts/dpkg, systemd, python_env, provision_facts, job_state), the latter
+against output captured from the testbed hosts (tests/fixtures/INDEX.md)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from torchrig.errors import TorchrigError
+from torchrig.facts import dpkg, job_state, probe, provision_facts, python_env, systemd, verify_facts
+
+from _fixtures import FIXTURES, fixture
+
+
+def run_probe(req: dict, timeout: int = 60) -> dict:
+    r = subprocess.run([sys.executable, "-I", "-"], input=probe.stdin(req), capture_output=True,
+                       text=True, timeout=timeout)
+    return probe.reply(r.returncode, r.stdout, r.stderr)
+
+
+# ---------------------------------------------------------------- parsers, from captures
+
+def test_dpkg_query_keeps_installed_and_held_drops_known_but_not_installed():
+    got = dpkg.parse_query(fixture("dpkg_query_01_testbed_held_unknown_missing.txt"))
+    assert got == {"cuda-drivers": "570.172.08-1", "cuda-keyring": "1.1-1",
+                   "cuda-toolkit-12-8": "12.8.93-1", "libnccl-dev": "2.26.2-1+cuda12.8",
+                   "libnccl2": "2.26.2-1+cuda12.8"}  # nvidia-open is "un": not installed
+
+
+def test_dpkg_query_removed_with_config_files_is_not_installed():
+    text = "nvidia-open\t570.172.08-1\trc \nlibnccl2\t2.26.2-1\thi \nbroken\t1\tiF \n"
+    assert dpkg.parse_query(text) == {"libnccl2": "2.26.2-1"}
+
+
+def test_apt_mark_showhold():
+    assert dpkg.parse_holds(fixture("apt_mark_showhold_01_testbed.txt")) == [
+        "cuda-drivers", "cuda-toolkit-12-8", "libnccl-dev", "libnccl2"]
+
+
+def test_apt_cache_show_names_only_the_pins_the_archive_has():
+    got = dpkg.parse_apt_cache_show(fixture("apt_cache_show_01_testbed_two_of_three_pins.txt"))
+    assert got == {"libnccl2=2.26.2-1+cuda12.8", "cuda-keyring=1.1-1"}
+
+
+def test_systemctl_show_blocks_map_to_units_in_argument_order():
+    units = ["ssh.service", "nvidia-persistenced.service", "torchrig-nosuch.service",
+             "torchrig-capture.service"]
+    props = systemd.parse_show(fixture("systemctl_show_01_units_loaded_notfound_transient.txt"), units)
+    assert [systemd.unit_state(props[u]) for u in units] == [
+        {"enabled": "enabled", "active": "active"}, {"enabled": "enabled", "active": "active"},
+        {"enabled": "not-found", "active": "inactive"}, {"enabled": "transient", "active": "active"}]
+    # a unit systemctl printed no block for (output cut short) reads as unknown, not as another's
+    short = systemd.parse_show("LoadState=loaded\nActiveState=active\nUnitFileState=enabled\n", units[:2])
+    assert systemd.unit_state(short[units[1]]) == {"enabled": "not-found", "active": "unknown"}
+    assert systemd.parse_show("", units[:1]) == {units[0]: {}}
+
+
+def test_job_unit_show_and_uptime():
+    props = systemd.parse_show(fixture("systemctl_show_02_job_unit_running.txt"), ["u"])["u"]
+    assert props["ActiveState"] == "active" and props["SubState"] == "running"
+    assert job_state.uptime(props, 13046.7444) == 30.0
+    gone = systemd.parse_show(fixture("systemctl_show_03_job_unit_not_found.txt"), ["u"])["u"]
+    assert gone["LoadState"] == "not-found" and job_state.uptime(gone, 5.0) is None
+    assert job_state.uptime({"ActiveEnterTimestampMonotonic": "x"}, 5.0) is None
+
+
+def test_venv_from_its_files():
+    assert python_env.pyvenv_version(fixture("pyvenv_cfg_01_debian12_python3_11.txt")) == "3.11.2"
+    assert python_env.pyvenv_version("home = /usr/bin\n") is None
+    assert python_env.parse_metadata(fixture("distinfo_01_torch_metadata_head4096.txt")) == \
+        ("torch", "2.13.0+cpu")
+    assert python_env.dists(["Name: Typing_Extensions\nVersion: 4.16.0\n", "Name: x\n", None]) == \
+        {"typing-extensions": "4.16.0"}
+
+
+def test_provision_facts_from_a_captured_reply():
+    cap = json.loads((FIXTURES / "probe_01_provision_reply_testbed_gpu1.json").read_text())
+    want, raw = cap["want"], cap["reply"]
+    assert set(provision_facts.probe_request(want)["run"]) == set(raw["run"])
+    f = provision_facts.facts(want, raw)
+    assert f["packages"]["libnccl2"] == "2.26.2-1+cuda12.8" and "nvidia-open" not in f["packages"]
+    assert f["held"] == ["cuda-drivers", "cuda-toolkit-12-8", "libnccl-dev", "libnccl2"]
+    # every pin not installed at its version is looked up; installed ones are not listed
+    assert f["available"] == {s: True for s in want["available"]
+                              if s.partition("=")[0] not in f["packages"]}
+    assert f["units"] == {"nvidia-persistenced.service": {"enabled": "enabled", "active": "active"},
+                          "nvidia-fabricmanager.service": {"enabled": "not-found", "active": "inactive"}}
+    assert f["venv"]["python"] == "3.11.2" and f["venv"]["dists"]["torch"] == "2.13.0+cpu"
+    assert f["secure_boot"] is False and f["nvidia_smi"]["rc"] == 0
+    assert "VERSION_CODENAME=bookworm" in f["os_release"] and len(f["boot_id"]) == 36
+    assert all("content" not in (f["files"][p] or {}) for p in want["secret_files"])
+    assert all("content" in f["files"][p] for p in want["files"] if f["files"][p])
+    assert set(f) == {"os_release", "arch", "kernel", "euid", "boot_id", "disk_free_gb", "lspci",
+                      "secure_boot", "packages", "held", "available", "dpkg_audit",
+                      "dpkg_updates_pending", "files", "dirs", "paths", "users", "units",
+                      "nvidia_smi", "venv"}
+
+
+def test_secure_boot_from_mokutil_or_the_efi_variable():
+    missing = {"rc": 127, "out": "", "err": "mokutil: command not found"}
+    assert provision_facts.secure_boot({"rc": 0, "out": "SecureBoot enabled\n", "err": ""}, {})
+    assert not provision_facts.secure_boot({"rc": 0, "out": "SecureBoot disabled\n", "err": ""}, {})
+    assert provision_facts.secure_boot(missing, {"/sys/firmware/efi/efivars/SecureBoot-x": "\x06\0\0\0\x01"})
+    assert not provision_facts.secure_boot(missing, {"/sys/firmware/efi/efivars/SecureBoot-x": "\x06\0\0\0\0"})
+    assert not provision_facts.secure_boot(missing, {})
+
+
+def test_verify_network_and_runtime_parsing():
+    peer = {"address": "gpu1", "port": 29400}
+    got = {"resolved": "10.0.0.1", "reachable": True, "connect_ms": 0.3,
+           "route": {"rc": 0, "out": '[{"dst":"10.0.0.1","dev":"eth1","prefsrc":"10.0.0.2"}]', "err": ""}}
+    assert verify_facts.network(peer, got) == {"address": "gpu1", "port": 29400, "resolved": "10.0.0.1",
+                                               "reachable": True, "connect_ms": 0.3,
+                                               "interface": "eth1", "source": "10.0.0.2"}
+    bad = verify_facts.network(peer, {"resolved": "10.0.0.1", "route": {"rc": 2, "out": "", "err": "RTNETLINK"}})
+    assert bad["route_error"] == "RTNETLINK"
+    assert verify_facts.torch_runtime({"rc": 0, "out": 'noise\n{"torch": "2.13.0"}\n', "err": ""}) == \
+        {"torch": "2.13.0"}
+    assert verify_facts.torch_runtime({"rc": 1, "out": "", "err": "ModuleNotFoundError: torch\n"}) == \
+        {"error": "ModuleNotFoundError: torch"}
+    assert verify_facts.cuda_toolkit('{"cuda": {"version": "12.8.1"}}') == "12.8.1"
+    assert verify_facts.cuda_toolkit("[1]") is None and verify_facts.cuda_toolkit("") is None
+
+
+def test_job_progress_prefers_rank_zero_and_counts_torchrun_starts():
+    files = {"r1/attempt_1/1/stdout.log": {"first_line": "start rank=3\n", "text": "step=9 a\n"},
+             "r1/attempt_1/0/stdout.log": {"first_line": "start rank=0\n", "text": "x\nstep=8 b\nnoise\n"},
+             "r1/attempt_1/2/stdout.log": None}
+    assert job_state.progress(files) == "step=8 b"
+    assert job_state.attempts([["r1/attempt_0", 10.0], ["r1/attempt_1", 20.0], ["r0/attempt_0", 5.0]]) == (1, 2)
+    assert job_state.attempts([]) == (None, 0)
+
+
+# ---------------------------------------------------------------- the probe itself
+
+def test_the_request_travels_inert_on_stdin():
+    """Nothing of the request in a command line, and no request text can become code."""
+    evil = 'x")\nraise SystemExit(9)\n#'
+    text = probe.stdin({"exists": [evil]})
+    assert evil not in text and probe.COMMAND == "python3 -I -"
+    assert run_probe({"exists": [evil]})["exists"] == {evil: False}
+
+
+# each command marks itself present, waits (up to `wait` s) until `k` are present at once,
+# and prints the most it saw: a count, not a timing, so machine speed does not matter
+OVERLAP = """import os, sys, time
+d, me, k, wait = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+open(os.path.join(d, me), "w").close()
+seen, end = 0, time.monotonic() + wait
+while seen < k and time.monotonic() < end:
+    seen = max(seen, len(os.listdir(d)))
+    time.sleep(0.05)
+os.remove(os.path.join(d, me))
+print(seen)
+"""
+
+
+def test_commands_run_concurrently_within_the_bound(tmp_path):
+    def most_at_once(jobs, k, wait):
+        d = tmp_path / f"j{jobs}"
+        d.mkdir()
+        got = run_probe({"run": {str(i): ["python3", "-c", OVERLAP, str(d), str(i), str(k), str(wait)]
+                                 for i in range(4)}, "jobs": jobs}, timeout=120)["run"]
+        assert all(r["rc"] == 0 for r in got.values()), got
+        return max(int(r["out"]) for r in got.values())
+    assert most_at_once(4, 4, 60) == 4     # all four at once (each waits for the others)
+    assert most_at_once(2, 3, 1.5) == 2    # never more than the bound
+
+
+def test_a_missing_command_a_timeout_and_raw_streams():
+    got = run_probe({"run": {"missing": ["torchrig-no-such-tool"],
+                             "slow": {"argv": ["sleep", "30"], "timeout": 1},
+                             "both": ["sh", "-c", "echo out; echo err >&2; exit 3"]}})["run"]
+    assert got["missing"]["rc"] == 127 and "command not found" in got["missing"]["err"]
+    assert got["slow"]["rc"] == 124
+    assert got["both"] == {"rc": 3, "out": "out\n", "err": "err\n"}
+
+
+def test_reads_never_follow_a_link_block_on_a_fifo_or_read_a_hard_link(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("root only\n")
+    (tmp_path / "link").symlink_to(secret)
+    os.mkfifo(tmp_path / "fifo")
+    os.link(secret, tmp_path / "hard")
+    (tmp_path / "dirlink").symlink_to(tmp_path)
+    (tmp_path / "ok").write_text("line1\nline2\nline3\n")
+    req = {"read": {n: {"path": str(tmp_path / n)} for n in ("link", "fifo", "hard", "ok", "absent")}}
+    req["read"]["via-dir-link"] = {"path": str(tmp_path / "dirlink" / "ok")}
+    req["read"]["tail"] = {"path": str(tmp_path / "ok"), "limit": 6, "tail": True, "first_line": True}
+    req["read"]["followed"] = {"path": str(tmp_path / "link"), "follow": True}
+    got = run_probe(req, timeout=20)["read"]
+    assert got["link"] is None and got["fifo"] is None and got["hard"] is None
+    assert got["absent"] is None and got["via-dir-link"] is None
+    assert got["ok"] == {"text": "line1\nline2\nline3\n"}
+    assert got["tail"] == {"first_line": "line1\n", "text": "line3\n"}
+    assert got["followed"] == {"text": "root only\n"}  # root's own files only (os-release)
+
+
+def test_stat_hashes_secret_files_without_returning_them(tmp_path):
+    (tmp_path / "auth.conf").write_text("machine x login u password p\n")
+    got = run_probe({"stat": {str(tmp_path / "auth.conf"): False, str(tmp_path): False,
+                              str(tmp_path / "none"): True}})["stat"]
+    f = got[str(tmp_path / "auth.conf")]
+    assert "content" not in f and len(f["sha256"]) == 64 and not f["is_dir"]
+    assert got[str(tmp_path)]["is_dir"] and got[str(tmp_path / "none")] is None
+
+
+def test_tree_reads_only_the_newest_attempt_and_skips_symlinked_folders(tmp_path):
+    old = tmp_path / "run_a" / "attempt_0" / "0"
+    old.mkdir(parents=True)
+    (old / "stdout.log").write_text("start rank=0\nstep=1\n")
+    new = tmp_path / "run_b" / "attempt_1" / "0"
+    new.mkdir(parents=True)
+    (new / "stdout.log").write_text("start rank=0\nstep=5\n")
+    os.utime(tmp_path / "run_a" / "attempt_0", (1, 1))
+    elsewhere = tmp_path.parent / (tmp_path.name + "-elsewhere")
+    (elsewhere / "attempt_9" / "0").mkdir(parents=True)
+    (tmp_path / "run_c").symlink_to(elsewhere)  # a folder the job points elsewhere
+    got = run_probe({"tree": {"t": {"root": str(tmp_path), "walk": [r"[^.].*", r"attempt_\d+"],
+                                    "then": [r"\d+"], "read": {"name": "stdout.log", "first_line": True}}}})
+    t = got["tree"]["t"]
+    assert sorted(d for d, _ in t["dirs"]) == ["run_a/attempt_0", "run_b/attempt_1"]
+    assert t["files"] == {"run_b/attempt_1/0/stdout.log": {"first_line": "start rank=0\n",
+                                                           "text": "start rank=0\nstep=5\n"}}
+    assert run_probe({"tree": {"t": {"root": str(tmp_path / "run_c")}}})["tree"]["t"] == \
+        {"dirs": [], "files": {}}
+
+
+def test_a_failed_probe_is_one_clear_error():
+    with pytest.raises(TorchrigError, match="cannot become root"):
+        probe.reply(1, "", "sudo: a password is required\n")
+    with pytest.raises(TorchrigError, match=r"status failed \(exit 2\): boom"):
+        probe.reply(2, "", "boom\n", "status")
+    with pytest.raises(TorchrigError, match="not JSON"):
+        probe.reply(0, "Traceback", "")
+
+
+def test_status_from_a_captured_reply_of_a_running_job():
+    cap = json.loads((FIXTURES / "probe_02_status_reply_testbed_running_job.json").read_text())
+    raw = cap["reply"]
+    assert set(job_state.probe_request(cap["unit"], "/l", "/l/u.csv")["run"]) == set(raw["run"])
+    d = job_state.state(cap["unit"], raw, 1800)
+    assert d["unit"]["ActiveState"] == "active" and d["unit"]["LoadState"] == "loaded"
+    assert d["attempt"] == 0 and d["torchrun_starts"] == 1
+    assert d["progress"].startswith("step=50 loss=2.5560")  # rank 0 prints progress
+    assert d["uptime_s"] == 46.2 and [g["mem_total"] for g in d["gpus"]] == ["32768", "32768"]
+    assert d["util_samples"] == [(45, [0.0, 0.0]), (14, [0.0, 0.0])]

@@ -1,0 +1,94 @@
+"""A job's state for `invoke status`: its unit, torchrun's per-rank logs, GPU use and the
+sampler's utilisation file, as probe reads, and the probe's raw reply back as status's dict
+(pure). Everything under the log folder was written by the job: the probe reads it without
+following links (probe_host.py), and every value here is parsed defensively."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from .. import progress as protocol
+from . import systemd
+
+UNIT_PROPS = ["ActiveState", "SubState", "Result", "NRestarts", "ActiveEnterTimestampMonotonic",
+              "ExecMainStatus", "LoadState"]
+GPU_QUERY = ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total",
+             "--format=csv,noheader,nounits"]
+
+
+def probe_request(unit: str, logdir: str, util_file: str) -> dict:
+    # <logdir>/<run>/attempt_<N>/<local rank>/stdout.log (torchrun's layout)
+    return {"run": {"unit": systemd.show_argv([unit], UNIT_PROPS),
+                    "gpus": {"argv": GPU_QUERY, "timeout": 30}},
+            "tree": {"logs": {"root": logdir, "walk": [r"[^.].*", r"attempt_\d+"], "then": [r"\d+"],
+                              "read": {"name": "stdout.log", "tail": 65536, "first_line": True}}},
+            "read": {"util": {"path": util_file, "limit": 1 << 20, "tail": True}},
+            "host": True}
+
+
+def uptime(props: dict, monotonic_now: float) -> float | None:
+    try:
+        start = int(props.get("ActiveEnterTimestampMonotonic", "0")) / 1e6
+    except ValueError:
+        return None
+    return round(monotonic_now - start, 1) if start else None
+
+
+def attempts(dirs: list) -> tuple[int | None, int]:
+    """(newest attempt number, how many torchrun starts) from ["run/attempt_N", mtime] pairs."""
+    if not dirs:
+        return None, 0
+    newest = max((m, rel) for rel, m in dirs)[1]
+    return int(newest.rsplit("_", 1)[1]), len({rel.split("/")[0] for rel, _ in dirs})
+
+
+def progress(files: dict) -> str | None:
+    """The last progress line of rank 0's stdout.log in the newest attempt (else of the first
+    rank that has one)."""
+    found = None
+    for path in sorted(files, key=lambda p: p.split("/")[-2]):
+        got = files[path]
+        if got is None:
+            continue
+        ranks = protocol.start_ranks(got.get("first_line", ""))
+        steps = [ln for ln in got["text"].splitlines() if protocol.is_progress(ln)]
+        rank = ranks[0] if ranks else None
+        if steps and (rank == 0 or found is None):
+            found = steps[-1]
+    return found
+
+
+def gpus(r: dict) -> list[dict]:
+    if r["rc"] != 0:
+        return []
+    return [dict(zip(("index", "util", "mem_used", "mem_total"), (x.strip() for x in ln.split(","))))
+            for ln in r["out"].splitlines() if ln.count(",") == 3]
+
+
+def util_samples(text: str, now: float, window_s: int) -> list:
+    """[(age s, [util %, ...])] of the sampler's "time,util,util..." lines within two windows.
+    The job can write this file: nan, inf and 1e400 are skipped, not a traceback."""
+    samples = []
+    for ln in text.splitlines():
+        try:
+            t, _, utils = ln.strip().partition(",")
+            t, utils = float(t), [float(u) for u in utils.split(",") if u.strip()]
+        except ValueError:
+            continue
+        if all(map(math.isfinite, [t, *utils])):
+            samples.append((t, utils))
+    return [(round(now - t), u) for t, u in samples if now - t <= window_s * 2]
+
+
+def state(unit: str, raw: dict, window_s: int) -> dict:
+    props = systemd.parse_show(raw["run"]["unit"]["out"], [unit])[unit]
+    logs = raw["tree"]["logs"]
+    attempt, starts = attempts(logs["dirs"])
+    util = (raw["read"]["util"] or {}).get("text", "")
+    return {"unit": props, "uptime_s": uptime(props, raw["host"]["monotonic"]),
+            "attempt": attempt, "torchrun_starts": starts, "progress": progress(logs["files"]),
+            "gpus": gpus(raw["run"]["gpus"]),
+            "util_samples": util_samples(util, raw["host"]["time"], window_s)}
+
+

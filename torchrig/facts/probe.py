@@ -1,0 +1,34 @@
+"""The operator's side of the probe (probe_host.py): the text sent to `python3 -I -` and the
+reply read back. Pure: the callers run it over their own connection (root or not)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+from ..errors import TorchrigError
+
+SCRIPT = Path(__file__).with_name("probe_host.py")
+COMMAND = "python3 -I -"  # -I: nothing imported from the working directory or the environment
+
+
+def stdin(request: dict) -> str:
+    """The script and its request, both on stdin: nothing of the request in any command line.
+    base64 keeps the request inert inside the Python string literal."""
+    b64 = base64.b64encode(json.dumps(request).encode()).decode()
+    return SCRIPT.read_text() + f'\nmain("{b64}")\n'
+
+
+def reply(rc: int, stdout: str, stderr: str, what: str = "gathering facts") -> dict:
+    """The probe's JSON reply, or one error naming what failed."""
+    if rc != 0:
+        err = (stderr or stdout).strip()
+        if "password is required" in err or err.startswith("sudo:"):
+            raise TorchrigError(f"cannot become root ({err.splitlines()[-1]}): log in as root "
+                                "or give the user passwordless sudo")
+        raise TorchrigError(f"{what} failed (exit {rc}): {err[-400:]}")
+    try:
+        return json.loads(stdout)
+    except ValueError:
+        raise TorchrigError(f"{what}: the probe's reply is not JSON: {stdout.strip()[-200:]!r}") from None

@@ -1,0 +1,241 @@
+"""The probe: runs ON THE HOST (`python3 -I -`, as root for provision and status, as the login
+user for verify), one round trip. Standard library only. It parses nothing: it runs the
+requested commands concurrently and returns their raw output, and reads the requested files,
+so every parser lives on the operator side (torchrig/facts/) and is tested from captured text.
+
+The request travels on stdin with the script (facts/probe.py appends `main("<base64 JSON>")`),
+never in a command line. Keys, each optional:
+  run      {name: argv | {"argv": argv, "timeout": s}}  -> {name: {"rc", "out", "err"}}
+  jobs     how many commands run at once (default 8)
+  read     {name: {"path", "limit", "tail": bool, "first_line": bool, "follow": bool}} -> {name: {"text", "first_line"} | None}
+  stat     {path: with_content}  -> {path: {"mode", "is_dir", "owner", "group", "sha256", "content"} | None}
+  exists   [path]                -> {path: bool}
+  glob     {name: {"pattern", "limit"}}  -> {name: {path: text}} (each match read as by `read`)
+  users    [name]                -> {name: {"uid", "shell"} | None}
+  host     true                  -> {"arch", "kernel", "euid", "hostname", "disk_free_gb", "time",
+                                     "monotonic"} (clocks for ages computed on the operator side)
+  tree     {name: {"root", "walk": [regex], "then": [regex], "read": {"name", "tail", "first_line"}}}
+           -> {name: {"dirs": [[relpath, mtime]], "files": {relpath: {...} | None}}}: the folders
+              matching `walk` one level per regex; in the newest of them, the folders matching
+              `then`, and the file `read.name` in each
+  connect  {"address", "port", "probe": bool} -> {"resolved" | "resolve_error", "route": run result,
+            "reverse_error"?, "reachable", "connect_ms" | "connect_error"}
+
+Files are read through descriptors, one name at a time from an O_NOFOLLOW folder descriptor:
+the last component is never a symlink (O_NOFOLLOW), only regular files are read (O_NONBLOCK,
+then fstat: a FIFO would otherwise block the probe forever), and only with one link (a hard
+link in a job's folder may be another user's file). Nothing here writes anything.
+"""
+import base64
+import concurrent.futures
+import glob
+import grp
+import hashlib
+import json
+import os
+import pwd
+import re
+import socket
+import stat
+import subprocess
+import sys
+import time
+
+NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def run(argv, timeout=60):
+    try:
+        r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+    except FileNotFoundError:
+        return {"rc": 127, "out": "", "err": "%s: command not found" % argv[0]}
+    except PermissionError:
+        return {"rc": 126, "out": "", "err": "%s: permission denied" % argv[0]}
+    except subprocess.TimeoutExpired:
+        return {"rc": 124, "out": "", "err": "%s: timed out after %ss" % (argv[0], timeout)}
+    # output need not be UTF-8 (a vendor string from lspci or nvidia-smi)
+    return {"rc": r.returncode, "out": r.stdout.decode(errors="replace"),
+            "err": r.stderr.decode(errors="replace")}
+
+
+def open_dir(path, dir_fd=None, follow=False):
+    try:
+        return os.open(path, (NOFOLLOW & ~os.O_NOFOLLOW if follow else NOFOLLOW) | os.O_DIRECTORY,
+                       dir_fd=dir_fd)
+    except OSError:
+        return None
+
+
+def read_at(dir_fd, name, limit=1 << 20, tail=False, first_line=False, follow=False):
+    """A regular single-link file `name` in dir_fd: its first `limit` bytes (or last, with
+    tail) and optionally its first line, as text; None for anything else. follow=True only
+    for root's own files (/etc/os-release is a symlink): any link, any link count."""
+    try:
+        fd = os.open(name, NOFOLLOW & ~os.O_NOFOLLOW if follow else NOFOLLOW, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (st.st_nlink != 1 and not follow):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            got = {"first_line": fh.readline(4096).decode(errors="replace")} if first_line else {}
+            fh.seek(max(0, st.st_size - limit) if tail else 0)
+            data = fh.read(limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    got["text"] = data.decode(errors="replace")
+    got["bytes"] = data
+    return got
+
+
+def read(path, **kw):
+    folder, name = os.path.split(path)
+    dir_fd = open_dir(folder or ".", follow=kw.get("follow", False))
+    if dir_fd is None:
+        return None
+    try:
+        return read_at(dir_fd, name, **kw)
+    finally:
+        os.close(dir_fd)
+
+
+def text_only(got):
+    return None if got is None else {k: v for k, v in got.items() if k != "bytes"}
+
+
+def name_of(lookup, ident):
+    try:
+        return lookup(ident)[0]
+    except KeyError:
+        return str(ident)
+
+
+def stat_path(path, content):
+    """Mode, owner, sha256 and text as the path resolves, as before the probe: these are
+    root's own paths the planners declare (a managed folder may be a symlink an admin made)."""
+    try:
+        s = os.stat(path)
+    except OSError:
+        return None
+    d = {"mode": s.st_mode & 0o7777, "is_dir": stat.S_ISDIR(s.st_mode),
+         "owner": name_of(pwd.getpwuid, s.st_uid), "group": name_of(grp.getgrgid, s.st_gid)}
+    if not d["is_dir"]:
+        got = read(path, follow=True)
+        data = got["bytes"] if got else b""
+        d["sha256"] = hashlib.sha256(data).hexdigest()
+        if content:
+            d["content"] = data.decode(errors="replace")
+    return d
+
+
+def entries(dir_fd, pattern):
+    """Sub-folders of dir_fd whose name matches, as (mtime, name, fd); symlinks skipped."""
+    out = []
+    try:
+        names = os.listdir(dir_fd)
+    except OSError:
+        return out
+    for name in names:
+        if re.fullmatch(pattern, name):
+            fd = open_dir(name, dir_fd)
+            if fd is not None:
+                out.append((os.fstat(fd).st_mtime, name, fd))
+    return out
+
+
+def tree(spec):
+    top = open_dir(spec["root"])
+    found = {"dirs": [], "files": {}}
+    if top is None:
+        return found
+    level = [(os.fstat(top).st_mtime, "", top)]
+    for pattern in spec.get("walk", []):
+        nxt = []
+        for _, rel, fd in level:
+            nxt += [(m, rel + name + "/", sub) for m, name, sub in entries(fd, pattern)]
+            os.close(fd)
+        level = nxt
+    found["dirs"] = [[rel.rstrip("/"), m] for m, rel, _ in level]
+    if level:
+        _, rel, newest = max(level)
+        r = spec.get("read", {})
+        for pattern in spec.get("then", []):
+            for _, name, fd in sorted(entries(newest, pattern), key=lambda e: e[1]):
+                found["files"][rel + name + "/" + r["name"]] = text_only(read_at(
+                    fd, r["name"], limit=r.get("tail", 65536), tail=True,
+                    first_line=r.get("first_line", False)))
+                os.close(fd)
+    for _, _, fd in level:
+        os.close(fd)
+    return found
+
+
+def connect(peer):
+    net = {}
+    try:
+        ip = socket.getaddrinfo(peer["address"], peer["port"], socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+        net["resolved"] = ip
+    except OSError as e:
+        net["resolve_error"] = str(e)
+        return net
+    net["route"] = run(["ip", "-j", "route", "get", ip])
+    if peer.get("probe", True):  # launch's fast gate wants the route only
+        # c10d's store socket is dual-stack: peers reach it as ::ffff:a.b.c.d, and every
+        # rank logs a warning when that address has no name (glibc's hosts file does not
+        # map it; DNS does)
+        try:
+            socket.getnameinfo(("::ffff:" + ip, 0, 0, 0), socket.NI_NAMEREQD)
+        except OSError as e:
+            net["reverse_error"] = str(e)
+        t0 = time.monotonic()
+        try:
+            with socket.create_connection((ip, peer["port"]), timeout=5):
+                net["reachable"] = True
+                net["connect_ms"] = round((time.monotonic() - t0) * 1000, 2)
+        except OSError as e:
+            net["reachable"] = False
+            net["connect_error"] = str(e)
+    return net
+
+
+def main(request_b64):
+    want = json.loads(base64.b64decode(request_b64))
+    out = {}
+    cmds = want.get("run", {})
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(want.get("jobs", 8), 32)))
+    started = {}
+    for name, c in cmds.items():
+        argv, timeout = (c["argv"], c.get("timeout", 60)) if isinstance(c, dict) else (c, 60)
+        started[name] = pool.submit(run, argv, timeout)
+    # while the commands run, the file system
+    out["read"] = {n: text_only(read(r["path"], limit=r.get("limit", 1 << 20), tail=r.get("tail", False),
+                                     first_line=r.get("first_line", False), follow=r.get("follow", False)))
+                   for n, r in want.get("read", {}).items()}
+    out["stat"] = {p: stat_path(p, c) for p, c in want.get("stat", {}).items()}
+    out["exists"] = {p: os.path.exists(p) for p in want.get("exists", [])}
+    out["glob"] = {n: {p: (text_only(read(p, limit=g.get("limit", 1 << 20))) or {}).get("text")
+                       for p in sorted(glob.glob(g["pattern"]))}
+                   for n, g in want.get("glob", {}).items()}
+    users = {}
+    for u in want.get("users", []):
+        try:
+            pw = pwd.getpwnam(u)
+            users[u] = {"uid": pw.pw_uid, "shell": pw.pw_shell}
+        except KeyError:
+            users[u] = None
+    out["users"] = users
+    if want.get("host"):
+        st = os.statvfs("/")
+        out["host"] = {"arch": os.uname().machine, "kernel": os.uname().release, "euid": os.geteuid(),
+                       "hostname": socket.gethostname(),
+                       "disk_free_gb": round(st.f_bavail * st.f_frsize / 1e9, 1),
+                       "time": time.time(), "monotonic": time.clock_gettime(time.CLOCK_MONOTONIC)}
+    out["tree"] = {n: tree(t) for n, t in want.get("tree", {}).items()}
+    if want.get("connect"):
+        out["connect"] = connect(want["connect"])
+    out["run"] = {name: f.result() for name, f in started.items()}
+    pool.shutdown()
+    sys.stdout.write(json.dumps(out))
