@@ -425,3 +425,34 @@ def test_root_folders_never_inside_the_service_users_data_dir(var, value):
     with pytest.raises(TorchrigError, match=rf"^inv.yml: host 'h': {var} '.*' lies in data_dir '/srv/data'"):
         settings_for("h", {"data_dir": "/srv/data", var: value}, "inv.yml")
     assert settings_for("h", {"data_dir": "/srv/data", var: "/srv/database"}, "inv.yml")
+
+
+def test_fingerprint_ignores_free_space_and_names_what_changed():
+    from torchrig.provision.factview import fingerprint, what_changed
+    a = converged()
+    b = copy.deepcopy(a)
+    b["disk_free_gb"] += 3.5
+    assert fingerprint(a) == fingerprint(b)
+    b["files"][steps.SOURCES_FILE]["content"] += "# edited\n"
+    b["packages"]["libnccl2"] = "2.0-1"
+    assert fingerprint(a) != fingerprint(b)
+    assert what_changed(a, b) == ["files[/etc/apt/sources.list.d/torchrig-cuda.sources]",
+                                  "packages[libnccl2]"]
+
+
+def test_plan_walk_runs_each_planner_once_and_carries_its_fingerprint(monkeypatch):
+    from torchrig.provision import engine
+    from torchrig.provision.factview import fingerprint
+    calls = []
+    wrapped = [steps.Step(s.name, (lambda p: lambda c: calls.append(1) or p(c))(s.plan),
+                          s.needs_driver, s.reprobes_driver, s.upload, s.enabled)
+               for s in steps.STEPS]
+    monkeypatch.setattr(engine, "STEPS", wrapped)
+    facts = fresh()
+    plan = engine.build_plan(ctx(facts))
+    assert plan.fingerprint == fingerprint(facts) and plan.changes_anything
+    assert len(calls) == len(steps.STEPS)  # nccl-tests is on by default: every planner once
+    reasons = {sp.step.name: sp.reason for sp in plan.steps}
+    assert reasons["nccl-tests"] == "needs the driver loaded (now: not-installed); a reboot may be needed"
+    assert [s.name for s in steps.STEPS if s.upload(ctx(fresh(), nccl_tests_source="/x.tgz").s)] \
+        == ["nccl-tests"]
