@@ -249,6 +249,15 @@ def test_file_change_script_is_atomic_and_quoted(tmp_path):
     assert list(target.parent.iterdir()) == [target]  # no temp file left beside it
 
 
+def test_file_change_makes_missing_folders_0755_under_a_strict_umask(tmp_path):
+    import subprocess
+    target = tmp_path / "usr" / "lib" / "gpu-sample"
+    ch = FileChange(str(target), "#!/bin/sh\n", mode=0o755)
+    subprocess.run(["bash", "-ec", "umask 077\n" + ch.script], check=True)
+    assert [oct(p.stat().st_mode & 0o777) for p in (tmp_path / "usr", target.parent, target)] == \
+        ["0o755"] * 3
+
+
 # --- credentials and temp files: the step scripts run for real with stand-in pip/git/make ---
 
 STANDIN = """#!/usr/bin/env python3

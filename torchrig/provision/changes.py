@@ -61,7 +61,9 @@ class FileChange:
         # beside the target (mktemp: 0600, so a secret is never readable while it is
         # written), its mode and owner set, then renamed: readers never see a half-written file
         return "\n".join([
-            sh("mkdir", "-p", "--", d),
+            # folders it creates are 0755 whatever umask sudo passed on (a sampler under a
+            # 0700 /usr/local/lib/torchrig could not run as the service user)
+            "(umask 022 && " + sh("mkdir", "-p", "--", d) + ")",
             f"tmp=$(mktemp {sh(self.path + '.torchrig.XXXXXX')})",
             f"printf %s {sh(data)} | base64 -d > \"$tmp\"",
             f"chmod {self.mode:04o} \"$tmp\"",
