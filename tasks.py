@@ -238,7 +238,7 @@ def _latest_job(fleet) -> str:
             "max_restarts": "torchrun restarts of the worker group after a failure (default 3)",
             "env": "KEY=VALUE for the job's environment (repeatable); secret-looking names "
                    "and the inventory's secret_env are redacted everywhere they are shown",
-            "dry_run": "print the rendered env file and unit per node; change nothing",
+            "dry_run": "show per node the job's files as diffs against the node's; change nothing",
             "follow": "after starting, stream every rank's log lines until the job ends",
             "start_timeout": "seconds to wait for every node's workers (default 180)",
             "rdzv_timeout": "seconds nodes wait for each other at (re)start; after a node is lost "
@@ -269,9 +269,10 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", scrip
         res = run_launch(fleet, fleet.hosts, o, log=lambda m: print(m, file=sys.stderr))
     if dry_run:
         red = _redactor(fleet.inv)
-        for hname, files in res.rendered.items():
-            for path, text in files.items():
-                print(f"--- {hname}:{path}\n{red.text(text)}")
+        for hname, files in res.changes.items():  # diffs against the node's files
+            for path, ch in files:
+                print(f"--- {hname}:{path}\n" + (red.text(ch.diff()) if ch else "(unchanged)\n"),
+                      end="")
         print("dry run: nothing changed")
         return
     j = res.job

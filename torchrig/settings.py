@@ -24,7 +24,6 @@ from .errors import TorchrigError
 ETC_DIR = "/etc/torchrig"                            # made by provision
 JOBS_DIR = f"{ETC_DIR}/jobs"                         # env files (0600) and the launch lock
 SYSTEMD_DIR = "/etc/systemd/system"
-SAMPLER_PATH = "/usr/local/lib/torchrig/gpu-sample"  # the GPU utilisation sampler
 UTIL_FILE = "gpu_util.csv"                           # its samples, in the job's log folder
 
 CPU_PROCS = 2  # processes per node where accelerator is cpu: two gloo ranks make a real all-reduce

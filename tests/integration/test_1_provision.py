@@ -145,6 +145,28 @@ def test_second_run_changes_nothing(testbed):
     assert sh(testbed, "gpu2", STAMPS) == before
 
 
+def test_apply_refuses_a_plan_the_host_no_longer_matches(testbed):
+    """The plan carries a fingerprint of the facts it was built from: a host that changed
+    between plan and apply is refused with what changed, nothing applied; re-planning works."""
+    from torchrig.inventory import load
+    from torchrig.provision.apply import apply_host, plan_host
+    inv = load(str(testbed))
+    h = next(x for x in inv.hosts if x.name == "gpu2")
+    sh(testbed, "gpu2", "rm /etc/modprobe.d/blacklist-nouveau.conf")
+    p = plan_host(inv, h)
+    assert [c for st in p.report.steps for c in st.changes][:1] == [
+        "write /etc/modprobe.d/blacklist-nouveau.conf (mode 0644, root:root)"]
+    sh(testbed, "gpu2", "echo edited >> /etc/torchrig/cuda.env")  # after the operator saw the plan
+    rep = apply_host(inv, p, reboot=False)
+    assert not rep.ok and rep.changed == 0
+    assert rep.error == ("the host changed since the plan was made (files[/etc/torchrig/cuda.env]): "
+                         "nothing was applied; rerun provision to see the new plan")
+    assert sh(testbed, "gpu2", "test -e /etc/modprobe.d/blacklist-nouveau.conf || echo absent") == "absent"
+    rep = apply_host(inv, plan_host(inv, h), reboot=False)
+    assert rep.ok and rep.changed == 2, rep   # driver (blacklist) and cuda-toolkit (cuda.env)
+    assert apply_host(inv, plan_host(inv, h), reboot=False).changed == 0
+
+
 def test_reboot_needed_is_reported_then_reboot_path(testbed):
     r, data = provision(testbed, "gpu1", "--yes")
     assert r.returncode == 1

@@ -96,6 +96,20 @@ def test_two_nodes_train_to_completion(testbed):
     assert any((n["progress"] or "").startswith("done step=30") for n in st["nodes"].values())
 
 
+def test_dry_run_diffs_against_the_nodes_files(testbed):
+    """Launch's files go through the change engine: a dry run of the job just run shows its
+    files unchanged on the nodes, except the unit's line naming the launch that wrote it."""
+    r = launch(testbed, "t-basic", "--dry-run", "--args", "--max-steps 30 --log-every 5 --ckpt-every 10")
+    assert r.returncode == 0, r.stderr
+    for path in ("/etc/torchrig/jobs/t-basic.env", "/usr/local/lib/torchrig/gpu-sample",
+                 "/etc/systemd/system/torchrig-gpumon@t-basic.service",
+                 "/etc/systemd/system/torchrig-gpumon@t-basic.timer"):
+        assert f"--- gpu4:{path}\n(unchanged)\n" in r.stdout, r.stdout
+    unit = r.stdout.split("--- gpu1:/etc/systemd/system/torchrig-t-basic.service\n")[1].split("\n--- gpu")[0]
+    changed = [ln for ln in unit.splitlines() if ln[:1] in "+-" and ln[:3] not in ("---", "+++")]
+    assert [ln[:len("+# torchrig launch ")] for ln in changed] == ["-# torchrig launch ", "+# torchrig launch "], unit
+
+
 def test_args_and_env_verbatim_and_secret_never_shown(testbed):
     weird_args = ["a b", "it's", 'say "hi"', "$(touch /tmp/pwned)", "; touch /tmp/pwned", "100%", "`id`", "\\n"]
     weird_env = "a b 'c' \"d\" $(id) ; touch /tmp/pwned %h \\x `id`"

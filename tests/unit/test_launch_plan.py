@@ -257,3 +257,46 @@ def test_agent_logs_at_info_and_its_exit_barrier_is_the_operators():
     argv = plan.torchrun_argv(j, n)
     assert argv[1:3] == ["-m", "torchrig_torchrun"]
     assert f"is_host=false,join_timeout={j.rdzv_timeout}" in argv
+
+
+
+def _facts_of(changes):
+    """What a node reports for files it holds exactly as written (launch_request's shape)."""
+    import hashlib
+    from torchrig.provision import managed
+    from torchrig.provision.factview import Facts
+    req = managed.launch_request("exp1")
+    files = {p: {"sha256": hashlib.sha256(ch.content.encode()).hexdigest(), "mode": ch.mode,
+                 "owner": "root", "group": "root", "content": ch.content}
+             for p, ch in changes}
+    return Facts({"files": files}, req)
+
+
+def test_job_files_go_through_the_change_engine():
+    j = job(1, env={"HF_TOKEN": "t0k"})
+    written = plan.job_changes(j, j.nodes[0], 30)
+    assert [(p, oct(ch.mode), ch.secret) for p, ch in written] == [
+        ("/etc/torchrig/jobs/exp1.env", "0o600", True),
+        ("/etc/systemd/system/torchrig-exp1.service", "0o644", False),
+        ("/etc/systemd/system/torchrig-gpumon@exp1.service", "0o644", False),
+        ("/etc/systemd/system/torchrig-gpumon@exp1.timer", "0o644", False),
+        ("/usr/local/lib/torchrig/gpu-sample", "0o755", False)]
+    env = written[0][1]
+    assert "HF_TOKEN='t0k'" in env.content
+    assert "t0k" not in env.diff() and "+HF_TOKEN='***'" in env.diff()  # dry run: masked
+    assert "t0k" not in env.script  # base64 in a printf (a builtin): never in any argv
+    # the same job again (a new launch): only the unit's launch line differs
+    j2 = job(1, env={"HF_TOKEN": "t0k"})
+    diffed = plan.job_changes(j2, j2.nodes[0], 30, _facts_of(written))
+    assert [p for p, ch in diffed if ch] == ["/etc/systemd/system/torchrig-exp1.service"]
+    d = diffed[1][1].diff()
+    assert [ln[:19] for ln in d.splitlines() if ln[:1] in "+-" and ln[:3] not in ("---", "+++")] \
+        == ["-# torchrig launch ", "+# torchrig launch "]
+
+
+def test_a_launch_file_not_in_the_request_is_an_error():
+    from torchrig.provision import managed
+    from torchrig.provision.factview import Facts, FactNotRequested
+    j = job(1)
+    with pytest.raises(FactNotRequested):
+        plan.job_changes(j, j.nodes[0], 30, Facts({"files": {}}, managed.launch_request("other")))

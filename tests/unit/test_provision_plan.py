@@ -1,6 +1,8 @@
 """provision's planners against fact tables: which changes each step yields (pure, no SSH)."""
 
+import copy
 import hashlib
+import json
 
 import pytest
 
@@ -35,25 +37,29 @@ def sha(text):
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def converged(c: steps.Ctx) -> dict:
-    """Facts of a host where every step already ran (built from the planners' own output)."""
-    f = dict(c.facts)
-    files = {}
-    for step in steps.STEPS:
-        for ch in step.plan(c):
-            if isinstance(ch, FileChange) and ch.content is not None:
-                files[ch.path] = {"sha256": sha(ch.content), "mode": ch.mode, "owner": ch.owner,
-                                  "group": ch.group, "content": ch.content}
-    pins = steps._pinned(c)
-    s = c.s
-    f.update(files=files, packages={**pins, "cuda-keyring": "1.1-1"}, held=sorted(pins),
-             units={u: {"enabled": "enabled", "active": "active"}
-                    for u in ("nvidia-persistenced.service", "nvidia-fabricmanager.service")},
-             users={s.service_user: {"uid": 999}},
-             dirs={p: {"mode": m, "owner": o, "group": o} for p, m, o in steps.dirs(s)},
-             venv={"python": "3.11.2", "dists": {"torch": "2.13.0+cu128", "numpy": "2.3.0"}},
-             paths={f"{s.prefix}/nccl-tests/build/all_reduce_perf": True},
-             nvidia_smi={"rc": 0, "output": "0, Tesla V100S-PCIE-32GB, 570.172.08"})
+# What a converged host reports: gather_facts.py's output captured on a testbed host right
+# after provision converged it, with the inventory vars it was provisioned with. Not built
+# from the planners' own output, so a file or package the planners want but the fact request
+# never reads back shows up here as a change on every run.
+NCCL_STEP = next(s for s in steps.STEPS if s.name == "nccl-tests")
+CAPTURED = json.load(open("tests/fixtures/provision_facts_converged_testbed.json"))
+
+
+def tb_ctx(facts, **vars_):
+    return ctx(facts, **{**CAPTURED["vars"], **vars_})
+
+
+def converged(lspci=None) -> dict:
+    """The captured converged host; with `lspci` (an NVSwitch H100 box) the open driver and
+    the fabric manager installed, held and running instead of the proprietary driver."""
+    f = copy.deepcopy(CAPTURED["facts"])
+    if lspci and "NVSwitch" in lspci:
+        ver = f["packages"].pop("cuda-drivers")
+        f["packages"].update({"nvidia-open": ver, "nvidia-fabricmanager-570": ver})
+        f["held"] = sorted([p for p in f["held"] if p != "cuda-drivers"]
+                           + ["nvidia-open", "nvidia-fabricmanager-570"])
+        f["units"]["nvidia-fabricmanager.service"] = {"enabled": "enabled", "active": "active"}
+        f["lspci"] = lspci
     return f
 
 
@@ -79,26 +85,85 @@ def test_fresh_host_plans_every_step():
 
 def test_converged_host_plans_nothing():
     for lspci in (V100, H100):
-        c = ctx(fresh(lspci=lspci))
-        done = ctx(converged(c))
-        assert {s.name: describe(s.plan(done)) for s in steps.STEPS} == \
-            {s.name: [] for s in steps.STEPS}
+        done = tb_ctx(converged(lspci))
+        on = [s for s in steps.STEPS if s.enabled(done) is None]
+        assert {s.name: describe(s.plan(done)) for s in on} == {s.name: [] for s in on}
         rep = make_plan(done)
-        assert [st.status for st in rep.steps] == ["ok"] * (1 + len(steps.STEPS))
+        assert {st.name: st.status for st in rep.steps} == {
+            "preflight": "ok", **{s.name: "ok" for s in on}, "nccl-tests": "skipped"}
 
 
 def test_drift_is_detected_per_item():
-    c = ctx(fresh())
-    f = converged(c)
+    f = converged()
     f["held"] = [p for p in f["held"] if p != "libnccl2"]
     f["files"][steps.SOURCES_FILE]["mode"] = 0o666
     f["dirs"]["/srv/torchrig/data"]["owner"] = "root"
     f["packages"]["cuda-toolkit-12-8"] = "12.8.61-1"
-    d = ctx(f)
+    d = tb_ctx(f)
     assert describe(steps.nccl(d)) == ["hold libnccl2 (no upgrade behind provision's back)"]
     assert describe(steps.cuda_repo(d))[0].startswith("write /etc/apt/sources.list.d/torchrig-cuda.sources")
     assert describe(steps.service_user(d)) == ["directory /srv/torchrig/data (0750 torchrig:torchrig)"]
     assert describe(steps.cuda_toolkit(d))[0] == "install CUDA toolkit 12.8: cuda-toolkit-12-8=12.8.93-1"
+
+
+def _drifted() -> dict:
+    """The converged host after someone edited, removed and added what provision manages."""
+    f = converged()
+    for path in list(f["files"]):
+        if f["files"][path]:
+            f["files"][path] = dict(f["files"][path], sha256="0" * 64, content="edited\n")
+    f["files"]["/etc/apt/sources.list.d/cuda-debian12-x86_64.list"] = {
+        "sha256": "1" * 64, "mode": 0o644, "owner": "root", "group": "root", "content": "deb x\n"}
+    f["packages"] = {p: "0.1" for p in f["packages"]}
+    f["held"], f["users"] = [], {}
+    f["units"] = {u: {"enabled": "disabled", "active": "inactive"} for u in f["units"]}
+    f["dirs"] = {p: dict(d, mode=0o777) for p, d in f["dirs"].items()}
+    f["venv"] = {"python": "3.11.2", "dists": {"torch": "2.0.0"}}
+    return f
+
+
+@pytest.mark.parametrize("table", ["fresh", "converged", "drifted"])
+def test_every_planner_reads_only_requested_facts(table):
+    """Every planner over fresh, converged and drifted fact tables, on the testbed's vars and
+    on vars that turn every optional part on (mirror credentials, nccl-tests, NVSwitch): each
+    fact a planner reads goes through the accessors, which raise for one not requested."""
+    facts = {"fresh": fresh(), "converged": converged(), "drifted": _drifted()}[table]
+    for vars_, lspci in (({}, None), ({"cuda_repo_url": "https://u:p@mirror.internal/cuda",
+                                       "nccl_tests": True}, H100)):
+        f = dict(copy.deepcopy(facts), **({"lspci": lspci} if lspci else {}))
+        c = tb_ctx(f, **vars_)
+        plan = {s.name: describe(s.plan(c)) for s in steps.STEPS}
+        assert make_plan(c).steps[0].status == "ok"
+        if table == "drifted":
+            assert plan["cuda-repo"][:2] == [
+                "write /etc/apt/sources.list.d/torchrig-cuda.sources (mode 0644, root:root)",
+                "remove /etc/apt/sources.list.d/cuda-debian12-x86_64.list"] or vars_
+            assert all(plan[n] for n in ("driver", "driver-services", "cuda-toolkit", "nccl",
+                                         "python-venv", "service-user")), plan
+
+
+def test_a_fact_not_requested_is_an_error_not_a_default():
+    from torchrig.provision.factview import FactNotRequested
+    c = tb_ctx(converged())
+    with pytest.raises(FactNotRequested, match=r"files\['/etc/forgotten.conf'\] was read .* not requested"):
+        c.facts.file("/etc/forgotten.conf")
+    with pytest.raises(FactNotRequested):
+        c.facts.pkg("not-asked-for")
+    with pytest.raises(FactNotRequested):
+        c.facts["no_such_fact"]
+    # a planner writing a managed file that the request lacks fails the same way
+    from torchrig.provision import managed
+    stray = managed.ManagedFile("etc/torchrig/cuda.env.j2".replace("cuda", "stray"))
+    with pytest.raises(FactNotRequested):
+        stray.change(c.facts, content="x\n")
+
+
+def test_fact_request_covers_every_managed_file():
+    from torchrig.provision import managed
+    req = steps.fact_request(tb_ctx(fresh()).s)
+    asked = set(req["files"]) | set(req["secret_files"])
+    assert {f.path() for f in managed.PROVISION_FILES} | set(managed.PROVISION_ABSENT) == asked
+    assert set(req["secret_files"]) == {steps.AUTH_FILE}
 
 
 def test_open_modules_for_turing_and_newer_with_fabricmanager_on_nvswitch():
@@ -182,6 +247,15 @@ def test_file_change_script_is_atomic_and_quoted(tmp_path):
     assert target.read_text() == "a 'b' $c\n" and oct(target.stat().st_mode & 0o777) == "0o640"
     assert not (tmp_path / "pwned").exists()
     assert list(target.parent.iterdir()) == [target]  # no temp file left beside it
+
+
+def test_file_change_makes_missing_folders_0755_under_a_strict_umask(tmp_path):
+    import subprocess
+    target = tmp_path / "usr" / "lib" / "gpu-sample"
+    ch = FileChange(str(target), "#!/bin/sh\n", mode=0o755)
+    subprocess.run(["bash", "-ec", "umask 077\n" + ch.script], check=True)
+    assert [oct(p.stat().st_mode & 0o777) for p in (tmp_path / "usr", target.parent, target)] == \
+        ["0o755"] * 3
 
 
 # --- credentials and temp files: the step scripts run for real with stand-in pip/git/make ---
@@ -328,7 +402,7 @@ def test_operator_tarball_travels_in_the_script_into_a_private_folder(tmp_path):
         t.add(src, arcname=src.name)
     prefix = tmp_path / "opt"
     c = ctx(fresh(), prefix=str(prefix), nccl_tests_source=str(tgz))
-    script = step_script("nccl-tests", steps.nccl_tests(c), c.s)
+    script = step_script(NCCL_STEP, steps.nccl_tests(c), c.s)
     assert "/tmp/torchrig" not in script and "$TORCHRIG_TMP" in script
     bin_ = tmp_path / "bin"
     bin_.mkdir()
@@ -341,7 +415,7 @@ def test_operator_tarball_travels_in_the_script_into_a_private_folder(tmp_path):
     assert (prefix / "nccl-tests/Makefile").read_text() == "all:\n"
     assert list(tmp.iterdir()) == []
     with pytest.raises(TorchrigError, match="var nccl_tests_source: cannot read /nope.tgz"):
-        step_script("nccl-tests", [], ctx(fresh(), nccl_tests_source="/nope.tgz").s)
+        step_script(NCCL_STEP, [], ctx(fresh(), nccl_tests_source="/nope.tgz").s)
 
 
 def test_netrc_entries_for_a_bare_token_and_refused_whitespace():
@@ -360,3 +434,34 @@ def test_root_folders_never_inside_the_service_users_data_dir(var, value):
     with pytest.raises(TorchrigError, match=rf"^inv.yml: host 'h': {var} '.*' lies in data_dir '/srv/data'"):
         settings_for("h", {"data_dir": "/srv/data", var: value}, "inv.yml")
     assert settings_for("h", {"data_dir": "/srv/data", var: "/srv/database"}, "inv.yml")
+
+
+def test_fingerprint_ignores_free_space_and_names_what_changed():
+    from torchrig.provision.factview import fingerprint, what_changed
+    a = converged()
+    b = copy.deepcopy(a)
+    b["disk_free_gb"] += 3.5
+    assert fingerprint(a) == fingerprint(b)
+    b["files"][steps.SOURCES_FILE]["content"] += "# edited\n"
+    b["packages"]["libnccl2"] = "2.0-1"
+    assert fingerprint(a) != fingerprint(b)
+    assert what_changed(a, b) == ["files[/etc/apt/sources.list.d/torchrig-cuda.sources]",
+                                  "packages[libnccl2]"]
+
+
+def test_plan_walk_runs_each_planner_once_and_carries_its_fingerprint(monkeypatch):
+    from torchrig.provision import engine
+    from torchrig.provision.factview import fingerprint
+    calls = []
+    wrapped = [steps.Step(s.name, (lambda p: lambda c: calls.append(1) or p(c))(s.plan),
+                          s.needs_driver, s.reprobes_driver, s.upload, s.enabled)
+               for s in steps.STEPS]
+    monkeypatch.setattr(engine, "STEPS", wrapped)
+    facts = fresh()
+    plan = engine.build_plan(ctx(facts))
+    assert plan.fingerprint == fingerprint(facts) and plan.changes_anything
+    assert len(calls) == len(steps.STEPS)  # nccl-tests is on by default: every planner once
+    reasons = {sp.step.name: sp.reason for sp in plan.steps}
+    assert reasons["nccl-tests"] == "needs the driver loaded (now: not-installed); a reboot may be needed"
+    assert [s.name for s in steps.STEPS if s.upload(ctx(fresh(), nccl_tests_source="/x.tgz").s)] \
+        == ["nccl-tests"]

@@ -6,7 +6,6 @@ following links (probe_host.py), and every value here is parsed defensively."""
 from __future__ import annotations
 
 import math
-import re
 
 from .. import progress as protocol
 from . import systemd

@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 
 from .. import torchrun
 from ..errors import TorchrigError
-from ..render import env_quote, render, systemd_path, systemd_quote
+from ..provision import managed
+from ..provision.changes import FileChange
+from ..render import env_quote, systemd_path, systemd_quote
 from ..secrets import MASK, is_secret, redact_text, url_credentials
-from ..settings import ENV_NAME, JOBS_DIR, SAMPLER_PATH, SYSTEMD_DIR, UTIL_FILE, job_folder
+from ..settings import ENV_NAME, UTIL_FILE, job_folder
 
 # fullmatch everywhere: `$` would also accept a trailing newline (`exp1\n`)
 JOB_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,47}")
@@ -157,8 +159,8 @@ def render_env(job: Job, n: Node, redact: bool = False) -> str:
         check_env_key(key, f"{n.host}: env")
     if redact:
         env = redact_env(env, job.secret_keys)
-    return render("etc/torchrig/jobs/JOB.env.j2", job=job.name, host=n.host,
-                  env=[(k, env_quote(v)) for k, v in env.items()])
+    return managed.JOB_ENV.render(job=job.name, host=n.host,
+                                  env=[(k, env_quote(v)) for k, v in env.items()])
 
 
 def launch_marker(job: Job) -> str:
@@ -167,7 +169,7 @@ def launch_marker(job: Job) -> str:
 
 
 def render_unit(job: Job, n: Node) -> str:
-    return render("etc/systemd/system/torchrig-JOB.service.j2", marker=launch_marker(job),
+    return managed.JOB_UNIT.render(marker=launch_marker(job),
                   job=job.name, host=n.host, node_rank=n.node_rank, nnodes=job.nnodes,
                   user=n.user, workdir=systemd_path(job.release), env_file=env_path(job.name),
                   exec_start=" ".join(systemd_quote(a) for a in torchrun_argv(job, n)),
@@ -175,13 +177,7 @@ def render_unit(job: Job, n: Node) -> str:
                   max_restarts=job.max_restarts, start_limit_interval=600)
 
 
-GPU_SAMPLER = """#!/bin/sh
-# torchrig: append '<unix time>,<util % of each GPU>' to $1 (for `invoke status`). Runs as the
-# job's service user: $1 lies in the job's own folder, which root never writes into.
-u=$(nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits 2>/dev/null | paste -sd, -)
-[ -n "$u" ] && echo "$(date +%s),$u" >> "$1"
-exit 0
-"""
+SAMPLER_PATH = managed.GPU_SAMPLER.path()
 
 
 def util_file(n: Node, job: str) -> str:
@@ -189,24 +185,41 @@ def util_file(n: Node, job: str) -> str:
 
 
 def gpumon_paths(job: str) -> list[str]:
-    return [f"{SYSTEMD_DIR}/{gpumon_name(job, kind)}" for kind in ("service", "timer")]
+    return [managed.GPUMON_SERVICE.path(job), managed.GPUMON_TIMER.path(job)]
 
 
 def render_gpumon(job: Job, n: Node, interval: int) -> dict[str, str]:
     service, timer = gpumon_paths(job.name)
     exec_start = " ".join(systemd_quote(a) for a in (SAMPLER_PATH, util_file(n, job.name)))
-    return {service: render("etc/systemd/system/torchrig-gpumon@JOB.service.j2", job=job.name,
-                            main=unit_name(job.name), user=n.user, exec_start=exec_start),
-            timer: render("etc/systemd/system/torchrig-gpumon@JOB.timer.j2", job=job.name,
-                          main=unit_name(job.name), interval=interval)}
+    return {service: managed.GPUMON_SERVICE.render(job=job.name, main=unit_name(job.name),
+                                                   user=n.user, exec_start=exec_start),
+            timer: managed.GPUMON_TIMER.render(job=job.name, main=unit_name(job.name),
+                                               interval=interval)}
 
 
 def env_path(job: str) -> str:
-    return f"{JOBS_DIR}/{job}.env"
+    return managed.JOB_ENV.path(job)
 
 
 def unit_path(job: str) -> str:
-    return f"{SYSTEMD_DIR}/{unit_name(job)}"
+    return managed.JOB_UNIT.path(job)
+
+
+def job_changes(job: Job, n: Node, interval: int, facts=None) -> list[tuple[str, FileChange | None]]:
+    """The node's files for this job through the change engine: (path, its write), the
+    write None where the node's file (facts: what a gather of managed.launch_request read
+    back) already matches. Without facts every file is written (install: the node lock is
+    held only then, so what an earlier read saw may be stale)."""
+    service, timer = render_gpumon(job, n, interval).values()
+    files = [(managed.JOB_ENV, render_env(job, n), render_env(job, n, redact=True)),
+             (managed.JOB_UNIT, render_unit(job, n), None),
+             (managed.GPUMON_SERVICE, service, None), (managed.GPUMON_TIMER, timer, None),
+             (managed.GPU_SAMPLER, managed.GPU_SAMPLER.render(), None)]
+    out = []
+    for mf, body, shown in files:
+        ch = mf.change(facts, content=body, job=job.name, shown=shown)
+        out.append((mf.path(job.name), ch[0] if ch else None))
+    return out
 
 
 def split_args(args: str) -> list[str]:

@@ -13,11 +13,11 @@ from ..facts import job_state, probe
 from ..inventory import Host, Inventory
 from ..remote import flock_lines, sh
 from ..resources import PAYLOAD
-from ..settings import JOBS_DIR, SAMPLER_PATH, job_folder, procs_per_node
+from ..settings import JOBS_DIR, job_folder, procs_per_node
 from ..verify.run import verify
-from .plan import (GPU_SAMPLER, JOB_RE, Job, Node, check_job_name, env_path,
-                   gpumon_paths, job_of_unit, job_port, launch_marker, parse_env, redact_env,
-                   render_env, render_gpumon, render_unit, split_args, unit_name, unit_path)
+from .plan import (JOB_RE, Job, Node, check_job_name, env_path, gpumon_paths, job_changes,
+                   job_of_unit, job_port, launch_marker, parse_env, redact_env, split_args,
+                   unit_name, unit_path)
 from ..session import Fleet, Outcome
 from .push import push
 
@@ -101,7 +101,8 @@ def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
 @dataclass
 class Launched:
     job: Job
-    rendered: dict[str, dict[str, str]]    # host -> {path: content (secrets redacted)}
+    # dry run: host -> [(path, its write, None where the node's file already matches)]
+    changes: dict[str, list] = field(default_factory=dict)
     started: bool = False
     seconds: float = 0.0
 
@@ -169,10 +170,9 @@ def launch(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print) -> Laun
         log(f"payload {release} on {len(hosts)} node(s) "
             f"({sum(r.value[1] for r in pushed)} file(s) sent)")
     job = plan_job(inv, hosts, o, release, interfaces)
-    rendered = {n.host: {env_path(job.name): render_env(job, n, redact=True),
-                         unit_path(job.name): render_unit(job, n)} for n in job.nodes}
-    out = Launched(job, rendered)
+    out = Launched(job)
     if o.dry_run:
+        out.changes = _dry_run(fleet, hosts, job)
         return out
     by_name = {h.name: h for h in hosts}
     installed = fleet.fan_out(lambda n: _install(fleet, by_name[n.host], job, n), job.nodes,
@@ -194,24 +194,31 @@ def launch(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print) -> Laun
     return out
 
 
+def _dry_run(fleet: Fleet, hosts: list[Host], job: Job) -> dict[str, list]:
+    """Each node's files for the job against what is on the node now (one gather of the
+    job's managed files per node; the env file by hash only)."""
+    from ..provision import managed
+    from ..provision.apply import gather
+    from ..provision.factview import Facts
+    req = managed.launch_request(job.name)
+    by_name = {h.name: h for h in hosts}
+
+    def one(n: Node):
+        facts = Facts(gather(fleet.conn(by_name[n.host]), req), req)
+        return job_changes(job, n, GPU_SAMPLE_S, facts)
+    got = fleet.fan_out(one, job.nodes, name=lambda n: n.host)
+    bad = [f"{r.host}: {r.error}" for r in got if not r.ok]
+    if bad:
+        raise TorchrigError("reading the nodes' files failed: " + "; ".join(bad))
+    return {r.host: r.value for r in got}
+
+
 INSTALL = """set -euo pipefail
 install -d -m 0755 {jobs}
 """ + LOCK + OWN_BUSY + """python3 -I - {dirs_args} <<'TORCHRIG_PY'
 {dirs_script}
 TORCHRIG_PY
-umask 077
-tmp=$(mktemp {env}.XXXXXX); base64 -d > "$tmp" <<'EOF'
-{env_b64}
-EOF
-chmod 0600 "$tmp"; mv -f "$tmp" {env}
-umask 022
-tmp=$(mktemp {unit}.XXXXXX); base64 -d > "$tmp" <<'EOF'
-{unit_b64}
-EOF
-chmod 0644 "$tmp"; mv -f "$tmp" {unit}
-install -d -m 0755 {sampler_dir}
-printf %s {sampler} | base64 -d > {sampler_path}.tmp && chmod 0755 {sampler_path}.tmp && mv -f {sampler_path}.tmp {sampler_path}
-{gpumon}
+{files}
 systemctl daemon-reload
 systemctl reset-failed {name} 2>/dev/null || true
 """
@@ -222,20 +229,14 @@ JOBDIRS_SCRIPT = Path(__file__).parent / "jobdirs_remote.py"
 
 def _install(fleet: Fleet, h: Host, job: Job, n: Node) -> None:
     """The job's folders (made safely: see jobdirs_remote.py), env file (0600, may hold
-    secrets: sent on stdin, never in a command line) and units."""
-    import base64
-    b64 = lambda s: base64.b64encode(s.encode()).decode()  # noqa: E731
-    gpumon = "\n".join(f"printf %s {sh(b64(text))} | base64 -d > {sh(path)}"
-                        for path, text in render_gpumon(job, n, GPU_SAMPLE_S).items())
+    secrets: sent on stdin, never in a command line), units and the GPU sampler, each
+    written by the change engine's one atomic write."""
+    files = "\n".join(ch.script for _, ch in job_changes(job, n, GPU_SAMPLE_S))
     script = INSTALL.format(
-        sampler_dir=sh(SAMPLER_PATH.rsplit("/", 1)[0]), sampler=sh(b64(GPU_SAMPLER)),
-        sampler_path=sh(SAMPLER_PATH), gpumon=gpumon,
-        jobs=sh(JOBS_DIR), dirs_script=JOBDIRS_SCRIPT.read_text(),
+        files=files, jobs=sh(JOBS_DIR), dirs_script=JOBDIRS_SCRIPT.read_text(),
         dirs_args=sh(json.dumps({"user": n.user, "dirs": [[n.log_dir, job.name],
                                                            [n.checkpoint_dir, job.name]]})),
-        env=sh(env_path(job.name)),
-        unit=sh(unit_path(job.name)), name=sh(unit_name(job.name)), job=job.name,
-        env_b64=b64(render_env(job, n)), unit_b64=b64(render_unit(job, n)))
+        name=sh(unit_name(job.name)), job=job.name)
     r = fleet.run(h, "bash -s", root=True, timeout=120, data=script)
     if r.exited != 0:
         raise TorchrigError(_refusal(r.stderr) or f"writing the unit failed: {r.stderr.strip()[-300:]}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from ..errors import TorchrigError
@@ -12,9 +13,11 @@ from ..inventory import Host
 from ..remote import login_user, privileged, sh
 from ..resources import PAYLOAD
 from ..session import Fleet
-from .changes import FileChange, b64, preamble
+from .changes import b64, preamble
 from .desired import Settings
-from .steps import NCCL_TARBALL, STEPS, Ctx, driver_state, fact_request, is_tarball, preflight
+from .engine import Plan, build_plan
+from .factview import fingerprint, what_changed
+from .steps import Ctx, Step, Upload, driver_state, fact_request
 
 PAYLOAD_REQUIREMENTS = PAYLOAD / "requirements.txt"
 
@@ -33,12 +36,13 @@ def run_root_script(cxn, script: str, timeout: int = 3600):
     return cxn.run_input(privileged("bash -s", login_user(cxn)), script, timeout)
 
 
-def gather(cxn, s: Settings) -> dict:
-    """Every fact the planners need, in one round trip: the probe runs the commands as root
-    and returns raw text; facts/provision_facts parses it here."""
-    want = fact_request(s)
+def gather(cxn, s: Settings | dict) -> dict:
+    """The host's facts, for provision's settings or for a request (launch asks for its
+    managed files), in one round trip: the probe runs the commands as root and returns raw
+    text; facts/provision_facts parses it here."""
+    want = fact_request(s) if isinstance(s, Settings) else s
     r = cxn.run_input(privileged(probe.COMMAND, login_user(cxn)),
-                  probe.stdin(provision_facts.probe_request(want)), timeout=120)
+                      probe.stdin(provision_facts.probe_request(want)), timeout=120)
     return provision_facts.facts(want, probe.reply(r.exited, r.stdout, r.stderr))
 
 
@@ -76,52 +80,62 @@ class Planned:
     host: Host
     settings: Settings
     ctx: Ctx
-    report: HostReport
+    plan: Plan
+
+    @cached_property
+    def report(self) -> HostReport:
+        return plan_report(self.plan)
 
 
 def plan_host(fleet: Fleet, host: Host) -> Planned:
     s = host.settings
     facts = gather(fleet.conn(host), s)
     ctx = Ctx(facts, s, host.name, payload_requirements())
-    return Planned(host, s, ctx, make_plan(ctx))
+    return Planned(host, s, ctx, build_plan(ctx))
 
 
-def make_plan(ctx: Ctx) -> HostReport:
-    rep = HostReport(ctx.host)
-    problems = preflight(ctx)
-    if problems:
+def plan_report(plan: Plan) -> HostReport:
+    """The plan as an operator reads it (rows with changes and file diffs)."""
+    rep = HostReport(plan.host)
+    if plan.problems:
         rep.ok = False
-        rep.error = "preflight: " + "; ".join(problems)
-        rep.steps.append(StepResult("preflight", "failed", error="; ".join(problems)))
+        rep.error = "preflight: " + "; ".join(plan.problems)
+        rep.steps.append(StepResult("preflight", "failed", error="; ".join(plan.problems)))
         return rep
     rep.steps.append(StepResult("preflight", "ok"))
-    state, _ = driver_state(ctx.facts)
-    for step in STEPS:
-        skip = step.enabled(ctx)
-        if skip:
-            rep.steps.append(StepResult(step.name, "skipped", error=skip))
-            continue
-        changes = step.plan(ctx)
-        rep.steps.append(StepResult(
-            step.name, "planned" if changes else "ok",
-            changes=[c.describe() for c in changes],
-            diffs=[c.diff() for c in changes if isinstance(c, FileChange)]))
-        if step.needs_driver and state != "ok" and changes:
-            rep.steps[-1].error = f"needs the driver loaded (now: {state}); a reboot may be needed"
+    rep.steps += [StepResult(sp.step.name, sp.status, changes=sp.describe(), diffs=sp.diffs(),
+                             error=sp.reason) for sp in plan.steps]
     return rep
 
 
+def make_plan(ctx: Ctx) -> HostReport:
+    return plan_report(build_plan(ctx))
+
+
 def apply_host(fleet: Fleet, p: Planned, reboot: bool, log=lambda host, msg: None) -> HostReport:
-    """Apply the plan; reboot (with --reboot) when the driver needs it, then continue."""
+    """Apply the plan the operator saw, once the host's facts still match it; reboot (with
+    --reboot) when the driver needs it, then gather again and apply what remains."""
     t0 = time.monotonic()
-    host, s = p.host, p.settings
-    ctx, rep = p.ctx, HostReport(host.name)
+    host, s, plan = p.host, p.settings, p.plan
+    rep = HostReport(host.name)
+    if not plan.changes_anything:  # nothing to apply: no second round trip
+        rep.steps = [StepResult("preflight", "ok")] + [
+            StepResult(sp.step.name, sp.status, error=sp.reason) for sp in plan.steps]
+        rep.seconds = round(time.monotonic() - t0, 2)
+        return rep
     try:
         cxn = fleet.conn(host)
+        now = gather(cxn, s)
+        if fingerprint(now) != plan.fingerprint:
+            raise TorchrigError(
+                "the host changed since the plan was made ("
+                + ", ".join(what_changed(p.ctx.facts.raw, now)) + "): nothing was applied; "
+                "rerun provision to see the new plan")
+        ctx = p.ctx
         first: list[StepResult] | None = None
         for attempt in range(2):
             rep.steps = [StepResult("preflight", "ok")]
-            pending_reboot = _apply_steps(cxn, ctx, s, rep, log)
+            pending_reboot = _apply_plan(cxn, plan, s, rep, log)
             if first is not None:
                 rep.steps = _merge(first, rep.steps)
             if pending_reboot and rep.rebooted:
@@ -139,10 +153,12 @@ def apply_host(fleet: Fleet, p: Planned, reboot: bool, log=lambda host, msg: Non
                 rep.reboot_required = True
                 break
             log(host.name, "rebooting to load the new driver")
-            _reboot_and_wait(fleet, host, ctx.facts.get("boot_id", ""), s.reboot_timeout)
+            _reboot_and_wait(fleet, host, ctx.facts["boot_id"], s.reboot_timeout)
             rep.rebooted = True
             cxn = fleet.conn(host)
+            # the host as it came back: only what is still to do runs
             ctx = Ctx(gather(cxn, s), s, host.name, ctx.payload_requirements)
+            plan = build_plan(ctx, check_preflight=False)
     except TorchrigError as e:
         rep.error = str(e)
     failed = [st for st in rep.steps if st.status == "failed"]
@@ -156,62 +172,58 @@ def apply_host(fleet: Fleet, p: Planned, reboot: bool, log=lambda host, msg: Non
     return rep
 
 
-def _apply_steps(cxn, ctx: Ctx, s: Settings, rep: HostReport, log) -> str | None:
-    """Run each step's changes as one root script. The driver state ('no-driver', ...) if a
-    step that needs the driver had to wait for it, else None."""
-    state, _ = driver_state(ctx.facts)
-    driver_changed, waiting = False, None
-    for step in STEPS:
-        skip = step.enabled(ctx)
-        if skip:
-            rep.steps.append(StepResult(step.name, "skipped", error=skip))
+def _apply_plan(cxn, plan: Plan, s: Settings, rep: HostReport, log) -> str | None:
+    """Run each planned step's changes as one root script. The driver state ('no-driver',
+    ...) if a step that needs the driver had to wait for it, else None."""
+    state, driver_changed, waiting = plan.driver, False, None
+    for sp in plan.steps:
+        step, changes = sp.step, sp.changes
+        if sp.status == "skipped":
+            rep.steps.append(StepResult(step.name, "skipped", error=sp.reason))
             continue
         if any(st.status == "failed" for st in rep.steps):
             rep.steps.append(StepResult(step.name, "skipped", error="an earlier step failed"))
+            continue
+        if sp.status == "ok":
+            rep.steps.append(StepResult(step.name, "ok"))
             continue
         if step.needs_driver:
             if driver_changed:
                 state = _driver_now(cxn)
             if state != "ok":
-                changes = step.plan(ctx)
-                if changes:
-                    waiting = state
-                    rep.steps.append(StepResult(step.name, "skipped",
-                                                changes=[c.describe() for c in changes],
-                                                error=f"driver not usable yet ({state}): reboot needed"))
-                    continue
-        changes = step.plan(ctx)
-        if not changes:
-            rep.steps.append(StepResult(step.name, "ok"))
-            continue
+                waiting = state
+                rep.steps.append(StepResult(step.name, "skipped", changes=sp.describe(),
+                                            error=f"driver not usable yet ({state}): reboot needed"))
+                continue
         t = time.monotonic()
-        log(rep.host, f"{step.name}: " + "; ".join(c.describe() for c in changes))
-        r = run_root_script(cxn, step_script(step.name, changes, s))
+        log(rep.host, f"{step.name}: " + "; ".join(sp.describe()))
+        r = run_root_script(cxn, step_script(step, changes, s))
         res = StepResult(step.name, "changed" if r.exited == 0 else "failed",
-                         round(time.monotonic() - t, 2), [c.describe() for c in changes])
+                         round(time.monotonic() - t, 2), sp.describe())
         if r.exited != 0:
             res.error = _last_lines(r.stderr or r.stdout) + f" (exit {r.exited})"
         rep.steps.append(res)
-        if step.name == "driver" and r.exited == 0:
+        if step.reprobes_driver and r.exited == 0:
             driver_changed = True
     return waiting
 
 
-def step_script(name: str, changes: list, s: Settings) -> str:
-    """One step's root script: the preamble, then each change's snippet."""
+def step_script(step: Step, changes: list, s: Settings) -> str:
+    """One step's root script: the preamble, the step's upload if it has one, then each
+    change's snippet."""
     body = "\n".join(c.script for c in changes)
-    if name == "nccl-tests" and is_tarball(s.nccl_tests_source):
-        # the operator's tarball travels inside the root script, into its private folder
-        body = (f"printf %s {sh(b64(_read_tarball(s.nccl_tests_source)))} "
-                f"| base64 -d > {NCCL_TARBALL}\n" + body)
+    up = step.upload(s)
+    if up:
+        # the operator's file travels inside the root script, into its private folder
+        body = f"printf %s {sh(b64(_read_upload(up)))} | base64 -d > {up.dest}\n" + body
     return preamble(s.apt_lock_timeout) + body + "\n"
 
 
-def _read_tarball(path: str) -> bytes:
+def _read_upload(up: Upload) -> bytes:
     try:
-        return Path(path).read_bytes()
+        return Path(up.local).read_bytes()
     except OSError as e:
-        raise TorchrigError(f"var nccl_tests_source: cannot read {path} ({e.strerror})") from None
+        raise TorchrigError(f"var {up.var}: cannot read {up.local} ({e.strerror})") from None
 
 
 def _merge(before: list[StepResult], after: list[StepResult]) -> list[StepResult]:

@@ -33,6 +33,7 @@ class FileChange:
     group: str = "root"
     current: str | None = None  # what is there now (for the diff); None if absent or secret
     secret: bool = False
+    shown: str | None = None    # a secret file's new contents with the secrets masked (launch's env)
 
     def describe(self) -> str:
         if self.content is None:
@@ -41,7 +42,11 @@ class FileChange:
 
     def diff(self) -> str:
         if self.secret:
-            return f"--- {self.path}\n+++ {self.path}\n(secret file: contents not shown)\n"
+            head = f"--- {self.path}\n+++ {self.path}\n"
+            if self.shown is None:
+                return head + "(secret file: contents not shown)\n"
+            return (head + "(secret file: its contents now are not read back; new contents, "
+                    "secrets masked:)\n" + "".join("+" + ln for ln in self.shown.splitlines(True)))
         old = (self.current or "").splitlines(keepends=True)
         new = (self.content or "").splitlines(keepends=True)
         return "".join(difflib.unified_diff(old, new, f"a{self.path}", f"b{self.path}"))
@@ -52,9 +57,13 @@ class FileChange:
             return sh("rm", "-f", "--", self.path)
         data = b64(self.content)
         d = posixpath.dirname(self.path)
-        # temp file beside the target, then rename: readers never see a half-written file
+        # The one atomic write of a managed file (provision and launch alike): a temp file
+        # beside the target (mktemp: 0600, so a secret is never readable while it is
+        # written), its mode and owner set, then renamed: readers never see a half-written file
         return "\n".join([
-            sh("mkdir", "-p", "--", d),
+            # folders it creates are 0755 whatever umask sudo passed on (a sampler under a
+            # 0700 /usr/local/lib/torchrig could not run as the service user)
+            "(umask 022 && " + sh("mkdir", "-p", "--", d) + ")",
             f"tmp=$(mktemp {sh(self.path + '.torchrig.XXXXXX')})",
             f"printf %s {sh(data)} | base64 -d > \"$tmp\"",
             f"chmod {self.mode:04o} \"$tmp\"",
@@ -69,10 +78,11 @@ def b64(text: str | bytes) -> str:
     return base64.b64encode(text.encode() if isinstance(text, str) else text).decode()
 
 
-def file_change(facts: dict, path: str, content: str | None, mode: int = 0o644,
-                owner: str = "root", group: str = "root", secret: bool = False) -> list[FileChange]:
-    """[] when the file on the host already matches (content hash, mode, owner), else one change."""
-    cur = facts.get("files", {}).get(path)
+def file_change(cur: dict | None, path: str, content: str | None, mode: int = 0o644,
+                owner: str = "root", group: str = "root", secret: bool = False,
+                shown: str | None = None) -> list[FileChange]:
+    """[] when the file on the host (`cur`: its facts, None when absent) already matches
+    (content hash, mode, owner), else one change."""
     if content is None:
         return [FileChange(path, None)] if cur else []
     want = hashlib.sha256(content.encode()).hexdigest()
@@ -80,7 +90,8 @@ def file_change(facts: dict, path: str, content: str | None, mode: int = 0o644,
             and cur.get("owner") == owner and cur.get("group") == group:
         return []
     return [FileChange(path, content, mode, owner, group,
-                       current=None if secret or not cur else cur.get("content"), secret=secret)]
+                       current=None if secret or not cur else cur.get("content"), secret=secret,
+                       shown=shown)]
 
 
 def preamble(lock_timeout: int) -> str:

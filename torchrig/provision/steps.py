@@ -12,46 +12,42 @@ from ..errors import TorchrigError
 from ..facts import os_release, smi_query
 from ..remote import sh
 from ..settings import ETC_DIR
-from .changes import Cmd, FileChange, b64, file_change
+from .factview import Facts
+from . import managed
+from .changes import Cmd, FileChange, b64
 from .desired import (DISTROS, DRIVER_PACKAGE, Credentialed, Settings, driver_flavor, repo_source,
                       split_credentials)
 
 Change = Cmd | FileChange
 
-SOURCES_FILE = "/etc/apt/sources.list.d/torchrig-cuda.sources"
-AUTH_FILE = "/etc/apt/auth.conf.d/90-torchrig-cuda.conf"
+SOURCES_FILE = managed.CUDA_SOURCES.path()
+AUTH_FILE = managed.CUDA_AUTH.path()
 KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
-BLACKLIST_FILE = "/etc/modprobe.d/blacklist-nouveau.conf"
-UNATTENDED_FILE = "/etc/apt/apt.conf.d/51torchrig-nvidia-hold"
-CUDA_ENV_FILE = f"{ETC_DIR}/cuda.env"
 # Inside the step script's private temp folder (see changes.preamble), never a fixed /tmp path.
 KEYRING_DEB = '"$TORCHRIG_TMP"/cuda-keyring.deb'
 PIP_NETRC = '"$TORCHRIG_TMP"/pip-netrc'
 PIP_REQUIREMENTS = '"$TORCHRIG_TMP"/requirements.txt'
 NCCL_TARBALL = '"$TORCHRIG_TMP"/nccl-tests.tgz'
 
-BLACKLIST = "# torchrig: the NVIDIA driver needs nouveau out of the way\nblacklist nouveau\noptions nouveau modeset=0\n"
-UNATTENDED = (
-    "// torchrig: unattended-upgrades must never touch the NVIDIA stack: upgrading the driver's\n"
-    "// libraries under a loaded kernel module gives \"Driver/library version mismatch\".\n"
-    "Unattended-Upgrade::Package-Blacklist {\n"
-    '    "nvidia-"; "libnvidia-"; "cuda-drivers"; "cuda-toolkit"; "libnccl"; "cuda-keyring";\n'
-    "};\n")
-
 
 @dataclass
 class Ctx:
-    """Everything a planner reads: the host's facts and its desired settings, plus what
-    earlier checks derived (distro, repo, whether the GPUs sit on an NVSwitch fabric)."""
+    """Everything a planner reads: the host's facts (through accessors that refuse a fact
+    the request did not ask for) and its desired settings, plus what earlier checks derived
+    (distro, repo, whether the GPUs sit on an NVSwitch fabric)."""
 
-    facts: dict
+    facts: Facts
     s: Settings
     host: str
     payload_requirements: list[str] = field(default_factory=list)
 
+    def __post_init__(self):
+        if not isinstance(self.facts, Facts):  # the dict gather returned
+            self.facts = Facts(self.facts, fact_request(self.s))
+
     @property
     def osr(self) -> os_release.OsRelease:
-        return os_release.parse(self.facts.get("os_release", ""))
+        return os_release.parse(self.facts["os_release"] or "")
 
     @property
     def distro(self) -> str | None:
@@ -59,7 +55,7 @@ class Ctx:
 
     @property
     def arch(self) -> str | None:
-        return os_release.cuda_repo_arch(self.facts.get("arch", ""))
+        return os_release.cuda_repo_arch(self.facts["arch"] or "")
 
     @property
     def repo(self) -> Credentialed:
@@ -67,7 +63,7 @@ class Ctx:
 
     @property
     def nvidia_pci(self) -> list[str]:
-        return [ln for ln in (self.facts.get("lspci") or "").splitlines() if "[10de:" in ln]
+        return [ln for ln in (self.facts["lspci"] or "").splitlines() if "[10de:" in ln]
 
     @property
     def gpu_lines(self) -> list[str]:
@@ -80,18 +76,19 @@ class Ctx:
 
     @property
     def driver_pkg(self) -> str:
-        return DRIVER_PACKAGE[driver_flavor(self.s, self.facts.get("lspci"))]
+        return DRIVER_PACKAGE[driver_flavor(self.s, self.facts["lspci"])]
 
     def pkg(self, name: str) -> str | None:
-        return self.facts.get("packages", {}).get(name)
+        return self.facts.pkg(name)
 
     def held(self, name: str) -> bool:
-        return name in self.facts.get("held", [])
+        return name in self.facts["held"]
 
 
-def driver_state(facts: dict) -> tuple[str, str]:
-    """('ok', '') when the loaded driver answers; else a failure kind and what to do."""
-    smi = facts.get("nvidia_smi", {})
+def driver_state(facts) -> tuple[str, str]:
+    """('ok', '') when the loaded driver answers; else a failure kind and what to do.
+    `facts`: Facts, or a dict with the nvidia_smi fact."""
+    smi = facts["nvidia_smi"] or {}
     if smi.get("rc") == 0:
         return "ok", ""
     f = smi_query.detect_failure(smi.get("output", ""), smi.get("rc"))
@@ -107,18 +104,18 @@ def preflight(c: Ctx) -> list[str]:
         problems.append(f"unsupported OS {c.osr.pretty_name or c.osr.id or 'unknown'!r} "
                         "(supported: Ubuntu 22.04, Ubuntu 24.04, Debian 12)")
     if c.arch is None:
-        problems.append(f"unsupported architecture {c.facts.get('arch')!r} (x86_64 or aarch64)")
-    if c.facts.get("euid") != 0:
+        problems.append(f"unsupported architecture {c.facts['arch']!r} (x86_64 or aarch64)")
+    if c.facts["euid"] != 0:
         problems.append("cannot become root: give the login user passwordless sudo")
-    free = c.facts.get("disk_free_gb", 0)
+    free = c.facts["disk_free_gb"] or 0
     if free < c.s.min_free_gb:
         problems.append(f"only {free} GB free on / (need {c.s.min_free_gb} GB; var min_free_gb)")
-    if c.facts.get("lspci") is None:
+    if c.facts["lspci"] is None:
         problems.append("lspci not found: install pciutils so the GPUs can be checked")
     elif not c.gpu_lines:
         problems.append("no NVIDIA GPU on the PCI bus (lspci -nn shows no [10de:] 3D/VGA device)")
     installed_ok = c.pkg(c.driver_pkg) == c.s.driver_deb
-    if c.facts.get("secure_boot") and not installed_ok:
+    if c.facts["secure_boot"] and not installed_ok:
         problems.append("Secure Boot is enabled: the NVIDIA kernel modules built by DKMS are "
                         "unsigned and will not load. Disable Secure Boot in the firmware, or "
                         "enroll a MOK key for DKMS signing (mokutil --import), then rerun")
@@ -128,7 +125,7 @@ def preflight(c: Ctx) -> list[str]:
 # --- steps ----------------------------------------------------------------------------------
 
 def apt_recover(c: Ctx) -> list[Change]:
-    if c.facts.get("dpkg_audit") or c.facts.get("dpkg_updates_pending"):
+    if c.facts["dpkg_audit"] or c.facts["dpkg_updates_pending"]:
         return [Cmd("finish an interrupted dpkg run (dpkg --configure -a)",
                     "dpkg_run --configure -a\napt_get -f install")]
     return []
@@ -156,13 +153,12 @@ def cuda_repo(c: Ctx) -> list[Change]:
                        f"dpkg_run -i {KEYRING_DEB}"))
     elif r.login:
         out += _auth_file(c)
-    source = (f"# torchrig: NVIDIA CUDA repository ({c.distro}/{c.arch})\n"
-              f"Types: deb\nURIs: {r.url}\nSuites: /\nSigned-By: {KEYRING}\n")
-    out += file_change(c.facts, SOURCES_FILE, source)
+    out += managed.CUDA_SOURCES.change(c.facts, distro=c.distro, arch=c.arch, url=r.url,
+                                       keyring=KEYRING)
     # cuda-keyring's own one-line source duplicates ours (apt then warns or refuses).
-    out += file_change(c.facts, f"/etc/apt/sources.list.d/cuda-{c.distro}-{c.arch}.list", None)
+    out += managed.absent(c.facts, managed.keyring_list(c.distro, c.arch))
     missing = [f"{p}={v}" for p, v in _pinned(c).items()
-               if c.pkg(p) != v and not c.facts.get("available", {}).get(f"{p}={v}")]
+               if c.pkg(p) != v and not c.facts.available(f"{p}={v}")]
     if out or missing:
         why = "source changed" if out else "pinned versions not in the package lists: " + ", ".join(missing)
         out.append(Cmd(f"apt-get update ({why})", "apt_get update"))
@@ -175,12 +171,11 @@ def netrc(c: Credentialed, var: str) -> str:
     if any(ch.isspace() for ch in (c.login or "") + (c.password or "")):
         raise TorchrigError(f"var {var!r}: credentials with whitespace cannot go into a netrc "
                             "file; use a token without spaces")
-    return (f"machine {c.host}\n" + (f"login {c.login}\n" if c.login else "")
-            + f"password {c.password or ''}\n")
+    return managed.CUDA_AUTH.render(host=c.host, login=c.login, password=c.password or "")
 
 
 def _auth_file(c: Ctx) -> list[FileChange]:
-    return file_change(c.facts, AUTH_FILE, netrc(c.repo, 'cuda_repo_url'), mode=0o600, secret=True)
+    return managed.CUDA_AUTH.change(c.facts, netrc(c.repo, 'cuda_repo_url'))
 
 
 def _install(c: Ctx, pins: dict[str, str], what: str) -> list[Change]:
@@ -200,7 +195,7 @@ def _install(c: Ctx, pins: dict[str, str], what: str) -> list[Change]:
 
 
 def _unit_enabled(c: Ctx, unit: str) -> list[Change]:
-    state = c.facts.get("units", {}).get(unit, {}).get("enabled")
+    state = c.facts.unit(unit).get("enabled")
     if state == "enabled":
         return []
     return [Cmd(f"enable {unit}", "systemctl enable " + sh(unit))]
@@ -209,7 +204,7 @@ def _unit_enabled(c: Ctx, unit: str) -> list[Change]:
 def driver(c: Ctx) -> list[Change]:
     s = c.s
     out: list[Change] = []
-    bl = file_change(c.facts, BLACKLIST_FILE, BLACKLIST)
+    bl = managed.NOUVEAU_BLACKLIST.change(c.facts)
     out += bl
     if bl:
         out.append(Cmd("rebuild the initramfs without nouveau",
@@ -218,7 +213,7 @@ def driver(c: Ctx) -> list[Change]:
     if c.nvswitch:
         pins[s.fabricmanager_pkg] = s.driver_deb
     out += _install(c, pins, f"NVIDIA driver {s.driver_version} ({c.driver_pkg})")
-    out += file_change(c.facts, UNATTENDED_FILE, UNATTENDED)
+    out += managed.UNATTENDED_HOLD.change(c.facts)
     out += _unit_enabled(c, "nvidia-persistenced.service")
     if c.nvswitch:
         out += _unit_enabled(c, "nvidia-fabricmanager.service")
@@ -231,7 +226,7 @@ def driver_services(c: Ctx) -> list[Change]:
     units = ["nvidia-persistenced.service"] + (["nvidia-fabricmanager.service"] if c.nvswitch else [])
     out: list[Change] = []
     for u in units:
-        if c.facts.get("units", {}).get(u, {}).get("active") != "active":
+        if c.facts.unit(u).get("active") != "active":
             out.append(Cmd(f"start {u}", "systemctl start " + sh(u)))
     return out
 
@@ -239,11 +234,8 @@ def driver_services(c: Ctx) -> list[Change]:
 def cuda_toolkit(c: Ctx) -> list[Change]:
     s = c.s
     out = _install(c, {s.cuda_pkg: s.cuda_package_version}, f"CUDA toolkit {s.cuda_version}")
-    env = (f"# torchrig: CUDA {s.cuda_version} for services (EnvironmentFile=), not login shells\n"
-           f"CUDA_HOME={s.cuda_home}\n"
-           f"PATH={s.venv}/bin:{s.cuda_home}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
-           f"LD_LIBRARY_PATH={s.cuda_home}/lib64\n")
-    out += file_change(c.facts, CUDA_ENV_FILE, env)
+    out += managed.CUDA_ENV.change(c.facts, cuda_version=s.cuda_version, cuda_home=s.cuda_home,
+                                   venv=s.venv)
     return out
 
 
@@ -254,7 +246,7 @@ def nccl(c: Ctx) -> list[Change]:
 
 def python_venv(c: Ctx) -> list[Change]:
     s = c.s
-    venv = c.facts.get("venv", {})
+    venv = c.facts.venv(s.venv)
     out: list[Change] = []
     if not venv.get("python"):
         out.append(Cmd(f"create the venv {s.venv}", sh("python3", "-m", "venv", s.venv)))
@@ -299,7 +291,7 @@ def _satisfied(req: str, dists: dict[str, str]) -> bool:
 def nccl_tests(c: Ctx) -> list[Change]:
     s = c.s
     binary = f"{s.prefix}/nccl-tests/build/all_reduce_perf"
-    if c.facts.get("paths", {}).get(binary):
+    if c.facts.path_exists(binary):
         return []
     dest = sh(s.prefix + "/nccl-tests")
     build = (f"make -C {dest} -j\"$(nproc)\" MPI=0 "
@@ -335,12 +327,12 @@ def is_tarball(source: str) -> bool:
 def service_user(c: Ctx) -> list[Change]:
     s = c.s
     out: list[Change] = []
-    if not c.facts.get("users", {}).get(s.service_user):
+    if not c.facts.user(s.service_user):
         out.append(Cmd(f"create the service user {s.service_user}",
                        sh("useradd", "--system", "--user-group", "--home-dir", s.prefix,
                           "--no-create-home", "--shell", "/usr/sbin/nologin", s.service_user)))
     for path, mode, owner in dirs(s):
-        cur = c.facts.get("dirs", {}).get(path)
+        cur = c.facts.dir(path)
         if not cur or cur.get("mode") != mode or cur.get("owner") != owner or cur.get("group") != owner:
             out.append(Cmd(f"directory {path} ({mode:04o} {owner}:{owner})",
                            f"install -d -m {mode:04o} -o {sh(owner)} -g {sh(owner)} {sh(path)}"))
@@ -358,30 +350,48 @@ def dirs(s: Settings) -> list[tuple[str, int, str]]:
 
 
 @dataclass(frozen=True)
+class Upload:
+    """A file on the operator's machine a step's script needs on the host: it travels inside
+    the root script (stdin) into the script's private folder, at `dest`."""
+    local: str
+    dest: str
+    var: str      # the var that names it, for the error when it cannot be read
+
+
+@dataclass(frozen=True)
 class Step:
     name: str
     plan: Callable[[Ctx], list[Change]]
-    needs_driver: bool = False   # runs only once the driver is loaded (else: reboot first)
-    needs_cuda: bool = False
+    needs_driver: bool = False     # runs only once the driver is loaded (else: reboot first)
+    reprobes_driver: bool = False  # once this step changed something, ask nvidia-smi again
+    upload: Callable[[Settings], Upload | None] = lambda s: None
     enabled: Callable[[Ctx], str | None] = lambda c: None  # a reason to skip, or None
+
+
+def nccl_tests_upload(s: Settings) -> Upload | None:
+    if is_tarball(s.nccl_tests_source):
+        return Upload(s.nccl_tests_source, NCCL_TARBALL, "nccl_tests_source")
+    return None
 
 
 STEPS = [
     Step("apt-recover", apt_recover),
     Step("cuda-repo", cuda_repo),
-    Step("driver", driver),
+    Step("driver", driver, reprobes_driver=True),
     Step("driver-services", driver_services, needs_driver=True),
     Step("cuda-toolkit", cuda_toolkit),
     Step("nccl", nccl),
     Step("python-venv", python_venv),
-    Step("nccl-tests", nccl_tests, needs_driver=True,
+    Step("nccl-tests", nccl_tests, needs_driver=True, upload=nccl_tests_upload,
          enabled=lambda c: None if c.s.nccl_tests else "disabled (var nccl_tests: false)"),
     Step("service-user", service_user),
 ]
 
 
 def fact_request(s: Settings, flavor_pkgs: list[str] | None = None) -> dict:
-    """What gather_facts.py must report for these settings (one round trip)."""
+    """What gather_facts.py must report for these settings (one round trip). The planners
+    read facts through Ctx.facts, which refuses anything not asked for here; files come
+    from the managed-file table."""
     pkgs = sorted({*(flavor_pkgs or DRIVER_PACKAGE.values()), s.fabricmanager_pkg, s.cuda_pkg,
                    "libnccl2", "libnccl-dev", "cuda-keyring"})
     versions = {p: s.driver_deb for p in (*DRIVER_PACKAGE.values(), s.fabricmanager_pkg)}
@@ -390,10 +400,7 @@ def fact_request(s: Settings, flavor_pkgs: list[str] | None = None) -> dict:
     return {
         "packages": pkgs,
         "available": [f"{p}={v}" for p, v in sorted(versions.items())],
-        "files": [SOURCES_FILE, BLACKLIST_FILE, UNATTENDED_FILE, CUDA_ENV_FILE]
-                 + [f"/etc/apt/sources.list.d/cuda-{d}-{a}.list" for d in sorted(DISTROS)
-                    for a in ("x86_64", "sbsa")],
-        "secret_files": [AUTH_FILE],
+        **managed.provision_request(),
         "dirs": [d for d, _, _ in dirs(s)],
         "units": ["nvidia-persistenced.service", "nvidia-fabricmanager.service"],
         "users": [s.service_user],

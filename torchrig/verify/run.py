@@ -7,7 +7,6 @@ import json
 import re
 import secrets
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from .. import torchrun
 from ..errors import TorchrigError

@@ -1,0 +1,83 @@
+"""Every file torchrig manages on a host, declared once: its template (under templates/,
+mirroring the target path; JOB stands for a job's name), mode, owner and whether it holds
+secrets. provision's fact request and planners, and launch's install, all derive from these
+tables, so a managed file that provision never reads back cannot exist."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..render import render
+from .changes import FileChange, file_change
+from .desired import DISTROS
+
+
+@dataclass(frozen=True)
+class ManagedFile:
+    template: str          # under templates/; the target path is "/" + this, less ".j2"
+    mode: int = 0o644
+    owner: str = "root"
+    secret: bool = False   # read back as a hash only; never shown in a plan or diff
+
+    def path(self, job: str = "") -> str:
+        return "/" + self.template.removesuffix(".j2").replace("JOB", job)
+
+    def render(self, **values) -> str:
+        return render(self.template, **values)
+
+    def change(self, facts, content: str | None = None, job: str = "", shown: str | None = None,
+               **values) -> list[FileChange]:
+        """[] when the host's file (facts.file) already matches, else the one write; with
+        facts None, the write whatever is there. The body is this file's template rendered
+        with `values` (or `content`, already rendered)."""
+        body = self.render(**values) if content is None else content
+        path = self.path(job)
+        cur = None if facts is None else facts.file(path)
+        return file_change(cur, path, body, mode=self.mode, owner=self.owner,
+                           group=self.owner, secret=self.secret, shown=shown)
+
+
+# --- provision --------------------------------------------------------------------------------
+CUDA_SOURCES = ManagedFile("etc/apt/sources.list.d/torchrig-cuda.sources.j2")
+CUDA_AUTH = ManagedFile("etc/apt/auth.conf.d/90-torchrig-cuda.conf.j2", mode=0o600, secret=True)
+NOUVEAU_BLACKLIST = ManagedFile("etc/modprobe.d/blacklist-nouveau.conf.j2")
+UNATTENDED_HOLD = ManagedFile("etc/apt/apt.conf.d/51torchrig-nvidia-hold.j2")
+CUDA_ENV = ManagedFile("etc/torchrig/cuda.env.j2")
+PROVISION_FILES = (CUDA_SOURCES, CUDA_AUTH, NOUVEAU_BLACKLIST, UNATTENDED_HOLD, CUDA_ENV)
+
+# Files that must not exist: cuda-keyring's own one-line source duplicates ours (apt then
+# warns or refuses). One per distro and repo arch it may have been installed for.
+REPO_ARCHES = ("x86_64", "sbsa")
+
+
+def keyring_list(distro: str, arch: str) -> str:
+    return f"/etc/apt/sources.list.d/cuda-{distro}-{arch}.list"
+
+
+PROVISION_ABSENT = tuple(keyring_list(d, a) for d in sorted(DISTROS) for a in REPO_ARCHES)
+
+
+def provision_request() -> dict[str, list[str]]:
+    """The file part of provision's fact request: every managed file, secrets by hash only."""
+    return {"files": [f.path() for f in PROVISION_FILES if not f.secret] + list(PROVISION_ABSENT),
+            "secret_files": [f.path() for f in PROVISION_FILES if f.secret]}
+
+
+def absent(facts, path: str) -> list[FileChange]:
+    """[] when the file is not on the host, else its removal (facts.file refuses a path
+    that is not declared above)."""
+    return [FileChange(path, None)] if facts.file(path) else []
+
+
+# --- launch (per job) -------------------------------------------------------------------------
+JOB_ENV = ManagedFile("etc/torchrig/jobs/JOB.env.j2", mode=0o600, secret=True)
+JOB_UNIT = ManagedFile("etc/systemd/system/torchrig-JOB.service.j2")
+GPUMON_SERVICE = ManagedFile("etc/systemd/system/torchrig-gpumon@JOB.service.j2")
+GPUMON_TIMER = ManagedFile("etc/systemd/system/torchrig-gpumon@JOB.timer.j2")
+GPU_SAMPLER = ManagedFile("usr/local/lib/torchrig/gpu-sample.j2", mode=0o755)
+LAUNCH_FILES = (JOB_ENV, JOB_UNIT, GPUMON_SERVICE, GPUMON_TIMER, GPU_SAMPLER)
+
+
+def launch_request(job: str) -> dict[str, list[str]]:
+    return {"files": [f.path(job) for f in LAUNCH_FILES if not f.secret],
+            "secret_files": [f.path(job) for f in LAUNCH_FILES if f.secret]}
