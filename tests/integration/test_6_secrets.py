@@ -1,7 +1,8 @@
 """Secrets on real hosts: provision with a pip index and an nccl-tests git URL that carry
 credentials, served by a server that refuses anything without them. Every output mode, every
 file the host wrote and every process's command line on this machine (the hosts' processes
-included) is searched for each secret form. Runs on fresh hosts (after test_5's down/up)."""
+included) is searched for each secret form. The first test needs a fresh gpu1 (in a full run,
+test_5's down/up gives one); the others need it provisioned."""
 
 import base64
 import json
@@ -146,7 +147,8 @@ def _no_markers(text, what):
     assert not leaked, f"{what} shows {leaked}:\n{text[-3000:]}"
 
 
-def test_no_secret_in_any_output_file_or_command_line(testbed, secret_inventory):
+def test_no_secret_in_any_output_file_or_command_line(testbed, fleet, secret_inventory):
+    fleet.fresh(HOST, "this test")  # pip and git must fetch through the server
     from torchrig.testbed.machines import host_dir, root_of
     from torchrig.testbed.paths import GATEWAY_IP, www
     inv = str(secret_inventory)
@@ -177,6 +179,7 @@ def test_no_secret_in_any_output_file_or_command_line(testbed, secret_inventory)
         r = invoke("provision", "-i", inv, "-h", HOST, "--yes", "--json", timeout=600)
         outputs["provision --json"] = r.stdout + r.stderr
         assert r.returncode == 0, r.stdout + r.stderr
+        fleet.mark(HOST, "test_6_secrets")
         steps = {s["name"]: s for s in json.loads(r.stdout)[0]["steps"]}
         assert steps["nccl-tests"]["status"] == "changed"
         sampler.stop()  # launch's --env below is the operator's own command line
@@ -214,6 +217,7 @@ def test_no_secret_in_any_output_file_or_command_line(testbed, secret_inventory)
     assert not [p.name for p in (root / "tmp").iterdir() if p.name.startswith(("torchrig", "tmp."))]
 
 
+@pytest.mark.provisioned(HOST)
 def test_benchmark_copy_ignores_a_planted_tmp_folder(testbed):
     """Another local user pre-creates verify's old fixed folder with a symlink to a file of the
     login user: verify --bandwidth must neither write through it nor run what is there."""
@@ -233,6 +237,7 @@ def test_benchmark_copy_ignores_a_planted_tmp_folder(testbed):
     assert not [p for p in (root / "tmp").iterdir() if p.name.startswith("tmp.")]  # removed
 
 
+@pytest.mark.provisioned(HOST)
 def test_logs_and_status_mask_what_a_job_prints(testbed, secret_inventory):
     """A job that prints its secrets (env_check.py shows the env names it is given): `logs`
     shows *** for each form (a secret_env name set on another host, a secret-looking name, a
