@@ -87,14 +87,18 @@ def test_converged_host_plans_nothing():
         assert [st.status for st in rep.steps] == ["ok"] * (1 + len(steps.STEPS))
 
 
-def test_drift_is_detected_per_item():
-    c = ctx(fresh())
-    f = converged(c)
+def drifted() -> dict:
+    """A converged host where four things drifted (a hold, a mode, an owner, a version)."""
+    f = converged(ctx(fresh()))
     f["held"] = [p for p in f["held"] if p != "libnccl2"]
     f["files"][steps.SOURCES_FILE]["mode"] = 0o666
     f["dirs"]["/srv/torchrig/data"]["owner"] = "root"
     f["packages"]["cuda-toolkit-12-8"] = "12.8.61-1"
-    d = ctx(f)
+    return f
+
+
+def test_drift_is_detected_per_item():
+    d = ctx(drifted())
     assert describe(steps.nccl(d)) == ["hold libnccl2 (no upgrade behind provision's back)"]
     assert describe(steps.cuda_repo(d))[0].startswith("write /etc/apt/sources.list.d/torchrig-cuda.sources")
     assert describe(steps.service_user(d)) == ["directory /srv/torchrig/data (0750 torchrig:torchrig)"]

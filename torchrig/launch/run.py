@@ -225,14 +225,14 @@ systemctl reset-failed {name} 2>/dev/null || true
 JOBDIRS_SCRIPT = Path(__file__).parent / "jobdirs_remote.py"
 
 
-def _install(inv, h: Host, job: Job, n: Node, accept_new) -> None:
-    """The job's folders (made safely: see jobdirs_remote.py), env file (0600, may hold
-    secrets: sent on stdin, never in a command line) and units."""
+def install_script(job: Job, n: Node) -> str:
+    """The root script that writes the job's folders (made safely: see jobdirs_remote.py), env
+    file (0600, may hold secrets: sent on stdin, never in a command line) and units on node n."""
     import base64
     b64 = lambda s: base64.b64encode(s.encode()).decode()  # noqa: E731
     gpumon = "\n".join(f"printf %s {sh(b64(text))} | base64 -d > {sh(path)}"
                         for path, text in render_gpumon(job, n, GPU_SAMPLE_S).items())
-    script = INSTALL.format(
+    return INSTALL.format(
         sampler_dir=sh(SAMPLER_PATH.rsplit("/", 1)[0]), sampler=sh(b64(GPU_SAMPLER)),
         sampler_path=sh(SAMPLER_PATH), gpumon=gpumon,
         jobs=sh(JOBS_DIR), dirs_script=JOBDIRS_SCRIPT.read_text(),
@@ -241,7 +241,11 @@ def _install(inv, h: Host, job: Job, n: Node, accept_new) -> None:
         env=sh(env_path(job.name)),
         unit=sh(unit_path(job.name)), name=sh(unit_name(job.name)), job=job.name,
         env_b64=b64(render_env(job, n)), unit_b64=b64(render_unit(job, n)))
-    r = run_once(h, inv, "bash -s", root=True, accept_new=accept_new, timeout=120, data=script)
+
+
+def _install(inv, h: Host, job: Job, n: Node, accept_new) -> None:
+    r = run_once(h, inv, "bash -s", root=True, accept_new=accept_new, timeout=120,
+                 data=install_script(job, n))
     if r.exited != 0:
         raise TorchrigError(_refusal(r.stderr) or f"writing the unit failed: {r.stderr.strip()[-300:]}")
 
@@ -266,12 +270,16 @@ systemctl start {name}
 """
 
 
+def start_script(job: Job, exclusive: bool) -> str:
+    """The root script that starts the job's unit on a node (exclusive: a GPU node)."""
+    return START.format(jobs=sh(JOBS_DIR), busy_units=BUSY_UNITS, name=sh(unit_name(job.name)),
+                        unit_file=sh(unit_path(job.name)), marker=sh(launch_marker(job)),
+                        job=job.name, unit_re=sh(rf"torchrig-{JOB_RE.pattern}\.service"),
+                        exclusive=int(exclusive))
+
+
 def _start(inv, h: Host, job: Job, accept_new) -> None:
-    exclusive = h.vars.get("accelerator", "cuda") == "cuda"
-    script = START.format(jobs=sh(JOBS_DIR), busy_units=BUSY_UNITS, name=sh(unit_name(job.name)),
-                          unit_file=sh(unit_path(job.name)), marker=sh(launch_marker(job)),
-                          job=job.name, unit_re=sh(rf"torchrig-{JOB_RE.pattern}\.service"),
-                          exclusive=int(exclusive))
+    script = start_script(job, h.vars.get("accelerator", "cuda") == "cuda")
     r = run_once(h, inv, "bash -s", root=True, accept_new=accept_new, timeout=400, data=script)
     if r.exited != 0:
         raise TorchrigError(_refusal(r.stderr) or f"systemctl start failed: {r.stderr.strip()[-300:]}")
@@ -332,11 +340,15 @@ systemctl stop {name}
 """
 
 
-def _undo(inv, hosts: list[Host], job: Job, o: LaunchOptions, remove: bool) -> list:
+def undo_script(job: Job, remove: bool) -> str:
     rm = (sh("rm", "-f", unit_path(job.name), env_path(job.name), *gpumon_paths(job.name))
           + " && systemctl daemon-reload") if remove else ""
-    script = UNDO.format(jobs=sh(JOBS_DIR), marker=sh(launch_marker(job)),
-                         unit_file=sh(unit_path(job.name)), name=sh(unit_name(job.name)), remove=rm)
+    return UNDO.format(jobs=sh(JOBS_DIR), marker=sh(launch_marker(job)),
+                       unit_file=sh(unit_path(job.name)), name=sh(unit_name(job.name)), remove=rm)
+
+
+def _undo(inv, hosts: list[Host], job: Job, o: LaunchOptions, remove: bool) -> list:
+    script = undo_script(job, remove)
     return fan_out(hosts, lambda h: run_once(h, inv, "bash -s", root=True, accept_new=o.accept_new,
                                              timeout=400, data=script).exited,
                    parallel=o.parallel)
