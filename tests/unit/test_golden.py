@@ -8,6 +8,7 @@ diff before committing it:
     TORCHRIG_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/unit/test_golden.py   (or: make golden)
 """
 
+import difflib
 import json
 import os
 import subprocess
@@ -34,8 +35,11 @@ def check_golden(name: str, text: str):
         return
     assert path.exists(), f"no golden file {path}: regenerate (see this module's docstring)"
     want = path.read_text()
-    assert text == want, (f"{name} differs from its golden file; if the change is meant, "
-                          "regenerate (see this module's docstring) and review the diff")
+    if text != want:
+        diff = "".join(list(difflib.unified_diff(want.splitlines(True), text.splitlines(True),
+                                                 f"golden/{name}", "generated"))[:60])
+        raise AssertionError(f"{name} differs from its golden file; if the change is meant, "
+                             f"regenerate (see this module's docstring) and review the diff:\n{diff}")
 
 
 def bash_n(script: str, what: str):
