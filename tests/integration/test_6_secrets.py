@@ -28,6 +28,7 @@ STANDIN_GIT = r'''#!/usr/bin/python3
 # TESTBED STAND-IN for git clone: asks the configured credential helper as git does, proves
 # the credentials against the server, then leaves a clone whose config holds the URL it got.
 import base64, json, os, subprocess, sys, time, urllib.error, urllib.request
+SEEN = "/var/lib/standin-git-seen"
 args = sys.argv[1:]
 helpers = [a.split("=", 1)[1] for a in args if a.startswith("credential.helper=")]
 cred = {}
@@ -45,7 +46,12 @@ try:
     status = urllib.request.urlopen(req, timeout=10).status
 except urllib.error.HTTPError as e:
     status = e.code
-time.sleep(3)  # long enough for the process sampler to see this command line
+# stay until the process sampler has seen this command line (it leaves SEEN), at most 60 s
+for _ in range(600):
+    if os.path.exists(SEEN):
+        os.unlink(SEEN)
+        break
+    time.sleep(0.1)
 os.makedirs(dest + "/.git")
 open(dest + "/.git/config", "w").write(f'[remote "origin"]\n\turl = {url}\n')
 with open("/var/log/standin-git.log", "a") as f:
@@ -99,7 +105,8 @@ class ArgvSampler:
     """Every process's command line on this machine, sampled: the testbed hosts share its
     kernel, so their processes (root's apt, pip, git on the host) are in this /proc too."""
 
-    def __init__(self):
+    def __init__(self, seen_flag: Path):
+        self.seen_flag = seen_flag  # touched when a clone is seen: the stand-in git waits for it
         self.hits, self.seen, self._stop = set(), 0, threading.Event()
         self.t = threading.Thread(target=self._run, daemon=True)
         self.t.start()
@@ -113,6 +120,8 @@ class ArgvSampler:
                     continue
                 if "pip" in argv and "install" in argv or "clone" in argv:
                     self.seen += 1
+                if "clone" in argv and "credential.helper" in argv:
+                    self.seen_flag.touch()
                 for m in MARKERS:
                     if m in argv:
                         self.hits.add(argv[:300])
@@ -157,7 +166,7 @@ def test_no_secret_in_any_output_file_or_command_line(testbed, fleet, secret_inv
         (root / "usr/local/bin" / name).write_text(text)
         (root / "usr/local/bin" / name).chmod(0o755)
     server = AuthServer(GATEWAY_IP, www())
-    sampler = ArgvSampler()
+    sampler = ArgvSampler(root / "var/lib/standin-git-seen")
     try:
         outputs = {}
         for mode in (["hosts"], ["hosts", "--json"]):
@@ -194,6 +203,7 @@ def test_no_secret_in_any_output_file_or_command_line(testbed, fleet, secret_inv
         server.close()
         for name in ("git", "make"):
             (root / "usr/local/bin" / name).unlink(missing_ok=True)
+        sampler.seen_flag.unlink(missing_ok=True)
     for what, text in outputs.items():
         _no_markers(text, what)
     # the credentials did reach pip and git (the server refuses requests without them)
