@@ -11,7 +11,7 @@ INVOKE  := $(BIN)/invoke
 APT_PKGS := systemd-container debootstrap openssh-client apt-utils dpkg-dev gpg iproute2 procps python3-venv
 APT_TOOLS := systemd-nspawn debootstrap ssh-keygen apt-ftparchive dpkg-deb gpg ip pgrep
 
-.PHONY: deps venv test unit integration demo bench clean
+.PHONY: deps venv test unit integration golden demo bench clean
 
 deps:
 	@missing=""; for t in $(APT_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
@@ -35,6 +35,10 @@ unit: venv
 
 integration: deps venv
 	$(BIN)/python -m pytest -q tests/integration
+
+# Rewrite tests/golden/ from the generators (after a deliberate change; review the diff).
+golden: venv
+	TORCHRIG_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/unit/test_golden.py
 
 # Unit tests first (fast, no root), then integration tests on a testbed they bring up and down.
 test: deps venv

@@ -1,10 +1,22 @@
 """Integration tests: a real testbed (nspawn hosts with systemd and sshd) brought up once per
-session on its own bridge, state folder and subnet, so a user's testbed is left alone."""
+session on its own bridge, state folder and subnet, so a user's testbed is left alone.
 
+Every file runs alone: a file whose tests need provisioned hosts says which with
+`pytestmark = pytest.mark.provisioned("gpu1", "gpu4")`; the session's `fleet` provisions each
+host the first time a test needs it and remembers it (provision converges, so a host that an
+earlier test provisioned is not provisioned again). Tests that exercise the fresh path ask
+`fleet.fresh(host)` first and tell the fleet when they leave a host provisioned.
+
+The helpers every file uses (run a command on a host, provision, launch/logs/status, bounded
+waits) live here, once. Every wait has a bound and says what it waited for when it gives up."""
+
+import json
 import os
 import platform
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,16 +38,167 @@ if platform.system() != "Linux" or os.geteuid() != 0:
 
 N_HOSTS = 4
 PROFILES = "v100s-nvlink-2,gpu2=h100-nvswitch-8,gpu3=pcie-sys-4"  # gpu4: a second V100S pair
+NODES = "gpu1,gpu4"  # the two V100S pairs the launch tests train on
+WORKER = "'^/opt/torchrig/venv/bin/python[0-9.]* -u train.py'"  # pgrep -f: a job's rank process
 
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "provisioned(*hosts): the test needs these testbed hosts "
+                                       "provisioned (the session's fleet does it once)")
+
+
+# ---- running the CLI and commands on hosts -------------------------------------------------
 
 def invoke(*args, timeout=600, check=False, env=None) -> subprocess.CompletedProcess:
-    """Run the toolkit's CLI exactly as a user would."""
+    """Run the toolkit's CLI exactly as a user would (bounded: TimeoutExpired names the command)."""
     r = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True,
                        text=True, timeout=timeout, env={**os.environ, **ENV, **(env or {})})
     if check and r.returncode != 0:
         raise AssertionError(f"invoke {' '.join(args)} failed ({r.returncode}):\n"
                              f"{r.stdout}\n{r.stderr}")
     return r
+
+
+def invoke_bg(*args) -> subprocess.Popen:
+    """The CLI in the background (a follower, a concurrent launch); the caller bounds its wait."""
+    return subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO,
+                            env={**os.environ, **ENV}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def sh(inv, host, cmd, sudo=True, check=True) -> str:
+    """A command on a host through the toolkit (`exec`); its output lines, prefix removed."""
+    r = invoke("exec", "-i", str(inv), "-h", host, *(["--sudo"] if sudo else []), cmd)
+    if check and r.returncode != 0:
+        raise AssertionError(f"{cmd!r} on {host} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    return "\n".join(re.findall(rf"^{re.escape(host)} +\| ?(.*)$", r.stdout, re.M))
+
+
+def write_inventory(tmp_path, doc, name="inv.yml") -> Path:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+def inventory_with_known_hosts(tmp_path, inventory_doc, lines=None) -> tuple[Path, Path]:
+    """A copy of the testbed inventory whose known_hosts file is a fresh one holding `lines`
+    (None: no file at all); returns (inventory, known_hosts)."""
+    doc = yaml.safe_load(yaml.safe_dump(inventory_doc))
+    kh = tmp_path / "known_hosts"
+    if lines is not None:
+        kh.write_text("\n".join(lines) + "\n")
+    doc["known_hosts"] = str(kh)
+    return write_inventory(tmp_path, doc), kh
+
+
+def ip_of(inv, name) -> str:
+    return next(h["address"] for h in yaml.safe_load(Path(inv).read_text())["hosts"]
+                if h["name"] == name)
+
+
+# ---- bounded waits ---------------------------------------------------------------------------
+
+def wait_until(what, probe, timeout, interval=2.0):
+    """Call `probe` until it returns something truthy (returned); after `timeout` seconds fail
+    naming `what` was awaited and the probe's last answer."""
+    deadline, last = time.monotonic() + timeout, None
+    while True:
+        last = probe()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"gave up after {timeout:.0f}s waiting for {what} "
+                                 f"(last answer: {last!r})")
+        time.sleep(interval)
+
+
+def unit_state(inv, host, unit) -> str:
+    return sh(inv, host, f"systemctl show -p ActiveState --value {unit}", check=False)
+
+
+def wait_unit_ended(inv, host, unit, timeout=240) -> str:
+    return wait_until(f"{unit} on {host} to end (inactive or failed)",
+                      lambda: (s := unit_state(inv, host, unit)) in ("inactive", "failed") and s,
+                      timeout)
+
+
+# ---- provision -------------------------------------------------------------------------------
+
+def provision(inv, hosts, *flags, timeout=900):
+    """`provision --json`: (result, parsed JSON or None)."""
+    r = invoke("provision", "-i", str(inv), "-h", hosts, "--json", *flags, timeout=timeout)
+    try:
+        data = json.loads(r.stdout)
+    except ValueError:
+        data = None
+    return r, data
+
+
+def steps_of(data, host):
+    rep = next(d for d in data if d["host"] == host)
+    return rep, {s["name"]: s for s in rep["steps"]}
+
+
+# ---- jobs ------------------------------------------------------------------------------------
+
+def launch(inv, job, *args, hosts=NODES, timeout=400):
+    return invoke("launch", "-i", str(inv), "-h", hosts, "--job", job, *args, timeout=timeout)
+
+
+def logs(inv, job, *args, hosts=NODES, timeout=600):
+    return invoke("logs", "-i", str(inv), "-h", hosts, "--job", job, *args, timeout=timeout)
+
+
+def status(inv, job, hosts=NODES):
+    r = invoke("status", "-i", str(inv), "-h", hosts, "--job", job, "--json")
+    return r, (json.loads(r.stdout) if r.stdout.strip().startswith("{") else None)
+
+
+def stop(inv, job, hosts=NODES, timeout=300):
+    return invoke("stop", "-i", str(inv), "-h", hosts, "--job", job, timeout=timeout)
+
+
+def wait_step(inv, job, step, hosts=NODES, timeout=240) -> int:
+    """Until rank 0 has logged a training step >= `step`; returns the highest seen."""
+    def probe():
+        r = logs(inv, job, "--rank", "0", "--grep", "^step=", hosts=hosts)
+        steps = [int(s) for s in re.findall(r"step=(\d+) ", r.stdout)]
+        return max(steps) if steps and max(steps) >= step else None
+    return wait_until(f"job {job}'s rank 0 to log step {step}", probe, timeout)
+
+
+# ---- the testbed and its provisioned hosts ----------------------------------------------------
+
+class Fleet:
+    """Which testbed hosts this session has provisioned (with the testbed's own inventory)."""
+
+    def __init__(self, inv: Path):
+        self.inv = inv
+        self.done: dict[str, str] = {}  # host -> who provisioned it
+
+    def provisioned(self, *hosts) -> Path:
+        """Provision the hosts not yet provisioned this session (all at once, with --reboot)."""
+        todo = [h for h in hosts if h not in self.done]
+        if todo:
+            r, data = provision(self.inv, ",".join(todo), "--yes", "--reboot", timeout=1200)
+            assert r.returncode == 0, f"provisioning {todo} for the tests failed:\n{r.stdout}\n{r.stderr}"
+            for h in todo:
+                self.done[h] = "the provisioned fixture"
+        return self.inv
+
+    def fresh(self, host, test):
+        """A test of the fresh path: fail clearly if this session already provisioned it."""
+        if host in self.done:
+            pytest.fail(f"{test} needs {host} fresh, but {self.done[host]} provisioned it earlier "
+                        "in this session: run this file first or on its own")
+
+    def mark(self, host, by):
+        """A test left `host` provisioned (converged with the testbed's inventory)."""
+        self.done[host] = by
+
+    def forget(self):
+        """The testbed was brought down and up again: every host is fresh."""
+        self.done.clear()
 
 
 @pytest.fixture(scope="session")
@@ -49,12 +212,19 @@ def testbed(tmp_path_factory):
     invoke("testbed.down", timeout=180)
 
 
+@pytest.fixture(scope="session")
+def fleet(testbed):
+    return Fleet(testbed)
+
+
+@pytest.fixture(autouse=True)
+def _provisioned_hosts(request):
+    """Honour a test's `provisioned` mark (usually a file's pytestmark)."""
+    mark = request.node.get_closest_marker("provisioned")
+    if mark:
+        request.getfixturevalue("fleet").provisioned(*mark.args)
+
+
 @pytest.fixture
 def inventory_doc(testbed):
     return yaml.safe_load(testbed.read_text())
-
-
-def write_inventory(tmp_path, doc, name="inv.yml") -> Path:
-    p = tmp_path / name
-    p.write_text(yaml.safe_dump(doc))
-    return p

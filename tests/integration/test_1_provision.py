@@ -1,34 +1,15 @@
 """provision on real testbed hosts: real apt, dpkg and systemd; stand-in NVIDIA packages.
-Tests run in file order and build on each other per host (fresh -> provisioned)."""
+The fresh-path tests take fresh hosts (gpu1, gpu2, gpu3) and tell the session's fleet which they
+leave provisioned; the tests that need a provisioned host ask the fleet for it, so each runs
+alone too."""
 
 import json
 import re
 import time
 
+import pytest
 
-from conftest import invoke, write_inventory
-
-
-def sh(inv, host, cmd, sudo=True, check=True):
-    """A command on a host through the toolkit; returns its output lines (prefix removed)."""
-    r = invoke("exec", "-i", str(inv), "-h", host, *(["--sudo"] if sudo else []), cmd)
-    if check and r.returncode != 0:
-        raise AssertionError(f"{cmd!r} on {host} failed:\n{r.stdout}\n{r.stderr}")
-    return "\n".join(m for m in re.findall(rf"^{host} +\| ?(.*)$", r.stdout, re.M))
-
-
-def provision(inv, host, *flags, timeout=900):
-    r = invoke("provision", "-i", str(inv), "-h", host, "--json", *flags, timeout=timeout)
-    try:
-        data = json.loads(r.stdout)
-    except ValueError:
-        data = None
-    return r, data
-
-
-def steps_of(data, host):
-    rep = next(d for d in data if d["host"] == host)
-    return rep, {s["name"]: s for s in rep["steps"]}
+from conftest import invoke, invoke_bg, provision, sh, steps_of, wait_until, write_inventory
 
 
 SNAPSHOT = ("find /etc -xdev -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum; "
@@ -51,7 +32,8 @@ def test_unsupported_os_refused_nothing_changed(testbed):
         sh(testbed, "gpu3", "mv -f /etc/os-release.orig /etc/os-release && rm -f /etc/os-release.torchrig-test")
 
 
-def test_dry_run_changes_nothing(testbed):
+def test_dry_run_changes_nothing(testbed, fleet):
+    fleet.fresh("gpu2", "this test")  # its plan has everything to do
     before = sh(testbed, "gpu2", SNAPSHOT)
     r = invoke("provision", "-i", str(testbed), "-h", "gpu2", "--dry-run")
     assert r.returncode == 0, r.stderr
@@ -62,26 +44,34 @@ def test_dry_run_changes_nothing(testbed):
     assert sh(testbed, "gpu2", SNAPSHOT) == before
 
 
-def test_without_yes_and_without_terminal_refuses(testbed):
+def test_without_yes_and_without_terminal_refuses(testbed, fleet):
+    fleet.fresh("gpu2", "this test")  # there are changes to confirm
     before = sh(testbed, "gpu2", SNAPSHOT)
     r = invoke("provision", "-i", str(testbed), "-h", "gpu2")
     assert r.returncode == 1 and "rerun with --yes" in r.stderr
     assert sh(testbed, "gpu2", SNAPSHOT) == before
 
 
-def hold_lock(inv, host, seconds, unit):
-    """Another process holds the dpkg frontend lock, as unattended-upgrades does after boot."""
+LOCK = "/var/lib/dpkg/lock-frontend"
+
+
+def hold_lock(inv, host, unit):
+    """Another process holds the dpkg frontend lock, as unattended-upgrades does after boot,
+    until the test stops `unit`; returns once the lock is certainly held."""
     sh(inv, host, f"systemd-run --unit={unit} --collect python3 -c "
-                  "\"import fcntl,time; f=open('/var/lib/dpkg/lock-frontend','w'); "
-                  f"fcntl.lockf(f, fcntl.LOCK_EX); time.sleep({seconds})\"")
-    time.sleep(1)
+                  f"\"import fcntl,time; f=open('{LOCK}','w'); "
+                  "fcntl.lockf(f, fcntl.LOCK_EX); time.sleep(86400)\"")
+    # a non-blocking try from another process fails exactly while the holder has it
+    probe = (f"python3 -c \"import fcntl; fcntl.lockf(open('{LOCK}','w'), fcntl.LOCK_EX | "
+             "fcntl.LOCK_NB)\" 2>/dev/null && echo free || echo held")
+    wait_until(f"{unit} on {host} to hold {LOCK}", lambda: sh(inv, host, probe) == "held", 60, 0.5)
 
 
-def test_dpkg_lock_held_past_timeout_names_holder(testbed, tmp_path):
-    doc = json.loads(json.dumps(__import__("yaml").safe_load(testbed.read_text())))
-    doc["vars"]["apt_lock_timeout"] = 4
-    inv = write_inventory(tmp_path, doc)
-    hold_lock(testbed, "gpu2", 120, "torchrig-test-lockholder")
+def test_dpkg_lock_held_past_timeout_names_holder(testbed, inventory_doc, fleet, tmp_path):
+    fleet.fresh("gpu2", "this test")  # its first apt step must have work to do
+    inventory_doc["vars"]["apt_lock_timeout"] = 4
+    inv = write_inventory(tmp_path, inventory_doc)
+    hold_lock(testbed, "gpu2", "torchrig-test-lockholder")
     try:
         r, data = provision(inv, "gpu2", "--yes")
         assert r.returncode == 1
@@ -91,16 +81,29 @@ def test_dpkg_lock_held_past_timeout_names_holder(testbed, tmp_path):
         sh(testbed, "gpu2", "systemctl stop torchrig-test-lockholder", check=False)
 
 
-def test_fresh_provision_waits_for_lock_reboots_and_converges(testbed):
-    hold_lock(testbed, "gpu2", 20, "torchrig-test-lockholder2")
-    t0 = time.monotonic()
-    r, data = provision(testbed, "gpu2", "--yes", "--reboot")
-    assert r.returncode == 0, r.stderr + r.stdout
+def test_fresh_provision_waits_for_lock_reboots_and_converges(testbed, fleet):
+    """The lock is held until the test sees provision waiting for it (its lock-wait script
+    running on the host) and a few seconds more: on any machine speed the step waited."""
+    fleet.fresh("gpu2", "this test")
+    hold_lock(testbed, "gpu2", "torchrig-test-lockholder2")
+    p = invoke_bg("provision", "-i", str(testbed), "-h", "gpu2", "--json", "--yes", "--reboot")
+    try:
+        # "[a] waiter": the wait script's own text, spelled so this pgrep does not match itself
+        wait_until("provision to wait for the dpkg lock on gpu2",
+                   lambda: sh(testbed, "gpu2", "pgrep -fc '[a] waiter, not a holder' || true") != "0",
+                   600, 1)
+        hold_s = 5
+        time.sleep(hold_s)  # how long it keeps waiting (not a synchronisation: it is waiting now)
+    finally:
+        sh(testbed, "gpu2", "systemctl stop torchrig-test-lockholder2", check=False)
+    out, err = p.communicate(timeout=1200)
+    assert p.returncode == 0, err + out
+    data = json.loads(out)
+    fleet.mark("gpu2", "test_1_provision's fresh provision")
     rep, st = steps_of(data, "gpu2")
     assert rep["rebooted"] is True
-    # the first apt step waited for the 20 s holder instead of failing
-    assert st["cuda-repo"]["status"] == "changed" and st["cuda-repo"]["seconds"] >= 12
-    assert time.monotonic() - t0 >= 18
+    # the first apt step waited for the holder instead of failing
+    assert st["cuda-repo"]["status"] == "changed" and st["cuda-repo"]["seconds"] >= hold_s
     for name in ("driver", "cuda-toolkit", "nccl", "python-venv", "service-user"):
         assert st[name]["status"] == "changed", st[name]
     assert st["driver-services"]["status"] in ("changed", "ok")
@@ -134,6 +137,7 @@ STAMPS = ("sha256sum /var/log/dpkg.log /var/log/apt/history.log; "
           "nvidia-persistenced nvidia-fabricmanager")
 
 
+@pytest.mark.provisioned("gpu2")
 def test_second_run_changes_nothing(testbed):
     before = sh(testbed, "gpu2", STAMPS)
     r, data = provision(testbed, "gpu2", "--yes")
@@ -145,29 +149,33 @@ def test_second_run_changes_nothing(testbed):
     assert sh(testbed, "gpu2", STAMPS) == before
 
 
+@pytest.mark.provisioned("gpu2")
 def test_apply_refuses_a_plan_the_host_no_longer_matches(testbed):
     """The plan carries a fingerprint of the facts it was built from: a host that changed
     between plan and apply is refused with what changed, nothing applied; re-planning works."""
     from torchrig.inventory import load
     from torchrig.provision.apply import apply_host, plan_host
+    from torchrig.session import Fleet
     inv = load(str(testbed))
+    fl = Fleet(inv)
     h = next(x for x in inv.hosts if x.name == "gpu2")
     sh(testbed, "gpu2", "rm /etc/modprobe.d/blacklist-nouveau.conf")
-    p = plan_host(inv, h)
+    p = plan_host(fl, h)
     assert [c for st in p.report.steps for c in st.changes][:1] == [
         "write /etc/modprobe.d/blacklist-nouveau.conf (mode 0644, root:root)"]
     sh(testbed, "gpu2", "echo edited >> /etc/torchrig/cuda.env")  # after the operator saw the plan
-    rep = apply_host(inv, p, reboot=False)
+    rep = apply_host(fl, p, reboot=False)
     assert not rep.ok and rep.changed == 0
     assert rep.error == ("the host changed since the plan was made (files[/etc/torchrig/cuda.env]): "
                          "nothing was applied; rerun provision to see the new plan")
     assert sh(testbed, "gpu2", "test -e /etc/modprobe.d/blacklist-nouveau.conf || echo absent") == "absent"
-    rep = apply_host(inv, plan_host(inv, h), reboot=False)
+    rep = apply_host(fl, plan_host(fl, h), reboot=False)
     assert rep.ok and rep.changed == 2, rep   # driver (blacklist) and cuda-toolkit (cuda.env)
-    assert apply_host(inv, plan_host(inv, h), reboot=False).changed == 0
+    assert apply_host(fl, plan_host(fl, h), reboot=False).changed == 0
 
 
-def test_reboot_needed_is_reported_then_reboot_path(testbed):
+def test_reboot_needed_is_reported_then_reboot_path(testbed, fleet):
+    fleet.fresh("gpu1", "this test")
     r, data = provision(testbed, "gpu1", "--yes")
     assert r.returncode == 1
     assert "gpu1: the new NVIDIA driver needs a reboot" in r.stderr and "--reboot" in r.stderr
@@ -179,9 +187,11 @@ def test_reboot_needed_is_reported_then_reboot_path(testbed):
     assert r.returncode == 0, r.stderr
     rep, st = steps_of(data, "gpu1")
     assert rep["rebooted"] and st["driver-services"]["status"] in ("changed", "ok")  # enabled: starts at boot
+    fleet.mark("gpu1", "test_1_provision's reboot path")
     assert sh(testbed, "gpu1", "systemctl is-active nvidia-persistenced") == "active"
 
 
+@pytest.mark.provisioned("gpu1")
 def test_interrupted_dpkg_converges(testbed):
     """A dpkg run killed between unpack and configure leaves the package half-installed
     ('iU', reported by dpkg --audit); `dpkg --unpack` leaves exactly that state."""
@@ -199,10 +209,11 @@ def test_interrupted_dpkg_converges(testbed):
     assert steps_of(data, "gpu1")[0]["changed"] == 0
 
 
-def test_module_that_never_loads_fails_after_one_reboot(testbed):
+def test_module_that_never_loads_fails_after_one_reboot(testbed, fleet):
     """A driver whose kernel module does not load at boot (Secure Boot refusing it, a failed
     DKMS build): one reboot, then a clear failure, never a reboot loop or 'ok'. The testbed's
     stand-in module loader is made to fail with a systemd drop-in, like a failing modprobe."""
+    fleet.fresh("gpu3", "this test")
     dropin = "/etc/systemd/system/nvidia-standin-module.service.d"
     sh(testbed, "gpu3", f"mkdir -p {dropin} && printf '[Service]\\nExecStart=\\nExecStart=/bin/false\\n' "
                         f"> {dropin}/torchrig-test-fail.conf")

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from conftest import REPO, invoke, write_inventory
+from conftest import (REPO, invoke, inventory_with_known_hosts, ip_of, wait_until,
+                      write_inventory)
 from torchrig import inventory
 from torchrig.remote import connect, run_priv, sh, with_env
 
@@ -40,10 +41,7 @@ def test_exec_nonzero_exit_reported(testbed):
 
 
 def test_unknown_host_key_refused_then_accepted(testbed, inventory_doc, tmp_path):
-    doc = copy.deepcopy(inventory_doc)
-    kh = tmp_path / "known_hosts"
-    doc["known_hosts"] = str(kh)
-    inv = write_inventory(tmp_path, doc)
+    inv, kh = inventory_with_known_hosts(tmp_path, inventory_doc)
     r = invoke("exec", "-i", str(inv), "-h", "gpu1", "true")
     assert r.returncode == 1
     assert "unknown host key" in r.stderr and "SHA256:" in r.stderr
@@ -52,7 +50,7 @@ def test_unknown_host_key_refused_then_accepted(testbed, inventory_doc, tmp_path
     # The fingerprint shown is the host's real one (as ssh-keygen computes it from the key
     # testbed.up read off the host's disk).
     fp = re.search(r"(SHA256:[A-Za-z0-9+/]+)", r.stderr).group(1)
-    ip = doc["hosts"][0]["address"]
+    ip = ip_of(testbed, "gpu1")
     real = subprocess.run(["ssh-keygen", "-lf", inventory_doc["known_hosts"]],
                           capture_output=True, text=True, check=True).stdout
     assert re.search(rf"{re.escape(fp)} {re.escape(ip)} ", real), (fp, real)
@@ -100,11 +98,7 @@ def test_changed_host_key_always_refused(testbed, inventory_doc, tmp_path):
     ip1, ip2 = (h["address"] for h in inventory_doc["hosts"][:2])
     # gpu1's address now "presents" gpu2's keys in our known_hosts: as after a MITM or reinstall
     forged = [line.replace(ip2, ip1, 1) for line in real if line.startswith(ip2 + " ")]
-    kh = tmp_path / "known_hosts"
-    kh.write_text("\n".join(forged) + "\n")
-    doc = copy.deepcopy(inventory_doc)
-    doc["known_hosts"] = str(kh)
-    inv = write_inventory(tmp_path, doc)
+    inv, kh = inventory_with_known_hosts(tmp_path, inventory_doc, forged)
     for extra in ([], ["--accept-new-host-keys"]):
         r = invoke("exec", "-i", str(inv), "-h", "gpu1", *extra, "touch /tmp/should-not-run")
         assert r.returncode == 1
@@ -199,11 +193,21 @@ def test_frozen_host_ends_in_bounded_time(testbed):
     """A host whose sshd stops answering mid-command (SIGSTOP: TCP stays up, nothing comes
     back) ends that host's run with a clear error, instead of waiting forever."""
     import signal
+    from torchrig.testbed.machines import _inside, root_of
     t0 = time.monotonic()
     p = subprocess.Popen([sys.executable, "-m", "invoke", "exec", "-i", str(testbed), "-h", "gpu2",
                           "sleep 300"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
-    time.sleep(4)
+
+    def running():  # the command runs on gpu2: its SSH session exists, and sshd serves it
+        for pid in _inside(root_of("gpu2")):
+            try:
+                if open(f"/proc/{pid}/cmdline", "rb").read() == b"sleep\x00300\x00":
+                    return True
+            except OSError:
+                pass
+        return p.poll() is not None  # ended early: the asserts below say why
+    wait_until("`sleep 300` to run on gpu2 through exec", running, 60, 0.2)
     frozen = _sshd_pids("gpu2")
     assert frozen
     try:
@@ -228,12 +232,9 @@ def test_known_hosts_markers(testbed, inventory_doc, tmp_path):
     real = open(inventory_doc["known_hosts"]).read().splitlines()
     ip1 = inventory_doc["hosts"][0]["address"]
     mine = [ln.split(None, 1)[1] for ln in real if ln.startswith(ip1 + " ")]
-    kh = tmp_path / "known_hosts"
-    kh.write_text("\n".join([f"@cert-authority *.example.com {mine[0]}"] + real +
-                            [f"@revoked * {k}" for k in mine]) + "\n")
-    doc = copy.deepcopy(inventory_doc)
-    doc["known_hosts"] = str(kh)
-    inv = write_inventory(tmp_path, doc)
+    inv, kh = inventory_with_known_hosts(tmp_path, inventory_doc,
+                                         [f"@cert-authority *.example.com {mine[0]}"] + real +
+                                         [f"@revoked * {k}" for k in mine])
     for extra in ([], ["--accept-new-host-keys"]):
         r = invoke("exec", "-i", str(inv), "-h", "gpu1,gpu2", *extra, "hostname")
         assert r.returncode == 1

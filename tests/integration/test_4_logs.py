@@ -1,17 +1,13 @@
 """logs against what a job can do to its own log folder on a real node (gpu1): the service
 user plants a symlink to /etc/shadow and a FIFO as rank logs; a rank file is removed and
-refilled while `logs -f` is disconnected. The follower runs as root there, as it always does."""
+refilled while `logs -f` is disconnected. The follower runs as root there, as it always does.
+Needs no provisioned host: the service user and log root are made here if missing."""
 
-import os
 import re
 import shlex
-import subprocess
-import sys
 import threading
-import time
 
-from conftest import ENV, REPO
-from test_4_launch import logs, sh
+from conftest import invoke_bg, logs, sh, wait_until
 
 HOST = "gpu1"
 USER = "torchrig"  # the service user (provision's default)
@@ -63,17 +59,14 @@ def test_file_replaced_while_disconnected_is_read_from_its_start(testbed):
     # a running unit with the job's name keeps `logs -f` following
     sh(testbed, HOST, f"systemctl reset-failed torchrig-{job}.service 2>/dev/null; "
                       f"systemd-run --unit torchrig-{job} -p User={USER} sleep 600")
-    p = subprocess.Popen([sys.executable, "-m", "invoke", "logs", "-i", str(testbed), "-h", HOST,
-                          "--job", job, "-f"], cwd=REPO, env={**os.environ, **ENV},
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = invoke_bg("logs", "-i", str(testbed), "-h", HOST, "--job", job, "-f")
     out: list[str] = []
     reader = threading.Thread(target=lambda: out.extend(iter(p.stdout.readline, "")), daemon=True)
     reader.start()
     try:
-        deadline = time.monotonic() + 120
-        while "[gpu1/r3] old=5\n" not in out:
-            assert time.monotonic() < deadline and p.poll() is None, out
-            time.sleep(0.2)
+        wait_until("logs -f to show the first file's 6 lines",
+                   lambda: "[gpu1/r3] old=5\n" in out or p.poll() is not None, 120, 0.2)
+        assert p.poll() is None, (out, p.stderr.read())
         # the connection's far end stops (a silent link), the file is removed and refilled by
         # the restarted worker, longer than before, then the link drops for good
         pid = sh(testbed, HOST, "pgrep -n -f '^python3 (-I )?-( |$)'")  # the newest: this one
@@ -82,9 +75,9 @@ def test_file_replaced_while_disconnected_is_read_from_its_start(testbed):
         as_user(testbed, f"rm {f} && {{ echo 'start rank=5 local_rank=0 host=gpu1 pid=2'; "
                          f"for i in 1 2 3 4 5 6 7 8 9 10; do echo new=$i; done; }} > {f}")
         sh(testbed, HOST, f"kill -KILL {pid}")
-        while "[gpu1/r5] new=10\n" not in out:
-            assert time.monotonic() < deadline and p.poll() is None, out
-            time.sleep(0.2)
+        wait_until("logs -f to reconnect and show the refilled file's 11 lines",
+                   lambda: "[gpu1/r5] new=10\n" in out or p.poll() is not None, 120, 0.2)
+        assert p.poll() is None, (out, p.stderr.read())
     finally:
         sh(testbed, HOST, f"systemctl stop torchrig-{job}.service", check=False)
         p.wait(timeout=60)

@@ -1,18 +1,20 @@
 """Issue 9, launch side, tried on the testbed as the attack would be: the service user (what a
 job runs as) plants a symlink, a FIFO or a folder, then the operator runs launch/status, and
 the test checks that nothing root-owned outside torchrig's own files changed and that the
-result is a clear error or safe behaviour. Also: concurrent launches and pushes on one node.
-Runs after test_4 on gpu1/gpu4, provisioned by test_1."""
+result is a clear error or safe behaviour. Also: concurrent launches and pushes on one node
+(gpu1, provisioned)."""
 
 import copy
 import shlex
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import ENV, REPO, invoke, write_inventory
-from test_4_launch import launch, sh, status
+import pytest
+
+from conftest import (invoke_bg, launch, sh, status, stop, unit_state, wait_unit_ended, wait_until,
+                      write_inventory)
+
+pytestmark = pytest.mark.provisioned("gpu1")
 
 USER = "torchrig"            # the testbed's service user (provision's default)
 LOGS = "/var/log/torchrig"
@@ -29,12 +31,7 @@ def owner(inv, host, path):
 
 
 def wait_inactive(inv, job, host="gpu1", timeout=240):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if sh(inv, host, f"systemctl show -p ActiveState --value torchrig-{job}") in ("inactive", "failed"):
-            return
-        time.sleep(2)
-    raise AssertionError(f"job {job} still running after {timeout}s")
+    wait_unit_ended(inv, host, f"torchrig-{job}", timeout)
 
 
 def test_roots_are_roots_and_a_job_cannot_swap_its_folder(testbed):
@@ -116,11 +113,19 @@ def test_a_job_that_is_still_stopping_holds_its_gpus(testbed, inventory_doc, tmp
     doc["vars"]["accelerator"] = "cuda"
     inv = write_inventory(tmp_path, doc)
     h = "gpu1"
-    sh(testbed, h, "systemd-run --unit torchrig-t-stopping -p KillMode=mixed -p TimeoutStopSec=120 "
-                   "/bin/sh -c 'trap \"\" TERM; sleep 600' && sleep 1 && "
-                   "systemctl stop --no-block torchrig-t-stopping && sleep 1")
+    unit = "torchrig-t-stopping"
+    sh(testbed, h, f"systemd-run --unit {unit} -p KillMode=mixed -p TimeoutStopSec=120 "
+                   "/bin/sh -c 'trap \"\" TERM; sleep 600'")
     try:
-        assert sh(testbed, h, "systemctl show -p ActiveState --value torchrig-t-stopping") == "deactivating"
+        # stop only once the shell certainly ignores SIGTERM (SigIgn bit 15 of its main pid),
+        # then it stays deactivating until TimeoutStopSec on any machine speed
+        ignores_term = (f"pid=$(systemctl show -p MainPID --value {unit}); "
+                        "echo $(( 0x$(awk '/^SigIgn:/ {print $2}' /proc/$pid/status) >> 14 & 1 ))")
+        wait_until(f"{unit}'s shell to ignore SIGTERM", lambda: sh(testbed, h, ignores_term, check=False) == "1",
+                   60, 0.5)
+        sh(testbed, h, f"systemctl stop --no-block {unit}")
+        wait_until(f"{unit} to be deactivating", lambda: unit_state(testbed, h, unit) == "deactivating",
+                   60, 0.5)
         r = launch(inv, "t-after", "--args", "--max-steps 3", hosts=h)
         assert r.returncode == 1, r.stdout + r.stderr
         assert "already runs job(s) t-stopping" in r.stderr, r.stderr
@@ -135,11 +140,8 @@ def test_two_launches_at_once_on_a_gpu_node(testbed, inventory_doc, tmp_path):
     doc = copy.deepcopy(inventory_doc)
     doc["vars"]["accelerator"] = "cuda"
     inv = write_inventory(tmp_path, doc)
-    cmd = lambda job: [sys.executable, "-m", "invoke", "launch", "-i", str(inv), "-h", "gpu1",  # noqa: E731
-                       "--job", job, "--args", "--max-steps 100000 --log-every 50"]
-    env = {**__import__("os").environ, **ENV}
-    procs = [subprocess.Popen(cmd(j), cwd=REPO, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for j in ("t-race-a", "t-race-b")]
+    procs = [invoke_bg("launch", "-i", str(inv), "-h", "gpu1", "--job", job,
+                       "--args", "--max-steps 100000 --log-every 50") for job in ("t-race-a", "t-race-b")]
     try:
         outs = [p.communicate(timeout=400) for p in procs]
         codes = sorted(p.returncode for p in procs)
@@ -151,18 +153,15 @@ def test_two_launches_at_once_on_a_gpu_node(testbed, inventory_doc, tmp_path):
                                       "--plain --no-legend | wc -l")
         assert running == "1"
     finally:
-        invoke("stop", "-i", str(testbed), "-h", "gpu1", "--job", "t-race-a", timeout=300)
-        invoke("stop", "-i", str(testbed), "-h", "gpu1", "--job", "t-race-b", timeout=300)
+        stop(testbed, "t-race-a", hosts="gpu1")
+        stop(testbed, "t-race-b", hosts="gpu1")
 
 
 def test_two_launches_of_one_job_at_once(testbed):
     """Both pass the early 'already running' check; one runs the job, the other is refused
     with a clear line and leaves the running job alone."""
-    cmd = [sys.executable, "-m", "invoke", "launch", "-i", str(testbed), "-h", "gpu1",
-           "--job", "t-twice", "--args", "--max-steps 100000 --log-every 50"]
-    env = {**__import__("os").environ, **ENV}
-    procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [invoke_bg("launch", "-i", str(testbed), "-h", "gpu1", "--job", "t-twice",
+                       "--args", "--max-steps 100000 --log-every 50") for _ in range(2)]
     try:
         outs = [p.communicate(timeout=400) for p in procs]
         assert sorted(p.returncode for p in procs) == [0, 1], outs
@@ -171,7 +170,7 @@ def test_two_launches_of_one_job_at_once(testbed):
         assert ("meanwhile" in err or "already running" in err), err
         assert sh(testbed, "gpu1", "systemctl show -p ActiveState --value torchrig-t-twice") == "active"
     finally:
-        invoke("stop", "-i", str(testbed), "-h", "gpu1", "--job", "t-twice", timeout=300)
+        stop(testbed, "t-twice", hosts="gpu1")
 
 
 def _payload(tmp_path, tag):

@@ -1,6 +1,6 @@
 """Issue 11: why a rank died when it wrote no error.json (a signal, an OOM kill, an exit code),
 and what each node waits for when one node's worker dies while the others finish. Real
-torchrun under systemd on gpu1/gpu4 (provisioned by test_1/test_2); the test makes the worker
+torchrun under systemd on gpu1/gpu4 (provisioned once per session by conftest's fleet); the test makes the worker
 die from outside (kill, a memory cgroup) so that nothing of it is in the product."""
 
 import re
@@ -8,8 +8,11 @@ import secrets
 import time
 from pathlib import Path
 
-from conftest import ENV, REPO, invoke
-from test_4_launch import NODES, launch, logs, sh, status, wait_step
+import pytest
+
+from conftest import ENV, NODES, REPO, invoke, launch, logs, sh, status, wait_step
+
+pytestmark = pytest.mark.provisioned("gpu1", "gpu4")
 
 WORKER = "^/opt/torchrig/venv/bin/python[0-9.]* -u train.py"
 

@@ -1,9 +1,8 @@
 """The testbed itself: real hosts that reboot with their identity, and a clean teardown."""
 
 import re
-import time
 
-from conftest import N_HOSTS, PROFILES, invoke
+from conftest import N_HOSTS, PROFILES, invoke, wait_until
 
 
 def _exec(inv, host, cmd, **kw):
@@ -68,22 +67,23 @@ def test_stand_in_repo_and_index_are_served(testbed, inventory_doc):
 def test_reboot_keeps_address_and_keys(testbed):
     _, before = _exec(testbed, "gpu3", "cat /proc/sys/kernel/random/boot_id")
     invoke("exec", "-i", str(testbed), "-h", "gpu3", "--sudo", "systemctl reboot")
-    deadline, after = time.monotonic() + 120, None
-    while time.monotonic() < deadline:
-        time.sleep(1)
-        r, out = _exec(testbed, "gpu3", "cat /proc/sys/kernel/random/boot_id; systemctl is-system-running --wait")
-        if r.returncode == 0 and out.get("gpu3") not in (None, before.get("gpu3")):
-            after = r.stdout
-            break
+
+    def back():  # a new boot id, and systemd done booting
+        r, _ = _exec(testbed, "gpu3", "cat /proc/sys/kernel/random/boot_id; systemctl is-system-running --wait")
+        # the boot id's own line: the last line (the system state) always differs from it
+        now = re.findall(r"^gpu3 \| ([0-9a-f-]{36})$", r.stdout, re.M)
+        return r.returncode == 0 and now and now[0] != before.get("gpu3") and r.stdout
     # the known_hosts written at testbed.up still verifies it: same keys, same address
-    assert after is not None, "gpu3 did not come back with a new boot id within 120 s"
+    after = wait_until("gpu3 to come back from its reboot with a new boot id", back, 120, 1)
     assert re.search(r"^gpu3 \| running$", after, re.M), \
         after + _exec(testbed, "gpu3", "systemctl --failed --no-legend")[0].stdout
 
 
-def test_down_leaves_nothing_then_up_again(testbed):
-    """Runs last (file order): tear down, check the machine is clean, bring it back."""
+def test_down_leaves_nothing_then_up_again(testbed, fleet):
+    """Runs last in this file: tear down, check the machine is clean, bring it back (fresh:
+    the session's fleet forgets what it provisioned)."""
     r = invoke("testbed.down", check=True)
+    fleet.forget()
     assert "removed" in r.stdout
     from torchrig.testbed import lab
     assert lab.leftovers() == []

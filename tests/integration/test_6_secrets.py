@@ -1,7 +1,8 @@
 """Secrets on real hosts: provision with a pip index and an nccl-tests git URL that carry
 credentials, served by a server that refuses anything without them. Every output mode, every
 file the host wrote and every process's command line on this machine (the hosts' processes
-included) is searched for each secret form. Runs on fresh hosts (after test_5's down/up)."""
+included) is searched for each secret form. The first test needs a fresh gpu1 (in a full run,
+test_5's down/up gives one); the others need it provisioned."""
 
 import base64
 import json
@@ -27,6 +28,7 @@ STANDIN_GIT = r'''#!/usr/bin/python3
 # TESTBED STAND-IN for git clone: asks the configured credential helper as git does, proves
 # the credentials against the server, then leaves a clone whose config holds the URL it got.
 import base64, json, os, subprocess, sys, time, urllib.error, urllib.request
+SEEN = "/var/lib/standin-git-seen"
 args = sys.argv[1:]
 helpers = [a.split("=", 1)[1] for a in args if a.startswith("credential.helper=")]
 cred = {}
@@ -44,7 +46,12 @@ try:
     status = urllib.request.urlopen(req, timeout=10).status
 except urllib.error.HTTPError as e:
     status = e.code
-time.sleep(3)  # long enough for the process sampler to see this command line
+# stay until the process sampler has seen this command line (it leaves SEEN), at most 60 s
+for _ in range(600):
+    if os.path.exists(SEEN):
+        os.unlink(SEEN)
+        break
+    time.sleep(0.1)
 os.makedirs(dest + "/.git")
 open(dest + "/.git/config", "w").write(f'[remote "origin"]\n\turl = {url}\n')
 with open("/var/log/standin-git.log", "a") as f:
@@ -98,7 +105,8 @@ class ArgvSampler:
     """Every process's command line on this machine, sampled: the testbed hosts share its
     kernel, so their processes (root's apt, pip, git on the host) are in this /proc too."""
 
-    def __init__(self):
+    def __init__(self, seen_flag: Path):
+        self.seen_flag = seen_flag  # touched when a clone is seen: the stand-in git waits for it
         self.hits, self.seen, self._stop = set(), 0, threading.Event()
         self.t = threading.Thread(target=self._run, daemon=True)
         self.t.start()
@@ -112,6 +120,8 @@ class ArgvSampler:
                     continue
                 if "pip" in argv and "install" in argv or "clone" in argv:
                     self.seen += 1
+                if "clone" in argv and "credential.helper" in argv:
+                    self.seen_flag.touch()
                 for m in MARKERS:
                     if m in argv:
                         self.hits.add(argv[:300])
@@ -146,7 +156,8 @@ def _no_markers(text, what):
     assert not leaked, f"{what} shows {leaked}:\n{text[-3000:]}"
 
 
-def test_no_secret_in_any_output_file_or_command_line(testbed, secret_inventory):
+def test_no_secret_in_any_output_file_or_command_line(testbed, fleet, secret_inventory):
+    fleet.fresh(HOST, "this test")  # pip and git must fetch through the server
     from torchrig.testbed.machines import host_dir, root_of
     from torchrig.testbed.paths import GATEWAY_IP, www
     inv = str(secret_inventory)
@@ -155,7 +166,7 @@ def test_no_secret_in_any_output_file_or_command_line(testbed, secret_inventory)
         (root / "usr/local/bin" / name).write_text(text)
         (root / "usr/local/bin" / name).chmod(0o755)
     server = AuthServer(GATEWAY_IP, www())
-    sampler = ArgvSampler()
+    sampler = ArgvSampler(root / "var/lib/standin-git-seen")
     try:
         outputs = {}
         for mode in (["hosts"], ["hosts", "--json"]):
@@ -177,6 +188,7 @@ def test_no_secret_in_any_output_file_or_command_line(testbed, secret_inventory)
         r = invoke("provision", "-i", inv, "-h", HOST, "--yes", "--json", timeout=600)
         outputs["provision --json"] = r.stdout + r.stderr
         assert r.returncode == 0, r.stdout + r.stderr
+        fleet.mark(HOST, "test_6_secrets")
         steps = {s["name"]: s for s in json.loads(r.stdout)[0]["steps"]}
         assert steps["nccl-tests"]["status"] == "changed"
         sampler.stop()  # launch's --env below is the operator's own command line
@@ -191,6 +203,7 @@ def test_no_secret_in_any_output_file_or_command_line(testbed, secret_inventory)
         server.close()
         for name in ("git", "make"):
             (root / "usr/local/bin" / name).unlink(missing_ok=True)
+        sampler.seen_flag.unlink(missing_ok=True)
     for what, text in outputs.items():
         _no_markers(text, what)
     # the credentials did reach pip and git (the server refuses requests without them)
@@ -214,6 +227,7 @@ def test_no_secret_in_any_output_file_or_command_line(testbed, secret_inventory)
     assert not [p.name for p in (root / "tmp").iterdir() if p.name.startswith(("torchrig", "tmp."))]
 
 
+@pytest.mark.provisioned(HOST)
 def test_benchmark_copy_ignores_a_planted_tmp_folder(testbed):
     """Another local user pre-creates verify's old fixed folder with a symlink to a file of the
     login user: verify --bandwidth must neither write through it nor run what is there."""
@@ -233,6 +247,7 @@ def test_benchmark_copy_ignores_a_planted_tmp_folder(testbed):
     assert not [p for p in (root / "tmp").iterdir() if p.name.startswith("tmp.")]  # removed
 
 
+@pytest.mark.provisioned(HOST)
 def test_logs_and_status_mask_what_a_job_prints(testbed, secret_inventory):
     """A job that prints its secrets (env_check.py shows the env names it is given): `logs`
     shows *** for each form (a secret_env name set on another host, a secret-looking name, a

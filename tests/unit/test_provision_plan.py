@@ -93,13 +93,19 @@ def test_converged_host_plans_nothing():
             "preflight": "ok", **{s.name: "ok" for s in on}, "nccl-tests": "skipped"}
 
 
-def test_drift_is_detected_per_item():
+def drifted() -> dict:
+    """The captured converged host where four things drifted (a hold, a mode, an owner, a
+    version); plan it with tb_ctx (the vars it was provisioned with)."""
     f = converged()
     f["held"] = [p for p in f["held"] if p != "libnccl2"]
     f["files"][steps.SOURCES_FILE]["mode"] = 0o666
     f["dirs"]["/srv/torchrig/data"]["owner"] = "root"
     f["packages"]["cuda-toolkit-12-8"] = "12.8.61-1"
-    d = tb_ctx(f)
+    return f
+
+
+def test_drift_is_detected_per_item():
+    d = tb_ctx(drifted())
     assert describe(steps.nccl(d)) == ["hold libnccl2 (no upgrade behind provision's back)"]
     assert describe(steps.cuda_repo(d))[0].startswith("write /etc/apt/sources.list.d/torchrig-cuda.sources")
     assert describe(steps.service_user(d)) == ["directory /srv/torchrig/data (0750 torchrig:torchrig)"]

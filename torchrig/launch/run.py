@@ -227,17 +227,20 @@ systemctl reset-failed {name} 2>/dev/null || true
 JOBDIRS_SCRIPT = Path(__file__).parent / "jobdirs_remote.py"
 
 
-def _install(fleet: Fleet, h: Host, job: Job, n: Node) -> None:
-    """The job's folders (made safely: see jobdirs_remote.py), env file (0600, may hold
-    secrets: sent on stdin, never in a command line), units and the GPU sampler, each
-    written by the change engine's one atomic write."""
+def install_script(job: Job, n: Node) -> str:
+    """The root script that writes the job's folders (made safely: see jobdirs_remote.py), env
+    file (0600, may hold secrets: sent on stdin, never in a command line), units and the GPU
+    sampler on node n, each written by the change engine's one atomic write."""
     files = "\n".join(ch.script for _, ch in job_changes(job, n, GPU_SAMPLE_S))
-    script = INSTALL.format(
+    return INSTALL.format(
         files=files, jobs=sh(JOBS_DIR), dirs_script=JOBDIRS_SCRIPT.read_text(),
         dirs_args=sh(json.dumps({"user": n.user, "dirs": [[n.log_dir, job.name],
                                                            [n.checkpoint_dir, job.name]]})),
         name=sh(unit_name(job.name)), job=job.name)
-    r = fleet.run(h, "bash -s", root=True, timeout=120, data=script)
+
+
+def _install(fleet: Fleet, h: Host, job: Job, n: Node) -> None:
+    r = fleet.run(h, "bash -s", root=True, timeout=120, data=install_script(job, n))
     if r.exited != 0:
         raise TorchrigError(_refusal(r.stderr) or f"writing the unit failed: {r.stderr.strip()[-300:]}")
 
@@ -262,12 +265,16 @@ systemctl start {name}
 """
 
 
+def start_script(job: Job, exclusive: bool) -> str:
+    """The root script that starts the job's unit on a node (exclusive: a GPU node)."""
+    return START.format(jobs=sh(JOBS_DIR), busy_units=BUSY_UNITS, name=sh(unit_name(job.name)),
+                        unit_file=sh(unit_path(job.name)), marker=sh(launch_marker(job)),
+                        job=job.name, unit_re=sh(rf"torchrig-{JOB_RE.pattern}\.service"),
+                        exclusive=int(exclusive))
+
+
 def _start(fleet: Fleet, h: Host, job: Job) -> None:
-    exclusive = h.settings.accelerator == "cuda"
-    script = START.format(jobs=sh(JOBS_DIR), busy_units=BUSY_UNITS, name=sh(unit_name(job.name)),
-                          unit_file=sh(unit_path(job.name)), marker=sh(launch_marker(job)),
-                          job=job.name, unit_re=sh(rf"torchrig-{JOB_RE.pattern}\.service"),
-                          exclusive=int(exclusive))
+    script = start_script(job, h.settings.accelerator == "cuda")
     r = fleet.run(h, "bash -s", root=True, timeout=400, data=script)
     if r.exited != 0:
         raise TorchrigError(_refusal(r.stderr) or f"systemctl start failed: {r.stderr.strip()[-300:]}")
@@ -328,11 +335,15 @@ systemctl stop {name}
 """
 
 
-def _undo(fleet: Fleet, hosts: list[Host], job: Job, remove: bool) -> list:
+def undo_script(job: Job, remove: bool) -> str:
     rm = (sh("rm", "-f", unit_path(job.name), env_path(job.name), *gpumon_paths(job.name))
           + " && systemctl daemon-reload") if remove else ""
-    script = UNDO.format(jobs=sh(JOBS_DIR), marker=sh(launch_marker(job)),
-                         unit_file=sh(unit_path(job.name)), name=sh(unit_name(job.name)), remove=rm)
+    return UNDO.format(jobs=sh(JOBS_DIR), marker=sh(launch_marker(job)),
+                       unit_file=sh(unit_path(job.name)), name=sh(unit_name(job.name)), remove=rm)
+
+
+def _undo(fleet: Fleet, hosts: list[Host], job: Job, remove: bool) -> list:
+    script = undo_script(job, remove)
     return fleet.fan_out(lambda h: fleet.run(h, "bash -s", root=True, timeout=400,
                                              data=script).exited, hosts)
 
