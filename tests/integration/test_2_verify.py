@@ -120,9 +120,9 @@ def test_more_real_boxes_get_their_class_and_advice(testbed, tmp_path):
     of that kind: the link class, the advice, and the GPU count with its plural."""
     import yaml
     from conftest import write_inventory
-    from torchrig.testbed import machines
+    from torchrig.testbed import lab, machines
     doc = yaml.safe_load(testbed.read_text())
-    original = next(h for h in doc["hosts"] if h["name"] == "gpu4")["vars"]["testbed_profile"]
+    original = lab.status()["hosts"]["gpu4"]["profile"]  # the testbed's record, not an inventory var
     try:
         for profile, n, cls, advice in MORE_BOXES:
             machines.install_profile("gpu4", profile)

@@ -389,7 +389,7 @@ STEPS = [
 
 
 def fact_request(s: Settings, flavor_pkgs: list[str] | None = None) -> dict:
-    """What gather_facts.py must report for these settings (one round trip). The planners
+    """What the probe must report for these settings (one round trip). The planners
     read facts through Ctx.facts, which refuses anything not asked for here; files come
     from the managed-file table."""
     pkgs = sorted({*(flavor_pkgs or DRIVER_PACKAGE.values()), s.fabricmanager_pkg, s.cuda_pkg,
