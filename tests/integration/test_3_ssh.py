@@ -129,7 +129,7 @@ QUOTING_EVIL = ["; touch /tmp/pwned", "$(touch /tmp/pwned)", "`touch /tmp/pwned`
 def test_quoting_on_real_host(testbed, inventory_doc, tmp_path, user):
     doc = copy.deepcopy(inventory_doc)
     doc["defaults"]["user"] = user
-    doc["hosts"][0]["vars"]["env"] = {"EVIL": QUOTING_EVIL[0]}  # an inventory value too
+    doc["hosts"][0].setdefault("vars", {})["env"] = {"EVIL": QUOTING_EVIL[0]}  # an inventory value too
     inv = inventory.load(write_inventory(tmp_path, doc))
     h = inv.host("gpu1")
     cxn = connect(h, inv)
