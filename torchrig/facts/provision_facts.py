@@ -12,6 +12,14 @@ EFI_SECURE_BOOT = "/sys/firmware/efi/efivars/SecureBoot-*"
 DPKG_UPDATES = "/var/lib/dpkg/updates/[0-9]*"  # dpkg left half-done by an interrupted install
 
 
+def files_request(want: dict) -> dict:
+    """The probe's stat request for want's "files" (content read back) and "secret_files"
+    (a hash only: never sent back)."""
+    stat = {p: True for p in want.get("files", [])}
+    stat.update({p: False for p in want.get("secret_files", [])})
+    return stat
+
+
 def probe_request(want: dict) -> dict:
     """want: {"packages", "available" ["pkg=ver"], "files", "secret_files", "dirs", "units",
     "users", "venv", "paths"} (each optional)."""
@@ -36,8 +44,7 @@ def probe_request(want: dict) -> dict:
         read["pyvenv.cfg"] = {"path": os.path.join(venv, "pyvenv.cfg"), "limit": 65536}
         glob["dists"] = {"pattern": os.path.join(venv, python_env.DIST_INFO.format(name="*")),
                          "limit": python_env.METADATA_LIMIT}
-    stat = {p: True for p in want.get("files", [])}
-    stat.update({p: False for p in want.get("secret_files", [])})  # hash only: never sent back
+    stat = files_request(want)
     stat.update({p: False for p in want.get("dirs", [])})
     return {"run": run, "read": read, "glob": glob, "stat": stat, "exists": exists,
             "users": list(want.get("users", [])), "host": True}

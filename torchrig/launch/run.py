@@ -195,17 +195,20 @@ def launch(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print) -> Laun
 
 
 def _dry_run(fleet: Fleet, hosts: list[Host], job: Job) -> dict[str, list]:
-    """Each node's files for the job against what is on the node now (one gather of the
-    job's managed files per node; the env file by hash only)."""
+    """Each node's files for the job against what is on the node now (one probe of the job's
+    managed files per node, nothing else; the env file by hash only)."""
+    from ..facts.provision_facts import files_request
     from ..provision import managed
-    from ..provision.apply import gather
     from ..provision.factview import Facts
     req = managed.launch_request(job.name)
+    stat = files_request(req)
     by_name = {h.name: h for h in hosts}
 
     def one(n: Node):
-        facts = Facts(gather(fleet.conn(by_name[n.host]), req), req)
-        return job_changes(job, n, GPU_SAMPLE_S, facts)
+        r = fleet.run(by_name[n.host], probe.COMMAND, root=True, timeout=60,
+                      data=probe.stdin({"stat": stat}))
+        raw = probe.reply(r.exited, r.stdout, r.stderr, "reading the job's files")
+        return job_changes(job, n, GPU_SAMPLE_S, Facts({"files": raw["stat"]}, req))
     got = fleet.fan_out(one, job.nodes, name=lambda n: n.host)
     bad = [f"{r.host}: {r.error}" for r in got if not r.ok]
     if bad:

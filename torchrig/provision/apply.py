@@ -36,11 +36,10 @@ def run_root_script(cxn, script: str, timeout: int = 3600):
     return cxn.run_input(privileged("bash -s", login_user(cxn)), script, timeout)
 
 
-def gather(cxn, s: Settings | dict) -> dict:
-    """The host's facts, for provision's settings or for a request (launch asks for its
-    managed files), in one round trip: the probe runs the commands as root and returns raw
-    text; facts/provision_facts parses it here."""
-    want = fact_request(s) if isinstance(s, Settings) else s
+def gather(cxn, s: Settings) -> dict:
+    """Every fact the planners need, in one round trip: the probe runs the commands as root
+    and returns raw text; facts/provision_facts parses it here."""
+    want = fact_request(s)
     r = cxn.run_input(privileged(probe.COMMAND, login_user(cxn)),
                       probe.stdin(provision_facts.probe_request(want)), timeout=120)
     return provision_facts.facts(want, probe.reply(r.exited, r.stdout, r.stderr))
