@@ -43,9 +43,24 @@ class DistCtx:
         return self.rank == 0
 
 
+# A fragmented caching allocator can fail a 20+ GiB allocation (GPT-2's logits and their
+# gradient at batch ~120) with a sixth of the GPU reserved but free: on an H200,
+# --find-batch-size's answer (123) ran out of memory at its first eager steps with 23 GiB
+# "reserved by PyTorch but unallocated". Expandable segments grow one mapping instead of
+# carving fixed-size blocks (torchtitan runs with them too). Read when CUDA initializes, so
+# it is set before the first CUDA call; a user's own setting wins.
+CUDA_ALLOC_CONF = "expandable_segments:True"
+
+
+def configure_cuda_allocator(env=os.environ) -> None:
+    if not (env.get("PYTORCH_CUDA_ALLOC_CONF") or env.get("PYTORCH_ALLOC_CONF")):
+        env["PYTORCH_CUDA_ALLOC_CONF"] = CUDA_ALLOC_CONF
+
+
 def setup_distributed(device_pref: str = "auto", init_timeout_s: float = 600.0) -> DistCtx:
     """Read torchrun's environment; NCCL on CUDA, gloo otherwise; single process without it."""
     env = os.environ
+    configure_cuda_allocator(env)
     under_torchrun = "RANK" in env and "WORLD_SIZE" in env
     rank = int(env.get("RANK", 0))
     local_rank = int(env.get("LOCAL_RANK", 0))

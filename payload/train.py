@@ -197,8 +197,11 @@ def find_batch_size(args, ctx: DistCtx) -> int:
         x = torch.randint(0, min(vocab, 256), (b, args.seq_len))
         # A fresh GradScaler per probe: one that ran out of memory between unscale_ and
         # update would refuse the next probe's unscale_ ("already been called").
-        train_step(model, opt, [(x, x)], device=ctx.device, precision=precision,
-                   scaler=make_scaler(ctx.device, precision), clip=args.clip)
+        # Two steps: the second runs with the optimizer state and the allocator's blocks as
+        # the first left them, which is where training itself first runs out of memory.
+        for _ in range(2):
+            train_step(model, opt, [(x, x)], device=ctx.device, precision=precision,
+                       scaler=make_scaler(ctx.device, precision), clip=args.clip)
 
     if ctx.device.type == "cuda":
         if args.mem_budget_gb:

@@ -17,6 +17,11 @@ from .secrets import Redactor
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
+# verify's version gate rows: where each version comes from
+GATE_LABELS = {"cuda": "cuda toolkit", "nccl": "libnccl2", "torch_cuda": "torch's cuda",
+               "torch_nccl": "torch's nccl"}
+
+
 def styled(text: str, style: str) -> str:
     """Markup for `text` (escaped: remote text may hold '[...]') in `style`, if any."""
     return f"[{style}]{escape(text)}[/]" if style else escape(text)
@@ -134,9 +139,10 @@ def verify_report(rep) -> None:
         for h in hosts:
             t.add_column(h)
         for key, by_host in table.items():
-            common = max(set(map(str, by_host.values())), key=list(map(str, by_host.values())).count)
-            t.add_row(key, *[(str(by_host[h]) if str(by_host[h]) == common
-                              else f"[red]{by_host[h]}[/]") for h in hosts])
+            shown = {h: "unknown" if val is None else str(val) for h, val in by_host.items()}
+            common = max(set(shown.values()), key=list(shown.values()).count)
+            t.add_row(GATE_LABELS.get(key, key), *[(shown[h] if shown[h] == common
+                                                    else f"[red]{shown[h]}[/]") for h in hosts])
         console.print(t)
         for r in reasons:
             console.print(f"  {r}", soft_wrap=True)

@@ -160,7 +160,48 @@ def test_each_batch_size_probe_gets_a_fresh_grad_scaler(monkeypatch):
     args = train.parse_args(["--preset", "tiny", "--seq-len", "16", "--device", "cpu",
                              "--find-batch-size", "--mem-budget-gb", "4"])
     assert train.find_batch_size(args, train.DistCtx()) > 0
-    assert len(made) == 4 and len({id(s) for s in made}) == 4  # the CPU path steps at 1, 2, 4, 8
+    # the CPU path probes 1, 2, 4, 8, two steps each, a fresh scaler per step
+    assert len(made) == 8 and len({id(s) for s in made}) == 8
+
+
+def test_each_batch_size_probe_runs_two_optimizer_steps(monkeypatch):
+    """On an H200 a size that passed one probe step ran out of memory in training: the second
+    step (optimizer state made, allocator blocks as the first step left them) is where it
+    fails, so each size is probed with two."""
+    sizes = []
+    real = train.train_step
+
+    def train_step(model, opt, micro, **kw):
+        sizes.append(micro[0][0].shape[0])
+        return real(model, opt, micro, **kw)
+
+    monkeypatch.setattr(train, "train_step", train_step)
+    args = train.parse_args(["--preset", "tiny", "--seq-len", "16", "--device", "cpu",
+                             "--find-batch-size", "--mem-budget-gb", "4"])
+    train.find_batch_size(args, train.DistCtx())
+    assert sizes == [1, 1, 2, 2, 4, 4, 8, 8]
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"},
+     {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}),  # the user's choice wins
+    ({"PYTORCH_ALLOC_CONF": "expandable_segments:False"},
+     {"PYTORCH_ALLOC_CONF": "expandable_segments:False"}),   # torch's newer name too
+])
+def test_cuda_allocator_defaults_to_expandable_segments(env, expected):
+    runtime.configure_cuda_allocator(env)
+    assert env == expected
+
+
+def test_setup_distributed_configures_the_allocator_before_cuda(monkeypatch):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    runtime.setup_distributed("cpu")
+    import os
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
 
 
 def test_nccl_process_group_is_bound_to_the_ranks_gpu(monkeypatch):

@@ -123,6 +123,9 @@ def test_verify_network_and_runtime_parsing():
         {"error": "ModuleNotFoundError: torch"}
     assert verify_facts.cuda_toolkit('{"cuda": {"version": "12.8.1"}}') == "12.8.1"
     assert verify_facts.cuda_toolkit("[1]") is None and verify_facts.cuda_toolkit("") is None
+    # no version.json (cuda-nvcc-13-0 without cuda-toolkit-13-0, as on an H200 box): nvcc's
+    assert verify_facts.cuda_toolkit("", fixture("nvcc_01_cuda13_0_h200_container.txt")) == "13.0.88"
+    assert verify_facts.cuda_toolkit('{"cuda": {"version": "13.0.2"}}', "release 12.8, V12.8.93") == "13.0.2"
 
 
 def test_job_progress_prefers_rank_zero_and_counts_torchrun_starts():
@@ -227,6 +230,18 @@ def test_tree_reads_only_the_newest_attempt_and_skips_symlinked_folders(tmp_path
                                                            "text": "start rank=0\nstep=5\n"}}
     assert run_probe({"tree": {"t": {"root": str(tmp_path / "run_c")}}})["tree"]["t"] == \
         {"dirs": [], "files": {}}
+
+
+def test_verify_reads_the_cuda_version_through_the_alternatives_symlink(tmp_path, monkeypatch):
+    """/usr/local/cuda -> /etc/alternatives/cuda -> /usr/local/cuda-13.0 on real installs."""
+    real = tmp_path / "cuda-13.0"
+    real.mkdir()
+    (real / "version.json").write_text('{"cuda": {"name": "CUDA SDK", "version": "13.0.2"}}')
+    (tmp_path / "alternatives-cuda").symlink_to(real)
+    (tmp_path / "cuda").symlink_to(tmp_path / "alternatives-cuda")
+    monkeypatch.setattr(verify_facts, "CUDA_VERSION_FILE", str(tmp_path / "cuda" / "version.json"))
+    raw = run_probe(verify_facts.probe_request(str(tmp_path / "venv"), False, None))
+    assert verify_facts.facts(str(tmp_path / "venv"), None, raw)["cuda_toolkit"] == "13.0.2"
 
 
 def test_a_failed_probe_is_one_clear_error():

@@ -269,3 +269,27 @@ def test_text_that_is_not_the_csv_is_refused():
 def test_query_parse_skips_its_own_header_line():
     header = ", ".join(smi_query.QUERY_FIELDS) + "\n"
     assert smi_query.parse(header + QUERY_H100) == smi_query.parse(QUERY_H100)
+
+
+def test_h200_header_prints_newer_names_for_the_fields_asked():
+    """Captured on an H200 (driver 580.159.04): the header says clocks.current.sm and
+    clocks_event_reasons.active for clocks.sm and clocks_throttle_reasons.active."""
+    header, with_units, bare = fixture(
+        "querygpu_02_1xH200_sampler_fields_header_then_noheader_nounits.txt").splitlines()
+    asked = ["index", "name", "uuid", "pci.bus_id", "driver_version", "memory.total",
+             "memory.used", "utilization.gpu", "temperature.gpu", "power.draw", "power.limit",
+             "clocks.sm", "clocks.max.sm", "ecc.errors.uncorrected.volatile.total",
+             "ecc.errors.corrected.volatile.total", "clocks_event_reasons.active",
+             "clocks_throttle_reasons.active", "persistence_mode", "compute_cap", "mig.mode.current"]
+    for text in (header + "\n" + with_units, header + "\n" + bare, bare):
+        (row,) = smi_query.parse_csv(text, asked)
+        assert row["name"] == "NVIDIA H200" and row["driver_version"] == "580.159.04"
+        assert row["memory.total"] == 143771 and row["clocks.sm"] == 345
+        assert row["clocks.max.sm"] == 1980 and row["temperature.gpu"] == 38
+        assert row["clocks_throttle_reasons.active"] == row["clocks_event_reasons.active"]
+    # the header parsed on its own is keyed by what it prints
+    (row,) = smi_query.parse_csv(header + "\n" + with_units)
+    assert row["clocks.current.sm"] == 345 and row["power.draw"] == 79.9
+    # a header for other fields is still refused
+    with pytest.raises(smi_query.QueryError, match="header names"):
+        smi_query.parse_csv(header + "\n" + with_units, ["memory.used"] + asked[1:])

@@ -17,6 +17,7 @@ T02 = "topo_02_8xA100_nv12_17nics_nic_legend.txt"
 T04 = "topo_04_4gpu_nv1_nv2_dualsocket_delos.txt"
 T08 = "topo_08_h100x8_nv18_mlengineering.txt"
 T13 = "topo_13_2xRTX2080Ti_pix_gpu_numa_id.txt"
+T14 = "topo_14_1xH200_single_gpu_numa_id.txt"
 
 
 def test_command():
@@ -383,3 +384,14 @@ def test_nic_legend_of_the_pcie_box():
     t = _profile_topo("pcie-nic-8")
     assert t.nics == ("NIC0", "NIC1") and t.nic_device("NIC1") == "mlx5_1"
     assert topo.classify(t) == "cpu"
+
+
+def test_topo14_single_h200_with_underline_escapes():
+    """Captured on an H200 VM: one GPU, and the header underlined with ANSI escapes even
+    though stdout was a pipe."""
+    t = topo.parse(fixture(T14))
+    assert t.gpus == ("GPU0",) and t.nics == ()
+    assert t.link("GPU0", "GPU0") == "X"
+    assert t.cpu_affinity == {"GPU0": "0-15"} and t.numa_affinity == {"GPU0": 0}
+    assert t.gpu_numa_id == {"GPU0": None}
+    assert topo.classify(t) == "single"

@@ -85,6 +85,35 @@ def test_version_gate_names_the_odd_one_out():
     assert evaluate.version_gate([a, b])[0] == PASS
 
 
+def test_version_gate_compares_the_nccl_torch_bundles():
+    """DDP uses torch's own NCCL: equal torch versions from different wheels (or a torch that
+    found another libnccl) can still differ there, and libnccl2 says nothing about it."""
+    rt = {"torch": "2.13.0+cu128", "cuda": "12.8", "device_count": 8}
+    a = evaluate.host_verdict("a", facts(torch_runtime={**rt, "nccl": "2.26.2"}), 8, "cuda")
+    b = evaluate.host_verdict("b", facts(torch_runtime={**rt, "nccl": "2.27.3"}), 8, "cuda")
+    c = evaluate.host_verdict("c", facts(torch_runtime={**rt, "nccl": "2.26.2"}), 8, "cuda")
+    status, table, reasons = evaluate.version_gate([a, b, c])
+    assert status == FAIL and reasons == ["torch_nccl differs: most hosts have 2.26.2; b has 2.27.3"]
+
+
+def test_version_gate_table_says_unknown_and_where_each_version_comes_from(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from torchrig import report
+    v = evaluate.host_verdict("h200", facts(cuda_toolkit=None), 8, "cuda")
+    out = io.StringIO()
+    rep = type("Rep", (), {"hosts": [v], "unreachable": {}, "gate": evaluate.version_gate([v]),
+                           "bandwidth": [], "status": "PASS"})()
+    monkeypatch.setattr(report, "console", Console(file=out, width=200))
+    report.verify_report(rep)
+    text = out.getvalue()
+    assert "None" not in text
+    assert "cuda toolkit │ unknown" in text and "libnccl2     │ 2.26.2-1+cuda12.8" in text
+    assert "torch's nccl │ 2.26.2" in text
+
+
 def test_unreadable_network_and_missing_venv():
     f = facts(venv_exists=False, dists={},
               network={"address": "10.0.0.1", "port": 29400, "resolved": "10.0.0.1", "reachable": False,

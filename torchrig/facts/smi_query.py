@@ -173,6 +173,20 @@ def _names(row: list[str]) -> list[str]:
     return [_HEADER_UNIT.sub(r"\1", h) for h in row]
 
 
+def header_name(field: str) -> str:
+    """The name nvidia-smi's CSV header prints for a --query-gpu field: some are printed under
+    their newer name (driver 580 on an H200: clocks.sm -> clocks.current.sm,
+    clocks_throttle_reasons.* -> clocks_event_reasons.*; tests/fixtures/querygpu_02)."""
+    if field.startswith("clocks_throttle_reasons."):
+        return "clocks_event_reasons." + field.split(".", 1)[1]
+    return _CURRENT_CLOCKS.get(field, field)
+
+
+# --help-query-gpu's short forms of the current clocks (the max.* short forms print as asked)
+_CURRENT_CLOCKS = {"clocks.sm": "clocks.current.sm", "clocks.gr": "clocks.current.graphics",
+                   "clocks.mem": "clocks.current.memory", "clocks.video": "clocks.current.video"}
+
+
 def parse_csv(text: str, fields: list[str] | None = None) -> list[dict[str, Any]]:
     """Parse ``--format=csv`` output into dicts of typed values.
 
@@ -204,7 +218,7 @@ def parse_csv(text: str, fields: list[str] | None = None) -> list[dict[str, Any]
     else:
         names, units = list(fields), [None] * len(fields)
         if rows and _is_header(rows[0]):
-            if _names(rows[0]) != names:
+            if [header_name(n) for n in _names(rows[0])] != [header_name(n) for n in names]:
                 raise QueryError(f"the CSV header names {', '.join(_names(rows[0]))}, "
                                  f"not the fields asked for ({', '.join(names)})")
             rows = rows[1:]

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 from . import dpkg, python_env, smi_query, topo
 
 PACKAGES = ["nvidia-open", "cuda-drivers", "libnccl2", "cuda-toolkit-*"]
 CUDA_VERSION_FILE = "/usr/local/cuda/version.json"
+# cuda-minimal-build / cuda-nvcc-X-Y installs have no version.json (an H200 box with CUDA 13.0)
+NVCC = "/usr/local/cuda/bin/nvcc"
 # run by the venv's own interpreter, only when asked: the only place torch is imported
 TORCH_RUNTIME = ("import json, torch\n"
                  "d = {'torch': torch.__version__, 'cuda': torch.version.cuda,\n"
@@ -27,11 +30,14 @@ def probe_request(venv: str, torch_runtime: bool, peer: dict | None) -> dict:
     py = os.path.join(venv, "bin", "python")
     run = {"smi_query": smi_query.command(), "topo": topo.COMMAND,
            "fabricmanager": ["systemctl", "is-active", "nvidia-fabricmanager.service"],
-           "dpkg-query": dpkg.query_argv(PACKAGES)}
+           "dpkg-query": dpkg.query_argv(PACKAGES), "nvcc": [NVCC, "--version"]}
     if torch_runtime:  # -I: nothing imported from the cwd; a missing venv answers 127
         run["torch_runtime"] = {"argv": [py, "-I", "-c", TORCH_RUNTIME], "timeout": 120}
     req = {"run": run, "host": True, "exists": [py],
-           "read": {"cuda": {"path": CUDA_VERSION_FILE, "limit": 65536},
+           # follow: /usr/local/cuda is update-alternatives' symlink to /usr/local/cuda-X.Y on
+           # every real install (root's own paths); without it the version read as unknown on
+           # an H200 box whose version.json was there
+           "read": {"cuda": {"path": CUDA_VERSION_FILE, "limit": 65536, "follow": True},
                     "pyvenv.cfg": {"path": os.path.join(venv, "pyvenv.cfg"), "limit": 65536}},
            "glob": {"torch": {"pattern": os.path.join(venv, python_env.DIST_INFO.format(name="torch-*")),
                               "limit": python_env.METADATA_LIMIT}}}
@@ -40,12 +46,13 @@ def probe_request(venv: str, torch_runtime: bool, peer: dict | None) -> dict:
     return req
 
 
-def cuda_toolkit(version_json: str) -> str | None:
-    """/usr/local/cuda/version.json's CUDA version."""
+def cuda_toolkit(version_json: str, nvcc_out: str = "") -> str | None:
+    """/usr/local/cuda/version.json's CUDA version, else nvcc's ("release 13.0, V13.0.88")."""
     try:
         return json.loads(version_json)["cuda"]["version"]
     except (ValueError, KeyError, TypeError):
-        return None
+        m = re.search(r"release [\d.]+, V(\d+\.\d+(?:\.\d+)?)", nvcc_out)
+        return m.group(1) if m else None
 
 
 def torch_runtime(r: dict) -> dict:
@@ -74,7 +81,7 @@ def facts(venv: str, peer: dict | None, raw: dict) -> dict:
     out = {"hostname": raw["host"]["hostname"], "smi_query": run["smi_query"], "topo": run["topo"],
            "fabricmanager": run["fabricmanager"]["out"].strip(),
            "packages": dpkg.parse_query(run["dpkg-query"]["out"]),
-           "cuda_toolkit": cuda_toolkit((read["cuda"] or {}).get("text", "")),
+           "cuda_toolkit": cuda_toolkit((read["cuda"] or {}).get("text", ""), run["nvcc"]["out"]),
            "venv_exists": raw["exists"][os.path.join(venv, "bin", "python")],
            "dists": {k: v for k, v in python_env.dists(raw["glob"]["torch"].values()).items() if k == "torch"},
            "python": python_env.pyvenv_version((read["pyvenv.cfg"] or {}).get("text", ""))}

@@ -13,7 +13,10 @@ from ..facts import nccl_tests, smi_query, topo as topo_mod
 from . import thresholds
 
 PASS, FAIL, WARN, NOT_RUN = "PASS", "FAIL", "WARN", "NOT RUN"
-GATE_KEYS = ("driver", "cuda", "nccl", "python", "torch", "gpus")
+# torch_cuda/torch_nccl: what torch was built with and bundles (DDP uses torch's NCCL, not
+# libnccl2: an H200 box had libnccl2 2.28.3 and torch's NCCL 2.28.9); known when verify imports
+# torch, unknown (equal everywhere) in launch's fast gate
+GATE_KEYS = ("driver", "cuda", "nccl", "python", "torch", "torch_cuda", "torch_nccl", "gpus")
 
 
 @dataclass
