@@ -88,12 +88,12 @@ def load_check(fd):
         fail(f"cannot import torch in the node's venv for the load check ({e})")
     os.lseek(fd, 0, os.SEEK_SET)
     try:
-        with os.fdopen(os.dup(fd), "rb") as f:
+        with os.fdopen(os.dup(fd), "rb") as f:  # the descriptor opened with O_NOFOLLOW
             torch.load(f, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - a truncated zip, a refused pickle, an I/O error
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         line = next((ln for ln in lines if "WeightsUnpickler error" in ln), lines[0] if lines else "")
-        return f"{type(e).__name__}: {line[:300]}"
+        return f"{type(e).__name__}: {line.split('. ')[0][:300]}"  # its first sentence
     return None
 
 

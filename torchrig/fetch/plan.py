@@ -36,17 +36,23 @@ def choose_host(listings: dict[str, dict]) -> str | None:
     return max(best)[1] if best else None
 
 
-def candidates(listing: dict, step: int | None) -> list[str]:
-    """The checkpoint names to try, in order: newest first (the first that loads is taken), or
-    only step `step` when asked for one."""
+def candidates(listing: dict, step: int | None) -> tuple[list[str], list[dict]]:
+    """(checkpoint names to try in order, checkpoints refused at listing with why): newest
+    first (the first that loads is taken), or only step `step` when asked for one. A
+    checkpoint name the node would not read (a symlink, a FIFO, a hard link) is refused, and
+    asking for its step is an error naming why."""
     cks = checkpoints(listing)
+    refused = [s for s in listing.get("skipped", []) if step_of(s["name"]) is not None]
     if step is None:
-        return [c["name"] for c in cks]
+        return [c["name"] for c in cks], refused
     named = [c["name"] for c in cks if c["step"] == step]
+    bad = [s for s in refused if step_of(s["name"]) == step]
+    if bad:
+        raise TorchrigError(f"--step {step}: {bad[0]['name']} is {bad[0]['why']}: refused")
     if not named:
         have = ", ".join(str(c["step"]) for c in sorted(cks, key=lambda c: c["step"])) or "none"
         raise TorchrigError(f"--step {step}: no such checkpoint (steps there: {have})")
-    return named
+    return named, []
 
 
 def safe_name(name: str) -> bool:

@@ -109,15 +109,20 @@ def fetch(fleet: Fleet, o: Options, log: Callable[[str], None]) -> FetchResult:
         names, left_out = plan.all_files(listing)
         request = {"op": "check", "dir": folder, "names": names, "load": False, "first": False}
     else:
-        names, left_out = plan.candidates(listing, o.step), []
+        names, left_out = plan.candidates(listing, o.step)
         request = {"op": "check", "dir": folder, "names": names, "load": True, "first": True}
     checked = _ask(fleet, host, request)["checked"]
     by_name = {c["name"]: c for c in checked}
     good = [by_name[n] for n in names if by_name.get(n, {}).get("ok")]
     refused = [{"name": c["name"], "why": c["why"]} for c in checked if not c["ok"]]
-    for r in refused:  # with "first", every refusal came before the one taken
-        log(f"{name}: left out {r['name']}: {r['why']}" if o.all else
-            f"{name}: refused {r['name']}: {r['why']}" + ("; taking the previous one" if good else ""))
+    if not o.all:  # checkpoint names the node would not even open count as refused
+        refused, left_out = left_out + refused, []
+    for r in left_out:
+        log(f"{name}: left out {r['name']}: {r['why']}")
+    for r in refused:
+        log(f"{name}: refused {r['name']}: {r['why']}")
+    if refused and good and not o.all:
+        log(f"{name}: taking {good[0]['name']}, the newest checkpoint that loads")
     if not good:
         raise TorchrigError(f"no loadable checkpoint of job {job} on {name} among "
                             f"{', '.join(names) or 'none'} ({folder})")
