@@ -8,7 +8,6 @@ when its SHA-256 matches the node's, and record it in MANIFEST.json."""
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
@@ -21,7 +20,7 @@ from pathlib import Path
 import paramiko
 
 from ..errors import TorchrigError
-from ..facts.probe import reply
+from ..facts import probe
 from ..inventory import Host
 from ..launch.plan import check_job_name
 from ..remote import ConnectionLost, login_user, privileged, sh
@@ -76,14 +75,13 @@ def _command(host: Host, op: str) -> str:
 
 
 def _stdin(request: dict) -> str:
-    b64 = base64.b64encode(json.dumps(request).encode()).decode()
-    return SCRIPT.read_text() + f'\nmain("{b64}")\n'
+    return probe.stdin(request, SCRIPT)
 
 
 def _ask(fleet: Fleet, host: Host, request: dict, timeout: float = 600) -> dict:
     r = fleet.run(host, _command(host, request["op"]), root=True, data=_stdin(request),
                   timeout=timeout)
-    return reply(r.exited, r.stdout, r.stderr, f"fetch's {request['op']} of "
+    return probe.reply(r.exited, r.stdout, r.stderr, f"fetch's {request['op']} of "
                  f"{request['dir']} on {host.name}")
 
 
