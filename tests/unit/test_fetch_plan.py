@@ -94,3 +94,22 @@ def test_manifest_merge_keeps_unchanged_records_and_replaces_changed_ones():
     new = plan.merge_manifest(doc, [{"name": "b", "sha256": "2", "fetched_at": "new"},
                                     {"name": "a", "sha256": "3", "fetched_at": "new"}])
     assert [(f["name"], f["sha256"]) for f in new["files"]] == [("a", "3"), ("b", "2")]
+
+
+@pytest.mark.parametrize("rc,alive,start,offset,outcome", [
+    (0, True, 0, 100, "done"),
+    (0, True, 40, 100, "done"),         # a resumed read that finished
+    (-1, False, 0, 40, "dropped"),      # the connection died mid-way (paramiko: no exit status)
+    (-1, True, 40, 70, "dropped"),      # the node's process was killed (an exit signal)
+    (None, True, 40, 40, "dropped"),    # silence: nothing came for a minute
+    (-9, True, 0, 0, "dropped"),        # a local process killed
+    (0, True, 0, 40, "dropped"),        # ended early: ask again (the node then says why)
+    (1, False, 0, 0, "dropped"),        # an exit status from a lost connection: retried
+    (3, True, 0, 0, "failed"),          # the node refused (changed, a symlink now, ...)
+    (3, False, 40, 70, "failed"),
+    (1, True, 40, 40, "failed"),        # runuser/sudo failed at once: retrying fails the same
+    (1, True, 40, 70, "dropped"),       # failed after progress: retried from 70
+    (0, True, 0, 140, "grew"),
+])
+def test_what_a_read_means(rc, alive, start, offset, outcome):
+    assert plan.after_read(rc, alive, start, offset, 100) == outcome

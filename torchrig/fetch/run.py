@@ -29,7 +29,7 @@ from ..session import Fleet
 from . import plan
 
 SCRIPT = Path(__file__).with_name("node_remote.py")
-RETRIES = 5          # fresh connections after drops, per file
+RETRIES = 5          # fresh connections in a row after drops without a byte received
 SILENCE = 60         # seconds without a byte: the transfer is treated as dropped
 DROPS = (ConnectionLost, paramiko.SSHException, EOFError, socket.error)
 
@@ -109,7 +109,7 @@ def fetch(fleet: Fleet, o: Options, log: Callable[[str], None]) -> FetchResult:
     else:
         names, left_out = plan.candidates(listing, o.step)
         request = {"op": "check", "dir": folder, "names": names, "load": True, "first": True}
-    checked = _ask(fleet, host, request)["checked"]
+    checked = _ask(fleet, host, request, 3600)["checked"]  # hashing (and loading) big files
     by_name = {c["name"]: c for c in checked}
     good = [by_name[n] for n in names if by_name.get(n, {}).get("ok")]
     refused = [{"name": c["name"], "why": c["why"]} for c in checked if not c["ok"]]
@@ -200,21 +200,23 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
                 alive = cxn.is_connected and not cxn.lost
             except DROPS as e:
                 alive, why = False, str(e) or type(e).__name__
-            if rc == 0 and offset == size:
+            outcome = plan.after_read(rc, alive, start, offset, size)
+            if outcome == "done":
                 break
-            if offset > size:
+            if outcome == "grew":
                 raise TorchrigError(f"{host.name}: {name} grew while it was read; run fetch again")
-            message = err.decode(errors="replace").strip()
-            if rc == 3 or (alive and rc is not None and rc > 0 and offset == start):
+            if outcome == "failed":
+                message = err.decode(errors="replace").strip()
                 raise TorchrigError(f"{host.name}: reading {name} failed (exit {rc}): "
                                     f"{message[-400:] or 'no message'}")
-            drops += 1
+            drops = 1 if offset > start else drops + 1  # bounded: drops in a row, no progress
             why = why or ("connection lost" if not alive else
                           f"the transfer ended early (exit {rc})" if rc is not None
                           else f"no data for {SILENCE}s")
             if drops > RETRIES:
-                raise TorchrigError(f"{host.name}: {name}: gave up after {RETRIES} retries at byte "
-                                    f"{offset} of {size} ({why}); run fetch again to resume")
+                raise TorchrigError(f"{host.name}: {name}: gave up after {RETRIES} tries in a "
+                                    f"row without progress at byte {offset} of {size} ({why}); "
+                                    "run fetch again to resume")
             log(f"{host.name}: {name}: transfer dropped at byte {offset} of {size} ({why}); "
                 f"resuming with a fresh connection (retry {drops} of {RETRIES})")
             got.resumed_at.append(offset)
