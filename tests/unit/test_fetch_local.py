@@ -103,3 +103,15 @@ def test_second_fetch_transfers_nothing_and_a_partial_file_is_resumed_or_caught(
     with pytest.raises(TorchrigError, match="SHA-256 of the received bytes"):
         run(inv, out, all=True)
     assert not part.exists() and not (out / "ckpt_00000010.pt").exists()
+
+
+def test_two_fetches_never_write_one_partial_file(node):
+    import fcntl
+    inv, job, out = node
+    first, _ = run(inv, out / "x", all=True)
+    (out / "x/ckpt_00000010.pt").unlink()
+    part = out / "x" / plan.part_name("ckpt_00000010.pt", first.files[0].sha256)
+    with open(part, "wb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)   # a fetch in progress
+        with pytest.raises(TorchrigError, match="another fetch is writing"):
+            run(inv, out / "x", all=True)

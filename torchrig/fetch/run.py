@@ -8,6 +8,7 @@ when its SHA-256 matches the node's, and record it in MANIFEST.json."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -171,6 +172,10 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
     part = to / plan.part_name(name, digest)
     fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
+        try:  # two fetches appending to one partial file would garble it
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise TorchrigError(f"another fetch is writing {part}; wait for it") from None
         have = os.fstat(fd).st_size
         offset = plan.resume_offset(have, size)
         os.ftruncate(fd, offset)
