@@ -92,6 +92,32 @@ def node_dir(host: Host, job: str) -> str:
 
 def fetch(fleet: Fleet, o: Options, log: Callable[[str], None]) -> FetchResult:
     job = check_job_name(o.job)
+    host, folder, good, refused, left_out = _choose(fleet, job, o, log)
+    to = Path(o.to)
+    to.mkdir(parents=True, exist_ok=True)
+    manifest = to / plan.MANIFEST
+    doc = plan.parse_manifest(manifest.read_text() if manifest.exists() else None, job,
+                              str(manifest))
+    files: list[Fetched] = []
+    try:
+        for c in good:
+            files.append(_transfer(fleet, host, folder, c, to, o.bwlimit, log))
+    finally:  # what arrived is recorded even when a later file fails
+        entries = [{"job": job, "name": f.name, "step": f.step, "size": f.size,
+                    "sha256": f.sha256, "node": host.name, "node_path": f"{folder}/{f.name}",
+                    "load_check": "not checked (--all)" if o.all
+                    else "torch.load(weights_only=True) on the node: ok",
+                    "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                   for f in files]
+        new = plan.merge_manifest(doc, entries)
+        if files and (new != doc or not manifest.exists()):
+            _write_atomic(manifest, (json.dumps(new, indent=2) + "\n").encode())
+    return FetchResult(job, host.name, folder, str(to), files, refused, left_out)
+
+
+def _choose(fleet: Fleet, job: str, o: Options, log: Callable[[str], None]):
+    """(host, its folder, the checked files to fetch, refused, left out): the node holding the
+    newest checkpoint, and there the newest that loads (or step N, or every file)."""
     listed = fleet.fan_out(lambda h: _ask(fleet, h, {"op": "list", "dir": node_dir(h, job)}, 60))
     listings = {r.host: r.value for r in listed if r.ok}
     name = plan.choose_host(listings)
@@ -106,10 +132,10 @@ def fetch(fleet: Fleet, o: Options, log: Callable[[str], None]) -> FetchResult:
     folder, listing = node_dir(host, job), listings[name]
     if o.all:
         names, left_out = plan.all_files(listing)
-        request = {"op": "check", "dir": folder, "names": names, "load": False, "first": False}
     else:
         names, left_out = plan.candidates(listing, o.step)
-        request = {"op": "check", "dir": folder, "names": names, "load": True, "first": True}
+    request = {"op": "check", "dir": folder, "names": names, "load": not o.all,
+               "first": not o.all}
     checked = _ask(fleet, host, request, 3600)["checked"]  # hashing (and loading) big files
     by_name = {c["name"]: c for c in checked}
     good = [by_name[n] for n in names if by_name.get(n, {}).get("ok")]
@@ -125,24 +151,7 @@ def fetch(fleet: Fleet, o: Options, log: Callable[[str], None]) -> FetchResult:
     if not good:
         raise TorchrigError(f"no loadable checkpoint of job {job} on {name} among "
                             f"{', '.join(names) or 'none'} ({folder})")
-    to = Path(o.to)
-    to.mkdir(parents=True, exist_ok=True)
-    manifest = to / plan.MANIFEST
-    doc = plan.parse_manifest(manifest.read_text() if manifest.exists() else None, job,
-                              str(manifest))
-    files, entries = [], []
-    for c in good:
-        f = _transfer(fleet, host, folder, c, to, o.bwlimit, log)
-        files.append(f)
-        entries.append({"job": job, "name": f.name, "step": f.step, "size": f.size,
-                        "sha256": f.sha256, "node": name, "node_path": f"{folder}/{f.name}",
-                        "load_check": "not checked (--all)" if o.all
-                        else "torch.load(weights_only=True) on the node: ok",
-                        "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    new = plan.merge_manifest(doc, entries)
-    if new != doc or not manifest.exists():
-        _write_atomic(manifest, (json.dumps(new, indent=2) + "\n").encode())
-    return FetchResult(job, name, folder, str(to), files, refused, left_out)
+    return host, folder, good, refused, left_out
 
 
 def _sha256_file(path: Path, upto: int | None = None) -> hashlib._Hash:
