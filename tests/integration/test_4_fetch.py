@@ -70,7 +70,7 @@ def test_fetch_matches_the_nodes_hash_and_a_second_fetch_transfers_nothing(inv, 
 
 def test_fetch_resumes_after_the_ssh_connection_is_cut(inv, tmp_path):
     p = invoke_bg("fetch", "-i", str(inv), "-h", NODE, "--job", JOB, "--step", "20",
-                  "--to", str(tmp_path), "--bwlimit", "150", "--json")
+                  "--to", str(tmp_path), "--bwlimit", "100", "--json")
     try:
         wait_until("a partial file of 200 kB", lambda: any(
             x.stat().st_size > 200_000 for x in tmp_path.glob(".ckpt_00000020.pt.*.part")), 60, 0.2)
