@@ -78,6 +78,8 @@ def test_refuses_planted_and_corrupt_checkpoints_and_takes_the_previous(node):
     assert not leaked(out)
     with pytest.raises(TorchrigError, match="ckpt_00000040.pt is a symlink"):
         run(inv, out, step=40)
+    with pytest.raises(TorchrigError, match="--to .*/ckpt_00000020.pt/x: cannot make that folder"):
+        run(inv, out / "ckpt_00000020.pt/x", all=True)   # a file where a folder must be
     res, _ = run(inv, out / "all", all=True)  # --all: every regular file, nothing planted
     assert [f.name for f in res.files] == ["ckpt_00000010.pt", "ckpt_00000020.pt", "ckpt_00000030.pt"]
     assert {e["name"] for e in res.left_out} == {"ckpt_00000040.pt", "ckpt_00000050.pt"}

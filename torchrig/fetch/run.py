@@ -94,7 +94,10 @@ def fetch(fleet: Fleet, o: Options, log: Callable[[str], None]) -> FetchResult:
     job = check_job_name(o.job)
     host, folder, good, refused, left_out = _choose(fleet, job, o, log)
     to = Path(o.to)
-    to.mkdir(parents=True, exist_ok=True)
+    try:
+        to.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TorchrigError(f"--to {to}: cannot make that folder ({e.strerror or e})") from None
     manifest = to / plan.MANIFEST
     doc = plan.parse_manifest(manifest.read_text() if manifest.exists() else None, job,
                               str(manifest))
