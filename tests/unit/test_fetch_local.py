@@ -117,3 +117,52 @@ def test_two_fetches_never_write_one_partial_file(node):
         fcntl.flock(held, fcntl.LOCK_EX)   # a fetch in progress
         with pytest.raises(TorchrigError, match="another fetch is writing"):
             run(inv, out / "x", all=True)
+
+
+def _our_fetch_reader() -> int | None:
+    """The pid of this test's own node-side reader (a descendant of this process)."""
+    parent = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                parent[int(d)] = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    for pid in parent:
+        p = pid
+        while p in parent and p != os.getpid():
+            p = parent[p]
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            if p == os.getpid() and b"python" in argv[0] and argv[-3:-1] == [b"torchrig-fetch", b"read"]:
+                return pid  # the python reading the file, not runuser above it
+        except OSError:
+            pass
+    return None
+
+
+def test_a_transfer_whose_reader_dies_resumes_from_the_bytes_received(node):
+    import threading
+    import time
+    inv, job, out = node
+    data = os.urandom(300_000)
+    (job / "data.bin").write_bytes(data)
+    killed = []
+
+    def kill_mid_way():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not killed:
+            parts = list(out.glob(".data.bin.*.part"))
+            if parts and parts[0].stat().st_size > 60_000 and (pid := _our_fetch_reader()):
+                os.kill(pid, 9)
+                killed.append(parts[0].stat().st_size)
+            time.sleep(0.05)
+
+    t = threading.Thread(target=kill_mid_way)
+    t.start()
+    res, log = run(inv, out, all=True, bwlimit=150_000)
+    t.join()
+    [f] = [f for f in res.files if f.name == "data.bin"]
+    assert killed and len(f.resumed_at) == 1 and killed[0] <= f.resumed_at[0] < len(data), (killed, f)
+    assert f.transferred == len(data) and (out / "data.bin").read_bytes() == data
+    assert any("data.bin: transfer dropped at byte" in m for m in log), log

@@ -103,6 +103,7 @@ def test_manifest_merge_keeps_unchanged_records_and_replaces_changed_ones():
     (-1, True, 40, 70, "dropped"),      # the node's process was killed (an exit signal)
     (None, True, 40, 40, "dropped"),    # silence: nothing came for a minute
     (-9, True, 0, 0, "dropped"),        # a local process killed
+    (-1, False, 40, 100, "done"),       # every byte arrived before the drop: the hash decides
     (0, True, 0, 40, "dropped"),        # ended early: ask again (the node then says why)
     (1, False, 0, 0, "dropped"),        # an exit status from a lost connection: retried
     (3, True, 0, 0, "failed"),          # the node refused (changed, a symlink now, ...)

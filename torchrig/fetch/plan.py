@@ -85,13 +85,13 @@ def resume_offset(have: int, size: int) -> int:
 
 def after_read(rc: int | None, alive: bool, start: int, offset: int, size: int) -> str:
     """What one read of a file from byte `start` means, `offset` bytes now being here:
-    "done"; "grew" (more bytes than the node said the file had); "failed" (the node refused,
+    "done" (all bytes here); "grew" (more bytes than the node said the file had); "failed" (the node refused,
     exit 3, or the command failed without a byte on a live connection: asking again would
     fail the same way); else "dropped": ask again from `offset`, on a fresh connection (exit
     status None or -1: the connection or the node's process died, as SSH reports it)."""
     if offset > size:
         return "grew"
-    if rc == 0 and offset == size:
+    if offset == size:  # every byte is here, whatever the exit status: the hash decides
         return "done"
     if rc == 3 or (alive and rc is not None and rc > 0 and offset == start):
         return "failed"
