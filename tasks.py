@@ -431,6 +431,39 @@ class _NullPrinter:
         pass
 
 
+@fleet_task(name="fetch", help={
+            "job": "job name (default: the newest job on the first host)",
+            "step": "this step's checkpoint (default: the newest one that loads)",
+            "to": "folder to write into (default: checkpoints/JOB)",
+            "all": "the job's whole checkpoint folder",
+            "bwlimit": "at most this many KiB/s (default: no limit)",
+            "json": "print what was fetched as JSON"})
+def fetch(c, inventory=None, host=None, job=None, step=None, to=None, all_=False, bwlimit=None,
+          json_=False, accept_new_host_keys=False):
+    """Copy a job's newest loadable checkpoint (or --step N, or --all) from the node that holds
+    it: load-checked on the node, resumed after drops, SHA-256 verified, MANIFEST.json beside it."""
+    from pathlib import Path
+    from torchrig.fetch.run import Options, fetch as run_fetch
+    if step is not None and all_:
+        raise Exit("error: --step and --all: choose one", code=1)
+    o = Options(job="", to=Path(), step=None if step is None else _number("step", step, 0),
+                all=all_, bwlimit=0 if bwlimit is None else _number("bwlimit", bwlimit, 1) * 1024)
+    with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
+        o.job = job or _latest_job(fleet)
+        o.to = Path(to or f"checkpoints/{o.job}")
+        res = run_fetch(fleet, o, log=lambda m: print(m, file=sys.stderr))
+    if json_:
+        print(json.dumps(res.as_dict(), indent=2))
+        return
+    for f in res.files:
+        how = ("already there, unchanged: nothing transferred" if f.already else
+               f"{f.transferred} bytes transferred" +
+               (f", resumed at byte {', '.join(map(str, f.resumed_at))}" if f.resumed_at else ""))
+        print(f"{res.host}:{res.node_dir}/{f.name} -> {res.to}/{f.name} ({f.size} bytes, "
+              f"sha256 {f.sha256[:16]}...; {how})")
+    print(f"job {res.job}: {len(res.files)} file(s) in {res.to} (see {res.to}/MANIFEST.json)")
+
+
 def _exit_if_failed(reports, what: str) -> None:
     if reports:
         raise Exit(f"error: {what} failed on " + "; ".join(f"{r.host}: {r.error}" for r in reports),
@@ -536,7 +569,8 @@ def demo(c, steps=None):
 
 testbed = Collection("testbed", testbed_up, testbed_down, testbed_status)
 
-ns = Collection(hosts, exec_, provision, verify, launch, logs, status, stop, demo, testbed)
+ns = Collection(hosts, exec_, provision, verify, launch, logs, status, stop, fetch, demo,
+                testbed)
 ns.configure({
     "torchrig": {
         "inventory": "inventory/hosts.yml",  # override in invoke.yaml or INVOKE_TORCHRIG_INVENTORY

@@ -13,11 +13,12 @@ SCRIPT = Path(__file__).with_name("probe_host.py")
 COMMAND = "python3 -I -"  # -I: nothing imported from the working directory or the environment
 
 
-def stdin(request: dict) -> str:
+def stdin(request: dict, script: Path = SCRIPT) -> str:
     """The script and its request, both on stdin: nothing of the request in any command line.
-    base64 keeps the request inert inside the Python string literal."""
+    base64 keeps the request inert inside the Python string literal. Other node scripts with
+    a `main(request_b64)` (fetch's) travel the same way."""
     b64 = base64.b64encode(json.dumps(request).encode()).decode()
-    return SCRIPT.read_text() + f'\nmain("{b64}")\n'
+    return script.read_text() + f'\nmain("{b64}")\n'
 
 
 def reply(rc: int, stdout: str, stderr: str, what: str = "gathering facts") -> dict:

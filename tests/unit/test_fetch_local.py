@@ -1,0 +1,168 @@
+"""fetch end to end on a `connection: local` host (the node script really runs, through
+runuser, with the real torch load check): the job's user here is root, so the O_NOFOLLOW and
+regular-file checks alone must keep a planted symlink to a root-only file out; a corrupt newest
+checkpoint is refused; a partial file from an earlier run is resumed, and a wrong one caught
+by the hash. The testbed test (tests/integration/test_4_fetch.py) adds a real SSH drop."""
+
+import getpass
+import json
+import os
+import sys
+
+import pytest
+
+from torchrig import inventory
+from torchrig.errors import TorchrigError
+from torchrig.fetch import plan
+from torchrig.fetch.run import Options, fetch
+from torchrig.session import Fleet
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the node side runs through runuser")
+SECRET = b"root:SECRET-HASH-7f3a:19000:0:99999:7:::\n"
+
+
+@pytest.fixture
+def node(tmp_path):
+    """A local 'node': a venv whose python is this one, a job folder with checkpoints 10, 20,
+    a corrupt 30, and a symlink (40, to a root-only file) and a FIFO (50) planted by the job."""
+    venv_bin = tmp_path / "prefix/venv/bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (venv_bin / "python").chmod(0o755)
+    job = tmp_path / "ckpt/j1"
+    job.mkdir(parents=True)
+    for step in (10, 20, 30):
+        torch.save({"model": {"w": torch.full((64, 64), float(step))}, "step": step},
+                   job / f"ckpt_{step:08d}.pt")
+    good = (job / "ckpt_00000030.pt").read_bytes()
+    (job / "ckpt_00000030.pt").write_bytes(good[: len(good) // 2])  # torn write
+    secret = tmp_path / "shadow"
+    secret.write_bytes(SECRET)
+    secret.chmod(0o600)
+    (job / "ckpt_00000040.pt").symlink_to(secret)
+    os.mkfifo(job / "ckpt_00000050.pt")
+    inv_file = tmp_path / "inv.yml"
+    inv_file.write_text(json.dumps({"hosts": [{"name": "n1", "connection": "local", "vars": {
+        "prefix": str(tmp_path / "prefix"), "checkpoint_dir": str(tmp_path / "ckpt"),
+        "log_dir": str(tmp_path / "log"), "data_dir": str(tmp_path / "data"),
+        "service_user": getpass.getuser()}}]}))
+    return inventory.load(inv_file), job, tmp_path / "out"
+
+
+def run(inv, to, **kw):
+    log = []
+    with Fleet(inv) as fleet:
+        res = fetch(fleet, Options(job="j1", to=to, **kw), log=log.append)
+    return res, log
+
+
+def leaked(folder) -> bool:
+    return any(SECRET in p.read_bytes() for p in folder.rglob("*") if p.is_file())
+
+
+def test_refuses_planted_and_corrupt_checkpoints_and_takes_the_previous(node):
+    inv, job, out = node
+    res, log = run(inv, out)
+    assert [f.name for f in res.files] == ["ckpt_00000020.pt"] and res.host == "n1"
+    assert (out / "ckpt_00000020.pt").read_bytes() == (job / "ckpt_00000020.pt").read_bytes()
+    why = {r["name"]: r["why"] for r in res.refused}
+    assert why["ckpt_00000040.pt"] == "a symlink (not followed)"
+    assert why["ckpt_00000050.pt"].startswith("not a regular file")
+    assert why["ckpt_00000030.pt"]  # torch's own words (a torn zip)
+    assert "n1: taking ckpt_00000020.pt, the newest checkpoint that loads" in log
+    manifest = json.loads((out / "MANIFEST.json").read_text())
+    [entry] = manifest["files"]
+    assert manifest["job"] == entry["job"] == "j1" and entry["step"] == 20 and entry["node"] == "n1"
+    assert entry["sha256"] == res.files[0].sha256 and entry["size"] == res.files[0].size
+    assert not leaked(out)
+    with pytest.raises(TorchrigError, match="ckpt_00000040.pt is a symlink"):
+        run(inv, out, step=40)
+    with pytest.raises(TorchrigError, match="--to .*/ckpt_00000020.pt/x: cannot make that folder"):
+        run(inv, out / "ckpt_00000020.pt/x", all=True)   # a file where a folder must be
+    res, _ = run(inv, out / "all", all=True)  # --all: every regular file, nothing planted
+    assert [f.name for f in res.files] == ["ckpt_00000010.pt", "ckpt_00000020.pt", "ckpt_00000030.pt"]
+    assert {e["name"] for e in res.left_out} == {"ckpt_00000040.pt", "ckpt_00000050.pt"}
+    assert not leaked(out) and not (out / "all/ckpt_00000040.pt").exists()
+
+
+def test_second_fetch_transfers_nothing_and_a_partial_file_is_resumed_or_caught(node):
+    inv, job, out = node  # --all: no load check, so no torch import on the node side
+    first, _ = run(inv, out, all=True)
+    manifest = (out / "MANIFEST.json").read_bytes()
+    again, _ = run(inv, out, all=True)
+    assert [(f.already, f.transferred) for f in again.files] == [(True, 0)] * 3
+    assert (out / "MANIFEST.json").read_bytes() == manifest
+    data = (job / "ckpt_00000010.pt").read_bytes()
+    part = out / plan.part_name("ckpt_00000010.pt", first.files[0].sha256)
+    (out / "ckpt_00000010.pt").unlink()
+    part.write_bytes(data[:1000])   # an interrupted earlier fetch
+    res, _ = run(inv, out, all=True)
+    assert res.files[0].transferred == len(data) - 1000 and not part.exists()
+    assert (out / "ckpt_00000010.pt").read_bytes() == data
+    (out / "ckpt_00000010.pt").unlink()
+    part.write_bytes(b"x" * 1000)   # not a prefix of the file: the hash says so
+    with pytest.raises(TorchrigError, match="SHA-256 of the received bytes"):
+        run(inv, out, all=True)
+    assert not part.exists() and not (out / "ckpt_00000010.pt").exists()
+
+
+def test_two_fetches_never_write_one_partial_file(node):
+    import fcntl
+    inv, job, out = node
+    first, _ = run(inv, out / "x", all=True)
+    (out / "x/ckpt_00000010.pt").unlink()
+    part = out / "x" / plan.part_name("ckpt_00000010.pt", first.files[0].sha256)
+    with open(part, "wb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)   # a fetch in progress
+        with pytest.raises(TorchrigError, match="another fetch is writing"):
+            run(inv, out / "x", all=True)
+
+
+def _our_fetch_reader() -> int | None:
+    """The pid of this test's own node-side reader (a descendant of this process)."""
+    parent = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                parent[int(d)] = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    for pid in parent:
+        p = pid
+        while p in parent and p != os.getpid():
+            p = parent[p]
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            if p == os.getpid() and b"python" in argv[0] and argv[-3:-1] == [b"torchrig-fetch", b"read"]:
+                return pid  # the python reading the file, not runuser above it
+        except OSError:
+            pass
+    return None
+
+
+def test_a_transfer_whose_reader_dies_resumes_from_the_bytes_received(node):
+    import threading
+    import time
+    inv, job, out = node
+    data = os.urandom(300_000)
+    (job / "data.bin").write_bytes(data)
+    killed = []
+
+    def kill_mid_way():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not killed:
+            parts = list(out.glob(".data.bin.*.part"))
+            if parts and parts[0].stat().st_size > 60_000 and (pid := _our_fetch_reader()):
+                os.kill(pid, 9)
+                killed.append(parts[0].stat().st_size)
+            time.sleep(0.05)
+
+    t = threading.Thread(target=kill_mid_way)
+    t.start()
+    res, log = run(inv, out, all=True, bwlimit=150_000)
+    t.join()
+    [f] = [f for f in res.files if f.name == "data.bin"]
+    assert killed and len(f.resumed_at) == 1 and killed[0] <= f.resumed_at[0] < len(data), (killed, f)
+    assert f.transferred == len(data) and (out / "data.bin").read_bytes() == data
+    assert any("data.bin: transfer dropped at byte" in m for m in log), log

@@ -1,0 +1,272 @@
+"""`invoke fetch`: a job's checkpoint from the node that holds it to the operator, verified.
+
+Every read on the node goes through node_remote.py as the job's user (see there why). Here:
+find the node with the newest checkpoint, have it load-check and hash candidates newest first,
+stream the chosen file into a partial file under --to, resuming from the bytes already
+received after a dropped connection (a fresh connection each time), rename it into place only
+when its SHA-256 matches the node's, and record it in MANIFEST.json."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import paramiko
+
+from ..errors import TorchrigError
+from ..facts import probe
+from ..inventory import Host
+from ..launch.plan import check_job_name
+from ..remote import ConnectionLost, login_user, privileged, sh
+from ..settings import job_folder
+from ..session import Fleet
+from . import plan
+
+SCRIPT = Path(__file__).with_name("node_remote.py")
+RETRIES = 5          # fresh connections in a row after drops without a byte received
+SILENCE = 60         # seconds without a byte: the transfer is treated as dropped
+DROPS = (ConnectionLost, paramiko.SSHException, EOFError, socket.error)
+
+
+@dataclass
+class Options:
+    job: str
+    to: Path
+    step: int | None = None
+    all: bool = False
+    bwlimit: int = 0  # bytes per second, 0: no limit
+
+
+@dataclass
+class Fetched:
+    name: str
+    step: int | None
+    size: int
+    sha256: str
+    transferred: int = 0          # bytes that crossed the network this time
+    resumed_at: list[int] = field(default_factory=list)  # offsets resumed from after drops
+    already: bool = False         # there and matching: nothing transferred
+
+
+@dataclass
+class FetchResult:
+    job: str
+    host: str
+    node_dir: str
+    to: str
+    files: list[Fetched]
+    refused: list[dict]           # checkpoints the node refused (not loadable, symlink, ...)
+    left_out: list[dict]          # --all: entries not fetched, with why
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _command(host: Host, op: str) -> str:
+    s = host.settings
+    return "cd / && " + sh("runuser", "-u", s.service_user, "--", f"{s.venv}/bin/python", "-I",
+                           "-", "torchrig-fetch", op)
+
+
+def _stdin(request: dict) -> str:
+    return probe.stdin(request, SCRIPT)
+
+
+def _ask(fleet: Fleet, host: Host, request: dict, timeout: float = 600) -> dict:
+    r = fleet.run(host, _command(host, request["op"]), root=True, data=_stdin(request),
+                  timeout=timeout)
+    return probe.reply(r.exited, r.stdout, r.stderr, f"fetch's {request['op']} of "
+                 f"{request['dir']} on {host.name}")
+
+
+def node_dir(host: Host, job: str) -> str:
+    return job_folder(host.settings.checkpoint_dir, job)
+
+
+def fetch(fleet: Fleet, o: Options, log: Callable[[str], None]) -> FetchResult:
+    job = check_job_name(o.job)
+    host, folder, good, refused, left_out = _choose(fleet, job, o, log)
+    to = Path(o.to)
+    try:
+        to.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TorchrigError(f"--to {to}: cannot make that folder ({e.strerror or e})") from None
+    manifest = to / plan.MANIFEST
+    doc = plan.parse_manifest(manifest.read_text() if manifest.exists() else None, job,
+                              str(manifest))
+    files: list[Fetched] = []
+    try:
+        for c in good:
+            files.append(_transfer(fleet, host, folder, c, to, o.bwlimit, log))
+    finally:  # what arrived is recorded even when a later file fails
+        entries = [{"job": job, "name": f.name, "step": f.step, "size": f.size,
+                    "sha256": f.sha256, "node": host.name, "node_path": f"{folder}/{f.name}",
+                    "load_check": "not checked (--all)" if o.all
+                    else "torch.load(weights_only=True) on the node: ok",
+                    "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                   for f in files]
+        new = plan.merge_manifest(doc, entries)
+        if files and (new != doc or not manifest.exists()):
+            _write_atomic(manifest, (json.dumps(new, indent=2) + "\n").encode())
+    return FetchResult(job, host.name, folder, str(to), files, refused, left_out)
+
+
+def _choose(fleet: Fleet, job: str, o: Options, log: Callable[[str], None]):
+    """(host, its folder, the checked files to fetch, refused, left out): the node holding the
+    newest checkpoint, and there the newest that loads (or step N, or every file)."""
+    listed = fleet.fan_out(lambda h: _ask(fleet, h, {"op": "list", "dir": node_dir(h, job)}, 60))
+    listings = {r.host: r.value for r in listed if r.ok}
+    name = plan.choose_host(listings)
+    down = [f"{r.host}: {r.error}" for r in listed if not r.ok]
+    if name is None:
+        where = ", ".join(h.name for h in fleet.hosts)
+        raise TorchrigError(f"no checkpoint of job {job} on {where}" +
+                            (f" (could not look on: {'; '.join(down)})" if down else ""))
+    for d in down:
+        log(f"warning: not looked at (it may hold newer checkpoints): {d}")
+    host = next(h for h in fleet.hosts if h.name == name)
+    folder, listing = node_dir(host, job), listings[name]
+    if o.all:
+        names, left_out = plan.all_files(listing)
+    else:
+        names, left_out = plan.candidates(listing, o.step)
+    request = {"op": "check", "dir": folder, "names": names, "load": not o.all,
+               "first": not o.all}
+    checked = _ask(fleet, host, request, 3600)["checked"]  # hashing (and loading) big files
+    by_name = {c["name"]: c for c in checked}
+    good = [by_name[n] for n in names if by_name.get(n, {}).get("ok")]
+    refused = [{"name": c["name"], "why": c["why"]} for c in checked if not c["ok"]]
+    if not o.all:  # checkpoint names the node would not even open count as refused
+        refused, left_out = left_out + refused, []
+    for r in left_out:
+        log(f"{name}: left out {r['name']}: {r['why']}")
+    for r in refused:
+        log(f"{name}: refused {r['name']}: {r['why']}")
+    if refused and good and not o.all:
+        log(f"{name}: taking {good[0]['name']}, the newest checkpoint that loads")
+    if not good:
+        raise TorchrigError(f"no loadable checkpoint of job {job} on {name} among "
+                            f"{', '.join(names) or 'none'} ({folder})")
+    return host, folder, good, refused, left_out
+
+
+def _sha256_file(path: Path, upto: int | None = None) -> hashlib._Hash:
+    h, left = hashlib.sha256(), upto
+    with open(path, "rb") as f:
+        while left is None or left > 0:
+            b = f.read(1 << 20 if left is None else min(1 << 20, left))
+            if not b:
+                break
+            h.update(b)
+            if left is not None:
+                left -= len(b)
+    return h
+
+
+def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit: int,
+              log: Callable[[str], None]) -> Fetched:
+    name, size, digest = c["name"], c["size"], c["sha256"]
+    if not plan.safe_name(name):  # candidates and all_files only pass safe names; kept anyway
+        raise TorchrigError(f"{host.name}: refusing to write {name!r} (not a plain file name)")
+    got = Fetched(name, plan.step_of(name), size, digest)
+    final = to / name
+    if final.is_file() and not final.is_symlink() and final.stat().st_size == size \
+            and _sha256_file(final).hexdigest() == digest:
+        got.already = True
+        return got
+    part = to / plan.part_name(name, digest)
+    fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:  # two fetches appending to one partial file would garble it
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise TorchrigError(f"another fetch is writing {part}; wait for it") from None
+        have = os.fstat(fd).st_size
+        offset = plan.resume_offset(have, size)
+        os.ftruncate(fd, offset)
+        h = _sha256_file(part, offset)
+        os.lseek(fd, offset, os.SEEK_SET)
+        drops = 0
+        while offset < size:
+            err = bytearray()
+
+            def write(chunk: bytes) -> None:
+                nonlocal offset
+                try:
+                    os.write(fd, chunk)
+                except OSError as e:  # not a drop: no retry
+                    raise TorchrigError(f"cannot write {part} ({e.strerror})") from None
+                h.update(chunk)
+                offset += len(chunk)
+                got.transferred += len(chunk)
+
+            request = {"op": "read", "dir": folder, "name": name, "ident": c["ident"],
+                       "offset": offset, "bwlimit": bwlimit}
+            start, rc, why = offset, None, ""
+            try:
+                cxn = fleet.conn(host)
+                rc = cxn.stream(privileged(_command(host, "read"), login_user(cxn)),
+                                _stdin(request), write, err.extend, silence=SILENCE)
+                alive = cxn.is_connected and not cxn.lost
+            except DROPS as e:
+                alive, why = False, str(e) or type(e).__name__
+            outcome = plan.after_read(rc, alive, start, offset, size)
+            if outcome == "done":
+                break
+            if outcome == "grew":
+                raise TorchrigError(f"{host.name}: {name} grew while it was read; run fetch again")
+            if outcome == "failed":
+                message = err.decode(errors="replace").strip()
+                raise TorchrigError(f"{host.name}: reading {name} failed (exit {rc}): "
+                                    f"{message[-400:] or 'no message'}")
+            drops = 1 if offset > start else drops + 1  # bounded: drops in a row, no progress
+            why = why or ("connection lost" if not alive else
+                          f"the transfer ended early (exit {rc})" if rc is not None
+                          else f"no data for {SILENCE}s")
+            if drops > RETRIES:
+                raise TorchrigError(f"{host.name}: {name}: gave up after {RETRIES} tries in a "
+                                    f"row without progress at byte {offset} of {size} ({why}); "
+                                    "run fetch again to resume")
+            log(f"{host.name}: {name}: transfer dropped at byte {offset} of {size} ({why}); "
+                f"resuming with a fresh connection (retry {drops} of {RETRIES})")
+            got.resumed_at.append(offset)
+            fleet.drop(host)
+            time.sleep(min(0.5 * 2 ** (drops - 1), 5))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if h.hexdigest() != digest:
+        part.unlink()
+        raise TorchrigError(f"{host.name}: {name}: SHA-256 of the received bytes "
+                            f"({h.hexdigest()[:16]}...) is not the node's ({digest[:16]}...); "
+                            "the partial file was removed: run fetch again")
+    os.replace(part, final)
+    _fsync_dir(to)
+    return got
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
