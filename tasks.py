@@ -290,10 +290,12 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", scrip
 
 @fleet_task(help={"job": "job name (default: the newest job on the first host)",
                   "json": "print the status as JSON",
-                  "watch": "refresh every N seconds until interrupted (0: once)"})
+                  "watch": "refresh every N seconds until interrupted (0: once), with a "
+                           "sparkline of tokens/s and GPU use per node over the samples"})
 def status(c, inventory=None, host=None, job=None, json_=False, watch=None,
            accept_new_host_keys=False):
-    """Per node: unit state, restarts, attempt, uptime, latest progress, GPU use; idle GPUs flagged."""
+    """Per node: unit state, restarts, attempt, uptime (or when an ended job ended and how long
+    it ran), latest progress, GPU use; idle GPUs flagged; --watch adds a trend per node."""
     watch = 0 if watch is None else _number("watch", watch, 0, float)
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
         _status(fleet, job, json_, watch)
@@ -303,15 +305,22 @@ def _status(fleet, job, json_, watch):
     import time as _time
     from torchrig import report
     from torchrig.launch.run import status as run_status
+    from torchrig.trend import Trend
     job = job or _latest_job(fleet)
     red = _redactor(fleet.inv)  # the inventory's secrets do not change between --watch rounds
+    trend = Trend() if watch else None  # the watch's samples: a sparkline per node
     while True:
         res = red.data(run_status(fleet, fleet.hosts, job))
         diag = red.data(_diagnosis(fleet, job))
+        if trend is not None:
+            for r in res:
+                if r.ok:
+                    trend.add(r.host, _time.monotonic(), r.value.get("progress"), r.value["gpus"])
         if json_:
-            print(json.dumps({"job": job, "nodes": res.as_dict(), **diag}, indent=2))
+            print(json.dumps({"job": job, "nodes": res.as_dict(), **diag,
+                              **({"trend": trend.as_dict()} if trend is not None else {})}, indent=2))
         else:
-            report.status_table(job, res)
+            report.status_table(job, res, trend)
             for h, what in diag["waiting"].items():
                 print(f"{h}: {what}")
             if diag["failure"]:
