@@ -348,6 +348,31 @@ def _diagnosis(fleet, job) -> dict:
             "waiting": diagnose.waiting(nodes, len(fleet.hosts))}
 
 
+@fleet_task(help={"job": "job name (default: the newest job on the first host)",
+                  "port": "local port to open it on (default 6006; 0: any free port)"})
+def tensorboard(c, inventory=None, host=None, job=None, port=None, accept_new_host_keys=False):
+    """TensorBoard for a job: started on its rank-0 node (the first selected host) as the job's
+    user, bound to 127.0.0.1 there, forwarded to 127.0.0.1:PORT here over the SSH connection;
+    Ctrl-C stops both."""
+    from torchrig.launch.tensorboard import serve
+    port = _number("port", 6006 if port is None else port, 0)
+    if port > 65535:
+        raise Exit(f"error: --port {port}: expected a port number up to 65535", code=1)
+    with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
+        job = job or _latest_job(fleet)
+        node = fleet.hosts[0]
+
+        def ready(b):
+            print(f"TensorBoard for job {job} on {b.host} (as {b.user}, 127.0.0.1:{b.remote_port} "
+                  f"there): {b.url}", flush=True)
+            print("Ctrl-C stops it", flush=True)
+        board = serve(fleet, node, job, port, ready)
+    print(f"{board.host}: TensorBoard {board.stopped}", flush=True)
+    if board.ended_by_itself:
+        raise Exit(f"error: TensorBoard for job {job} ended on {board.host} by itself "
+                   f"(see: invoke exec -h {board.host} --sudo 'journalctl -u {board.unit}')", code=1)
+
+
 @fleet_task(help={"job": "job name (default: the newest job on the first host)"})
 def stop(c, inventory=None, host=None, job=None, accept_new_host_keys=False):
     """Stop a job on every node: all ranks gone within TimeoutStopSec; logs and checkpoints stay."""
@@ -545,7 +570,8 @@ def demo(c, steps=None):
 
 testbed = Collection("testbed", testbed_up, testbed_down, testbed_status)
 
-ns = Collection(hosts, exec_, provision, verify, launch, logs, status, stop, demo, testbed)
+ns = Collection(hosts, exec_, provision, verify, launch, logs, status, stop, tensorboard, demo,
+                testbed)
 ns.configure({
     "torchrig": {
         "inventory": "inventory/hosts.yml",  # override in invoke.yaml or INVOKE_TORCHRIG_INVENTORY

@@ -1,7 +1,9 @@
 """status: an ended job's end time and run length (from systemd's timestamps), and the
 --watch trend (sparklines of tokens/s and GPU use)."""
 
+import calendar
 import io
+from pathlib import Path
 
 from rich.console import Console
 
@@ -29,6 +31,18 @@ def test_ended_job_has_end_time_and_run_length_not_an_uptime():
         "ended_at": 1_799_999_970.0, "ran_s": 112.5}
     inactive = {**props, "ActiveState": "inactive", "SubState": "dead"}
     assert job_state.ended(inactive, 1_800_000_000.0, 13046.7444)["ran_s"] == 112.5
+
+
+def test_ended_from_a_captured_unit_matches_systemds_own_end_time():
+    text = (Path(__file__).parents[1] / "fixtures/systemctl_show_04_job_unit_ended.txt").read_text()
+    props = systemd.parse_show(text, ["u"])["u"]
+    # the host's clocks read right after: `date` 23:39:33 UTC, /proc/uptime 30763.81
+    now = calendar.timegm((2026, 11, 30, 23, 39, 33))
+    got = job_state.ended(props, now + 0.5, 30763.81)
+    assert got["ran_s"] == 10.6
+    # systemd's realtime InactiveEnterTimestamp: Mon 2026-11-30 23:37:38 UTC
+    assert abs(got["ended_at"] - calendar.timegm((2026, 11, 30, 23, 37, 38))) < 1.0
+    assert job_state.uptime(props, 30763.81) is None
 
 
 def test_running_or_never_started_units_have_no_end():

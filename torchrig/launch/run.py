@@ -92,6 +92,11 @@ def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
     nodes = [_node(inv, h, i, o.nproc, interfaces.get(h.name)) for i, h in enumerate(hosts)]
     if o.script == "train.py" and not any(a.startswith("--ckpt-dir") for a in args):
         args = ["--ckpt-dir", job_folder(nodes[0].checkpoint_dir, o.job)] + args
+    # where the node has TensorBoard (var tensorboard), rank 0 logs for `invoke tensorboard`
+    first = hosts[0].settings
+    if (o.script == "train.py" and first.tensorboard
+            and not any(a.startswith("--tensorboard") for a in args)):
+        args = ["--tensorboard", first.tensorboard_dir(o.job)] + args
     port = job_port(o.job, hosts[0].settings.rdzv_port)
     return Job(o.job, o.script, args, o.max_restarts, port, nodes, release, env=parse_env(o.env),
                secret_keys=secret_keys, rdzv_timeout=o.rdzv_timeout,
