@@ -96,3 +96,19 @@ def test_watch_trend_shows_a_stall_as_a_drop():
     t.add("gpu4", 1.0, "step=x tok/s=inf", [])
     assert t.line("gpu4") == "gpu █  ?"
     assert t.line("gpu9") == ""
+
+
+def test_watch_table_has_a_trend_column_per_node(monkeypatch):
+    out = io.StringIO()
+    monkeypatch.setattr(report, "console", Console(file=out, width=250, highlight=False))
+    t = trend.Trend()
+    d = {"unit": {"ActiveState": "active", "SubState": "running", "NRestarts": "0"},
+         "attempt": 0, "uptime_s": 75, "gpus": [{"index": "0", "util": "50", "mem_used": "1"}],
+         "low_util": None, "progress": "step=10 loss=2.0 tok/s=900"}
+    t.add("gpu1", 0.0, d["progress"], d["gpus"])
+    report.status_table("j", [Result("gpu1", True, d), Result("gpu4", False, error="down")], t)
+    text = out.getvalue()
+    assert "trend" in text and "tok/s █ 900  gpu █ 50%" in text and "up 1m15s" in text
+    out.truncate(0)
+    report.status_table("j", [Result("gpu1", True, d)])  # no --watch: no trend column
+    assert "trend" not in out.getvalue()
