@@ -111,7 +111,7 @@ def state(unit: str, raw: dict, window_s: int) -> dict:
     util = (raw["read"]["util"] or {}).get("text", "")
     clock = raw["host"]
     return {"unit": props, "uptime_s": uptime(props, clock["monotonic"]),
-            **ended(props, clock["time"], clock["monotonic"]),
+            "ended_at": None, "ran_s": None, **ended(props, clock["time"], clock["monotonic"]),
             "attempt": attempt, "torchrun_starts": starts, "progress": progress(logs["files"]),
             "gpus": gpus(raw["run"]["gpus"]),
             "util_samples": util_samples(util, raw["host"]["time"], window_s)}
