@@ -3,6 +3,7 @@ tensorboard installs TensorBoard (from the testbed's wheel index), a train.py jo
 `invoke tensorboard` serves them through a forwarded port, Ctrl-C (or the operator vanishing)
 leaves nothing running on the node. One short job serves every test here."""
 
+import json
 import re
 import signal
 import socket
@@ -19,6 +20,7 @@ pytestmark = pytest.mark.provisioned("gpu1")
 HOST = "gpu1"
 JOB = "t-tb"
 # the unit and its process: nothing of either may be left once `invoke tensorboard` ended
+WATCHED: list[str] = []  # status --json --watch 1's output while the job trained
 LEFT = ("systemctl list-units --all --plain --no-legend 'torchrig.tensorboard*'; "
         "pgrep -a -f '[b]in/tensorboard' || true")
 
@@ -37,8 +39,12 @@ def tb_inv(fleet, tmp_path_factory):
     assert any("tensorboard==2.21.0" in c for c in venv["changes"]), venv
     r = launch(inv, JOB, "--args", "--max-steps 30 --log-every 5", hosts=HOST)
     assert r.returncode == 0, r.stderr
+    # status --watch samples the job while it trains (its trend, for the test below)
+    watch = invoke_bg("status", "-i", str(inv), "-h", HOST, "--job", JOB, "--json", "--watch", "1")
     out = logs(inv, JOB, "-f", hosts=HOST, timeout=300)  # returns when the job has ended
     assert re.search(r"^\[gpu1/r0\] done step=30 ", out.stdout, re.M), out.stdout[-2000:]
+    watch.send_signal(signal.SIGINT)
+    WATCHED.append(watch.communicate(timeout=60)[0])
     return inv
 
 
@@ -72,6 +78,23 @@ def test_status_of_an_ended_job_says_when_it_ended_and_how_long_it_ran(tb_inv):
     text = invoke("status", "-i", str(tb_inv), "-h", HOST, "--job", JOB, check=True).stdout
     when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(node["ended_at"]))
     assert re.search(rf"ran \d+s, ended {when}:\d\d UTC", text), text
+
+
+def test_status_watch_keeps_a_trend_of_tokens_per_s_and_gpu_use(tb_inv):
+    dec, text, docs = json.JSONDecoder(), WATCHED[0], []
+    i = text.find("{")
+    while i != -1:
+        try:
+            doc, end = dec.raw_decode(text, i)
+        except ValueError:  # the round Ctrl-C cut short
+            break
+        docs.append(doc)
+        i = text.find("{", end)
+    assert len(docs) >= 3, text[-2000:]
+    trend = docs[-1]["trend"][HOST]
+    assert len(trend["gpu_util"]) == len(docs)  # one sample per round
+    assert len(trend["tokens_per_s"]) == len(docs)
+    assert any(v for v in trend["tokens_per_s"]), trend  # rank 0's step lines, while it trained
 
 
 def test_tensorboard_serves_the_jobs_events_through_ssh_and_ctrl_c_stops_both(tb_inv):
