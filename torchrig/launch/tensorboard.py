@@ -22,7 +22,7 @@ from ..errors import TorchrigError
 from ..facts import tensorboard as facts
 from ..forward import Forward
 from ..inventory import Host
-from ..remote import CONNECT_TIMEOUT, login_user, privileged, sh
+from ..remote import CONNECT_TIMEOUT, login_user, privileged, refusal, sh
 from ..session import Fleet
 from .plan import check_job_name
 
@@ -130,11 +130,8 @@ def serve(fleet: Fleet, h: Host, job: str, port: int, on_ready: Callable[[Board]
         r = fleet.run(h, "bash -s", root=True, timeout=60,
                       data=start_script(h, job, unit, port if h.is_local else 0))
         if r.exited != 0:
-            lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-            raise TorchrigError(next((ln[len("error: "):] for ln in lines
-                                      if ln.startswith("error: ")),
-                                     f"starting TensorBoard on {h.name} failed: "
-                                     + " | ".join(lines[-3:])))
+            raise TorchrigError(refusal(r.stderr) or f"starting TensorBoard on {h.name} failed: "
+                                f"{r.stderr.strip()[-300:]}")
         board.remote_port = _wait_ready(fleet, h, unit)
 
         def watch():
