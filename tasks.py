@@ -290,10 +290,12 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", scrip
 
 @fleet_task(help={"job": "job name (default: the newest job on the first host)",
                   "json": "print the status as JSON",
-                  "watch": "refresh every N seconds until interrupted (0: once)"})
+                  "watch": "refresh every N seconds until interrupted (0: once), with a "
+                           "sparkline of tokens/s and GPU use per node over the samples"})
 def status(c, inventory=None, host=None, job=None, json_=False, watch=None,
            accept_new_host_keys=False):
-    """Per node: unit state, restarts, attempt, uptime, latest progress, GPU use; idle GPUs flagged."""
+    """Per node: unit state, restarts, attempt, uptime (or when an ended job ended and how long
+    it ran), latest progress, GPU use; idle GPUs flagged; --watch adds a trend per node."""
     watch = 0 if watch is None else _number("watch", watch, 0, float)
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
         _status(fleet, job, json_, watch)
@@ -303,15 +305,22 @@ def _status(fleet, job, json_, watch):
     import time as _time
     from torchrig import report
     from torchrig.launch.run import status as run_status
+    from torchrig.trend import Trend
     job = job or _latest_job(fleet)
     red = _redactor(fleet.inv)  # the inventory's secrets do not change between --watch rounds
+    trend = Trend() if watch else None  # the watch's samples: a sparkline per node
     while True:
         res = red.data(run_status(fleet, fleet.hosts, job))
         diag = red.data(_diagnosis(fleet, job))
+        if trend is not None:
+            for r in res:
+                if r.ok:
+                    trend.add(r.host, _time.monotonic(), r.value.get("progress"), r.value["gpus"])
         if json_:
-            print(json.dumps({"job": job, "nodes": res.as_dict(), **diag}, indent=2))
+            print(json.dumps({"job": job, "nodes": res.as_dict(), **diag,
+                              **({"trend": trend.as_dict()} if trend is not None else {})}, indent=2))
         else:
-            report.status_table(job, res)
+            report.status_table(job, res, trend)
             for h, what in diag["waiting"].items():
                 print(f"{h}: {what}")
             if diag["failure"]:
@@ -337,6 +346,31 @@ def _diagnosis(fleet, job) -> dict:
     found = diagnose.failures(nodes, unit_name(job))
     return {"failure": found[0].as_dict() if found else None,
             "waiting": diagnose.waiting(nodes, len(fleet.hosts))}
+
+
+@fleet_task(help={"job": "job name (default: the newest job on the first host)",
+                  "port": "local port to open it on (default 6006; 0: any free port)"})
+def tensorboard(c, inventory=None, host=None, job=None, port=None, accept_new_host_keys=False):
+    """TensorBoard for a job: started on its rank-0 node (the first selected host) as the job's
+    user, bound to 127.0.0.1 there, forwarded to 127.0.0.1:PORT here over the SSH connection;
+    Ctrl-C stops both."""
+    from torchrig.launch.tensorboard import serve
+    port = _number("port", 6006 if port is None else port, 0)
+    if port > 65535:
+        raise Exit(f"error: --port {port}: expected a port number up to 65535", code=1)
+    with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
+        job = job or _latest_job(fleet)
+        node = fleet.hosts[0]
+
+        def ready(b):
+            print(f"TensorBoard for job {job} on {b.host} (as {b.user}, 127.0.0.1:{b.remote_port} "
+                  f"there): {b.url}", flush=True)
+            print("Ctrl-C stops it", flush=True)
+        board = serve(fleet, node, job, port, ready)
+    print(f"{board.host}: TensorBoard {board.stopped}", flush=True)
+    if board.ended_by_itself:
+        raise Exit(f"error: TensorBoard for job {job} ended on {board.host} by itself "
+                   f"(see: invoke exec -h {board.host} --sudo 'journalctl -u {board.unit}')", code=1)
 
 
 @fleet_task(help={"job": "job name (default: the newest job on the first host)"})
@@ -570,6 +604,7 @@ def demo(c, steps=None):
 testbed = Collection("testbed", testbed_up, testbed_down, testbed_status)
 
 ns = Collection(hosts, exec_, provision, verify, launch, logs, status, stop, fetch, demo,
+ns = Collection(hosts, exec_, provision, verify, launch, logs, status, stop, tensorboard, demo,
                 testbed)
 ns.configure({
     "torchrig": {

@@ -477,6 +477,12 @@ def flock_lines(folder: str, holder: str, code: int) -> str:
             f'flock -w 300 9 || {{{{ echo "error: {holder} for 300 s" >&2; exit {code}; }}}}\n')
 
 
+def refusal(stderr: str) -> str | None:
+    """The `error: ...` line a node-side script printed, without the prefix."""
+    lines = [ln[len("error: "):] for ln in stderr.splitlines() if ln.startswith("error: ")]
+    return lines[-1] if lines else None
+
+
 def login_user(cxn) -> str:
     return getattr(cxn, "user", None) or getpass.getuser()
 

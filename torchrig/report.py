@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 
 from rich.console import Console
 from rich.markup import escape
@@ -156,23 +157,32 @@ def verify_report(rep) -> None:
     console.print(f"verify: {_v(rep.status)}")
 
 
-def status_table(job: str, results) -> None:
+def status_table(job: str, results, trend=None, now: float | None = None) -> None:
+    """The per-node table; with `trend` (status --watch) a sparkline column per node."""
+    from . import trend as trends
+    now = time.time() if now is None else now
     t = Table(title=f"job {job}")
-    for col in ("node", "state", "restarts", "attempt", "uptime", "progress", "GPUs (util%/mem MiB)"):
+    cols = ["node", "state", "restarts", "attempt", "time", "progress", "GPUs (util%/mem MiB)"]
+    for col in cols + (["trend"] if trend is not None else []):
         t.add_column(col, overflow="fold")
     for r in results:
         if not r.ok:
-            t.add_row(r.host, "[red]unreachable[/]", "", "", "", escape(r.error or ""), "")
+            t.add_row(r.host, "[red]unreachable[/]", "", "", "", escape(r.error or ""), "",
+                      *([""] if trend is not None else []))
             continue
         d = r.value
         u = d["unit"]
         state = f"{u.get('ActiveState')}/{u.get('SubState')}"
         style = {"active": "green", "failed": "red"}.get(u.get("ActiveState"), "")
         gpus = " ".join(f"{g['index']}:{g['util']}%/{g['mem_used']}" for g in d["gpus"])
-        up = f"{d['uptime_s']:.0f}s" if d.get("uptime_s") else ""
+        if d.get("ended_at") is not None:  # an ended job: when, and how long it ran
+            when = trends.ended_text(d["ended_at"], d.get("ran_s"), now)
+        else:
+            when = f"up {trends.duration(d['uptime_s'])}" if d.get("uptime_s") else ""
         t.add_row(r.host, styled(state, style), u.get("NRestarts", ""),
-                  "" if d["attempt"] is None else str(d["attempt"]), up,
-                  escape(printable(d.get("progress") or "")), gpus)  # the job wrote it
+                  "" if d["attempt"] is None else str(d["attempt"]), when,
+                  escape(printable(d.get("progress") or "")), gpus,  # the job wrote it
+                  *([escape(trend.line(r.host))] if trend is not None else []))
     console.print(t)
     for r in results:
         if r.ok and r.value.get("low_util"):

@@ -25,12 +25,14 @@ ETC_DIR = "/etc/torchrig"                            # made by provision
 JOBS_DIR = f"{ETC_DIR}/jobs"                         # env files (0600) and the launch lock
 SYSTEMD_DIR = "/etc/systemd/system"
 UTIL_FILE = "gpu_util.csv"                           # its samples, in the job's log folder
+TENSORBOARD_DIR = "tensorboard"                      # its events, in the job's log folder
 
 CPU_PROCS = 2  # processes per node where accelerator is cpu: two gloo ranks make a real all-reduce
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # full match: a trailing newline is not a name
 FORMS = {  # settings that must match a form: (full-match pattern, what it is)
     "cuda_version": (r"\d+\.\d+", "major.minor (e.g. '12.8')"),
     "service_user": (r"[a-z_][a-z0-9_-]{0,31}", "a Linux user name (lowercase letters, digits, '_', '-')"),
+    "tensorboard_version": (r"[0-9][0-9A-Za-z.+!_-]{0,40}", "a version (e.g. '2.21.0')"),
 }
 
 
@@ -103,6 +105,13 @@ class Settings(BaseModel):
                                  "names in `env` whose values are always masked")
     low_util_percent: float = _var(20, "status", "GPU use below this % ...", ge=0, le=100)
     low_util_minutes: int = _var(30, "status", "... for this long is flagged", ge=1)
+    tensorboard: bool = _var(False, "provision, launch, tensorboard",
+                             "install TensorBoard in the venv; train.py jobs then log to "
+                             "`<log_dir>/<job>/tensorboard` (see `invoke tensorboard`)")
+    tensorboard_version: str = _var("2.21.0", "provision", "its version")
+    tensorboard_index_url: str | None = _var(
+        None, "provision", "wheel index for TensorBoard and its dependencies (the torch index "
+        "may not carry them; none: the node's own pip configuration)")
 
     @field_validator("prefix", "data_dir", "checkpoint_dir", "log_dir")
     @classmethod
@@ -182,6 +191,10 @@ class Settings(BaseModel):
 
     def job_log_dir(self, job: str) -> str:
         return job_folder(self.log_dir, job)
+
+    def tensorboard_dir(self, job: str) -> str:
+        """Where a job's TensorBoard events go (train.py --tensorboard) and are read from."""
+        return f"{self.job_log_dir(job)}/{TENSORBOARD_DIR}"
 
     def util_file(self, job: str) -> str:
         return f"{self.job_log_dir(job)}/{UTIL_FILE}"

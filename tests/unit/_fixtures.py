@@ -1,5 +1,7 @@
 """The real command outputs in tests/fixtures (copied from shared/fixtures, see INDEX.md)."""
 
+import socket
+import threading
 from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -7,3 +9,22 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 def fixture(name: str) -> str:
     return (FIXTURES / name).read_text()
+
+
+def tcp_server(handle) -> socket.socket:
+    """A real listening socket on 127.0.0.1; each connection goes to handle(conn) on its own
+    thread. Close the returned socket to stop it."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(c,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv

@@ -7,13 +7,13 @@ are a closed port or a local listener that is not an SSH server.
 
 import os
 import re
-import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
+
+from _fixtures import tcp_server
 
 REPO = Path(__file__).resolve().parents[2]
 HOST = "hosts:\n  - {name: gpu1, address: 127.0.0.1, port: 1}\n"  # port 1: connection refused
@@ -31,20 +31,10 @@ def cli(*args, timeout=60, env=None):
 @pytest.fixture(scope="module")
 def not_ssh():
     """A port that answers, but not as an SSH server."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-
-    def serve():
-        while True:
-            try:
-                c, _ = srv.accept()
-            except OSError:
-                return
-            c.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
-            c.close()
-
-    threading.Thread(target=serve, daemon=True).start()
+    def answer(c):
+        c.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+        c.close()
+    srv = tcp_server(answer)
     yield srv.getsockname()[1]
     srv.close()
 
@@ -71,6 +61,10 @@ ROWS = [
      r"--job '../etc': use 1-48 lowercase letters"),
     ("fetch-unreachable", ["fetch", "-i", "{inv}", "--job", "j"], HOST,
      r"no checkpoint of job j on gpu1 \(could not look on: gpu1: cannot connect"),
+    ("tensorboard-port", ["tensorboard", "-i", "{inv}", "--job", "j", "--port", "http"], HOST,
+     r"--port 'http': expected a whole number >= 0"),
+    ("tensorboard-port-range", ["tensorboard", "-i", "{inv}", "--job", "j", "--port", "70000"],
+     HOST, r"--port 70000: expected a port number up to 65535"),
     ("not-utf8", ["hosts", "-i", "{inv}"], b"hosts:\n  - {name: gpu\xff1}\n",
      r"{inv}: line 2: not UTF-8 text \(byte 0xff\); save the inventory as UTF-8"),
     ("list-as-key", ["hosts", "-i", "{inv}"], HOST + "? [a, b]\n: 1\n",

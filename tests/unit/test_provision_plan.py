@@ -230,6 +230,23 @@ def test_venv_pins_torch_and_uses_configured_index():
     assert "--index-url http://10.0.0.1:8080/simple --trusted-host 10.0.0.1" in cmd.script
 
 
+def test_tensorboard_only_when_asked_pinned_from_its_own_index():
+    have = {"torch": "2.13.0", "numpy": "2.3.0"}
+    assert steps.python_venv(ctx(fresh(venv={"python": "3.11.2", "dists": have}))) == []
+    c = ctx(fresh(venv={"python": "3.11.2", "dists": have}), tensorboard=True,
+            tensorboard_index_url="https://tb:t0ken@mirror.internal/simple")
+    (cmd,) = steps.python_venv(c)
+    assert cmd.describe() == "pip install tensorboard==2.21.0 into /opt/torchrig/venv"
+    assert "--index-url https://mirror.internal/simple" in cmd.script and "t0ken" not in cmd.describe()
+    # no index of its own: the node's pip configuration, not the torch index
+    (cmd,) = steps.python_venv(ctx(fresh(venv={"python": "3.11.2", "dists": have}),
+                                   tensorboard=True, pip_index_url="http://10.0.0.1/simple"))
+    assert "--index-url" not in cmd.script
+    done = {**have, "tensorboard": "2.21.0"}
+    assert steps.python_venv(ctx(fresh(venv={"python": "3.11.2", "dists": done}),
+                                 tensorboard=True)) == []
+
+
 def test_driver_needs_reboot_states():
     assert steps.driver_state({"nvidia_smi": {"rc": 0, "output": "0, x, 570"}})[0] == "ok"
     kind, advice = steps.driver_state({"nvidia_smi": {"rc": 18, "output":

@@ -11,7 +11,9 @@ from .. import progress as protocol
 from . import systemd
 
 UNIT_PROPS = ["ActiveState", "SubState", "Result", "NRestarts", "ActiveEnterTimestampMonotonic",
-              "ExecMainStatus", "LoadState"]
+              "InactiveEnterTimestampMonotonic", "ExecMainStatus", "LoadState"]
+# a unit in these states still runs (or stops) its job: it has an uptime, not an end
+RUNNING_STATES = ("active", "activating", "deactivating", "reloading")
 GPU_QUERY = ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total",
              "--format=csv,noheader,nounits"]
 
@@ -26,12 +28,34 @@ def probe_request(unit: str, logdir: str, util_file: str) -> dict:
             "host": True}
 
 
-def uptime(props: dict, monotonic_now: float) -> float | None:
+def _seconds(props: dict, name: str) -> float | None:
+    """A *TimestampMonotonic property in seconds; None when unset (0) or unreadable."""
     try:
-        start = int(props.get("ActiveEnterTimestampMonotonic", "0")) / 1e6
+        v = int(props.get(name, "0")) / 1e6
     except ValueError:
         return None
-    return round(monotonic_now - start, 1) if start else None
+    return v or None
+
+
+def uptime(props: dict, monotonic_now: float) -> float | None:
+    """Seconds since the unit last became active, while it still runs; None once it ended."""
+    start = _seconds(props, "ActiveEnterTimestampMonotonic")
+    if start is None or props.get("ActiveState") not in RUNNING_STATES:
+        return None
+    return round(monotonic_now - start, 1)
+
+
+def ended(props: dict, now: float, monotonic_now: float) -> dict:
+    """For a unit that ran and ended (inactive or failed): {"ended_at": unix time, "ran_s":
+    seconds from its last start to its end}, from systemd's monotonic timestamps and the
+    host's clocks (the wall time of the end is the host's now minus how long ago it was).
+    {} for a unit that still runs or never ran."""
+    start = _seconds(props, "ActiveEnterTimestampMonotonic")
+    end = _seconds(props, "InactiveEnterTimestampMonotonic")
+    if (props.get("ActiveState") in RUNNING_STATES or start is None or end is None
+            or end < start):
+        return {}
+    return {"ended_at": round(now - (monotonic_now - end), 1), "ran_s": round(end - start, 1)}
 
 
 def attempts(dirs: list) -> tuple[int | None, int]:
@@ -85,7 +109,9 @@ def state(unit: str, raw: dict, window_s: int) -> dict:
     logs = raw["tree"]["logs"]
     attempt, starts = attempts(logs["dirs"])
     util = (raw["read"]["util"] or {}).get("text", "")
-    return {"unit": props, "uptime_s": uptime(props, raw["host"]["monotonic"]),
+    clock = raw["host"]
+    return {"unit": props, "uptime_s": uptime(props, clock["monotonic"]),
+            "ended_at": None, "ran_s": None, **ended(props, clock["time"], clock["monotonic"]),
             "attempt": attempt, "torchrun_starts": starts, "progress": progress(logs["files"]),
             "gpus": gpus(raw["run"]["gpus"]),
             "util_samples": util_samples(util, raw["host"]["time"], window_s)}

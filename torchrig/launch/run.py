@@ -11,7 +11,7 @@ from pathlib import Path
 from ..errors import TorchrigError
 from ..facts import job_state, probe
 from ..inventory import Host, Inventory
-from ..remote import flock_lines, sh
+from ..remote import flock_lines, refusal, sh
 from ..resources import PAYLOAD
 from ..settings import JOBS_DIR, job_folder, procs_per_node
 from ..verify.run import verify
@@ -92,6 +92,11 @@ def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
     nodes = [_node(inv, h, i, o.nproc, interfaces.get(h.name)) for i, h in enumerate(hosts)]
     if o.script == "train.py" and not any(a.startswith("--ckpt-dir") for a in args):
         args = ["--ckpt-dir", job_folder(nodes[0].checkpoint_dir, o.job)] + args
+    # where the node has TensorBoard (var tensorboard), rank 0 logs for `invoke tensorboard`
+    first = hosts[0].settings
+    if (o.script == "train.py" and first.tensorboard
+            and not any(a.startswith("--tensorboard") for a in args)):
+        args = ["--tensorboard", first.tensorboard_dir(o.job)] + args
     port = job_port(o.job, hosts[0].settings.rdzv_port)
     return Job(o.job, o.script, args, o.max_restarts, port, nodes, release, env=parse_env(o.env),
                secret_keys=secret_keys, rdzv_timeout=o.rdzv_timeout,
@@ -245,13 +250,7 @@ def install_script(job: Job, n: Node) -> str:
 def _install(fleet: Fleet, h: Host, job: Job, n: Node) -> None:
     r = fleet.run(h, "bash -s", root=True, timeout=120, data=install_script(job, n))
     if r.exited != 0:
-        raise TorchrigError(_refusal(r.stderr) or f"writing the unit failed: {r.stderr.strip()[-300:]}")
-
-
-def _refusal(stderr: str) -> str | None:
-    """The `error: ...` line a node-side script printed, without the prefix."""
-    lines = [ln[len("error: "):] for ln in stderr.splitlines() if ln.startswith("error: ")]
-    return lines[-1] if lines else None
+        raise TorchrigError(refusal(r.stderr) or f"writing the unit failed: {r.stderr.strip()[-300:]}")
 
 
 # Start under the lock, only the unit this launch wrote, re-checking there that the GPUs are
@@ -280,7 +279,7 @@ def _start(fleet: Fleet, h: Host, job: Job) -> None:
     script = start_script(job, h.settings.accelerator == "cuda")
     r = fleet.run(h, "bash -s", root=True, timeout=400, data=script)
     if r.exited != 0:
-        raise TorchrigError(_refusal(r.stderr) or f"systemctl start failed: {r.stderr.strip()[-300:]}")
+        raise TorchrigError(refusal(r.stderr) or f"systemctl start failed: {r.stderr.strip()[-300:]}")
 
 
 PROBE = """u={unit}; d={logdir}

@@ -253,31 +253,41 @@ def python_venv(c: Ctx) -> list[Change]:
     dists = venv.get("dists", {})
     reqs = [f"torch=={s.torch_version}"] + c.payload_requirements + list(s.extra_pip_packages)
     missing = [r for r in reqs if not _satisfied(r, dists)]
+    if any(ch in r for r in missing for ch in "\r\n\0"):
+        raise TorchrigError("var 'extra_pip_packages': an entry holds a line break; "
+                            "give one requirement per entry")
+    if any(re.search(r"(^|\s|@)git\+[a-z]+://[^/\s]*@", r) for r in missing):
+        raise TorchrigError("var 'extra_pip_packages': a git+ URL with credentials would "
+                            "reach git's command line (pip runs `git clone URL`); use a wheel "
+                            "URL or an index (pip_index_url) for private packages")
     if missing:
-        index = split_credentials(s.pip_index_url)
-        args = [f"{s.venv}/bin/pip", "install", "--quiet", "--disable-pip-version-check",
-                "--index-url", index.url]
-        if s.pip_trusted_host:
-            args += ["--trusted-host", s.pip_trusted_host]
-        if any(ch in r for r in missing for ch in "\r\n\0"):
-            raise TorchrigError("var 'extra_pip_packages': an entry holds a line break; "
-                                "give one requirement per entry")
-        if any(re.search(r"(^|\s|@)git\+[a-z]+://[^/\s]*@", r) for r in missing):
-            raise TorchrigError("var 'extra_pip_packages': a git+ URL with credentials would "
-                                "reach git's command line (pip runs `git clone URL`); use a wheel "
-                                "URL or an index (pip_index_url) for private packages")
-        pip = sh(*args) + f" -r {PIP_REQUIREMENTS}"
-        if index.login is not None:
-            # credentials from a 0600 netrc file, not the URL: pip passes its index URL on
-            # to the pip it runs for build dependencies, in that process's command line
-            pip = (f"(umask 077; printf %s {sh(b64(netrc(index, 'pip_index_url')))} | base64 -d > {PIP_NETRC})\n"
-                   f"NETRC={PIP_NETRC} {pip}")
-        # the requirements in a file, not argv: one may be a URL with credentials
-        # (`pkg @ https://user:token@host/pkg.whl`)
-        script = (f"printf %s {sh(b64(''.join(r + chr(10) for r in missing)))} | base64 -d "
-                  f"> {PIP_REQUIREMENTS}\n{pip}")
-        out.append(Cmd(f"pip install {' '.join(missing)} into {s.venv}", script))
+        out.append(_pip_install(s, missing, s.pip_index_url, "pip_index_url"))
+    # TensorBoard only when asked, from its own index: the torch index need not carry it
+    tb = f"tensorboard=={s.tensorboard_version}"
+    if s.tensorboard and not _satisfied(tb, dists):
+        out.append(_pip_install(s, [tb], s.tensorboard_index_url, "tensorboard_index_url"))
     return out
+
+
+def _pip_install(s: Settings, reqs: list[str], index_url: str | None, var: str) -> Cmd:
+    """pip install `reqs` into the venv from `index_url` (None: the node's pip configuration)."""
+    args = [f"{s.venv}/bin/pip", "install", "--quiet", "--disable-pip-version-check"]
+    index = split_credentials(index_url) if index_url else None
+    if index is not None:
+        args += ["--index-url", index.url]
+    if s.pip_trusted_host:
+        args += ["--trusted-host", s.pip_trusted_host]
+    pip = sh(*args) + f" -r {PIP_REQUIREMENTS}"
+    if index is not None and index.login is not None:
+        # credentials from a 0600 netrc file, not the URL: pip passes its index URL on
+        # to the pip it runs for build dependencies, in that process's command line
+        pip = (f"(umask 077; printf %s {sh(b64(netrc(index, var)))} | base64 -d > {PIP_NETRC})\n"
+               f"NETRC={PIP_NETRC} {pip}")
+    # the requirements in a file, not argv: one may be a URL with credentials
+    # (`pkg @ https://user:token@host/pkg.whl`)
+    script = (f"printf %s {sh(b64(''.join(r + chr(10) for r in reqs)))} | base64 -d "
+              f"> {PIP_REQUIREMENTS}\n{pip}")
+    return Cmd(f"pip install {' '.join(reqs)} into {s.venv}", script)
 
 
 def _satisfied(req: str, dists: dict[str, str]) -> bool:

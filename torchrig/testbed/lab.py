@@ -156,6 +156,7 @@ def write_inventory(path: str, names: list[str], peers: dict[str, str],
             "cuda_repo_url": f"{base_url()}/cuda/repos",
             "pip_index_url": f"{base_url()}/pypi/simple",
             "pip_trusted_host": GATEWAY_IP,
+            "tensorboard_index_url": f"{base_url()}/pypi/simple",  # installed only where asked
             # the stand-in CUDA cannot compile nccl-tests (and the hosts have no compiler)
             "nccl_tests": False,
             # CPU torch and gloo: the stand-in GPUs cannot run CUDA

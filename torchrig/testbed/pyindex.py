@@ -16,7 +16,9 @@ from ..settings import DEFAULTS
 from .paths import CACHE
 
 # The testbed hosts run Debian 12's Python 3.11; torch is the CPU build (no GPU here).
-REQUIREMENTS = [f"torch=={DEFAULTS.torch_version}", "numpy"]  # the version provision pins
+# TensorBoard and its dependencies too: provision installs it where var `tensorboard` is set.
+REQUIREMENTS = [f"torch=={DEFAULTS.torch_version}", "numpy",  # the versions provision pins
+                f"tensorboard=={DEFAULTS.tensorboard_version}"]
 PYTHON_VERSION = "3.11"
 
 
