@@ -197,6 +197,9 @@ def verify(c, inventory=None, host=None, bandwidth=False, json_=False, accept_ne
     _warm("torchrig.report")
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
         rep = run_verify(fleet, fleet.hosts, bandwidth=bandwidth)
+    if bandwidth:  # the sweeps, for `invoke report` (the nodes keep nothing of them)
+        from torchrig.verify import store
+        store.save(rep.bandwidth, {h.name: h.address for h in fleet.hosts})
     rep.redact(red := _redactor(fleet.inv))
     from torchrig import report
     if json_:
@@ -337,6 +340,25 @@ def _diagnosis(fleet, job) -> dict:
     found = diagnose.failures(nodes, unit_name(job))
     return {"failure": found[0].as_dict() if found else None,
             "waiting": diagnose.waiting(nodes, len(fleet.hosts))}
+
+
+@fleet_task(name="report",
+            help={"job": "job name (default: the newest job on the first host)",
+                  "out": "folder to write <job>-report.html in (default: the current folder)"})
+def job_report(c, inventory=None, host=None, job=None, out=".", accept_new_host_keys=False):
+    """A job's self-contained HTML report: loss, tokens/s, GPU use, restarts, failures, busbw.
+    Needs the 'report' extra (plotly)."""
+    from torchrig import jobreport
+    with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
+        job = job or _latest_job(fleet)
+        path, rep = jobreport.make(fleet, job, out, _redactor(fleet.inv))
+    for h, why in rep.missing.items():
+        print(f"{h}: left out ({why})", file=sys.stderr)
+    if not rep.nodes:
+        raise Exit(f"error: job {job}: no selected host has it; nothing to report", code=1)
+    s = rep.summary()
+    print(f"report of job {job} ({len(rep.nodes)} node(s), {len(rep.steps)} progress line(s), "
+          f"{s['restarts']} restart(s), {s['failures']} failure(s)): {path}")
 
 
 @fleet_task(help={"job": "job name (default: the newest job on the first host)"})
@@ -536,7 +558,8 @@ def demo(c, steps=None):
 
 testbed = Collection("testbed", testbed_up, testbed_down, testbed_status)
 
-ns = Collection(hosts, exec_, provision, verify, launch, logs, status, stop, demo, testbed)
+ns = Collection(hosts, exec_, provision, verify, launch, logs, status, job_report, stop, demo,
+                testbed)
 ns.configure({
     "torchrig": {
         "inventory": "inventory/hosts.yml",  # override in invoke.yaml or INVOKE_TORCHRIG_INVENTORY
