@@ -203,3 +203,23 @@ def test_report_task_refuses_a_bad_job_name(tmp_path):
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and r.stderr.startswith("error: --job 'Bad name'"), r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_real_capture_from_the_testbed():
+    """A killed rank on the testbed (fixture report_01): what the report reads from real
+    journalctl, sampler and verify output."""
+    from _fixtures import FIXTURES
+    g = json.loads((FIXTURES / "report_01_probe_replies_testbed_killed_rank_2nodes.json").read_text())
+    rep = data.build("t-rep", "torchrig-t-rep.service", g, T0)
+    assert [n.host for n in rep.nodes] == ["gpu1", "gpu2"] and not rep.missing
+    steps = [(r["attempt"], int(r["step"])) for r in rep.steps]
+    assert steps[:2] == [(0, 5), (0, 10)] and steps[-1] == (1, 129)
+    assert [s for a, s in steps if a == 0] == list(range(5, 125, 5))
+    kinds = sorted((e.kind, e.host) for e in rep.events)
+    assert kinds == sorted([(k, h) for k in ("start", "restart", "failure", "end") for h in ("gpu1", "gpu2")])
+    first = rep.failures[0]
+    assert (first.host, first.global_rank, first.cause) == ("gpu2", 2, "killed by SIGKILL")
+    assert [e.text for e in rep.events if e.kind == "failure"][0].endswith("killed by SIGKILL")
+    assert all(len(v) == 3 for n in rep.nodes for v in [*n.gpu_util.values(), *n.gpu_mem.values()])
+    assert {f["id"]: html.points(f) for f in html.figures(rep)} == {
+        "loss": 27, "throughput": 26, "gpu-util": 12, "gpu-mem": 12, "events": 8, "busbw": 15}
