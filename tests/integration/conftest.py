@@ -16,6 +16,7 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +32,8 @@ ENV = {
 # A caller may choose other values (parallel runs: each needs its own state, bridge, subnet).
 ENV = {k: os.environ.get(k, v) for k, v in ENV.items()}
 os.environ.update(ENV)  # before torchrig.testbed.paths is imported by any test
+# the operator-side state (verify --bandwidth's kept sweeps) of this session, not the user's
+os.environ.setdefault("TORCHRIG_STATE_DIR", tempfile.mkdtemp(prefix="torchrig-tests-state-"))
 
 if platform.system() != "Linux" or os.geteuid() != 0:
     pytest.skip("integration tests need Linux and root (systemd-nspawn, mounts, netns)",
