@@ -354,11 +354,12 @@ def job_report(c, inventory=None, host=None, job=None, out=".", accept_new_host_
         path, rep = jobreport.make(fleet, job, out, _redactor(fleet.inv))
     for h, why in rep.missing.items():
         print(f"{h}: left out ({why})", file=sys.stderr)
-    if not rep.nodes:
-        raise Exit(f"error: job {job}: no selected host has it; nothing to report", code=1)
     s = rep.summary()
     print(f"report of job {job} ({len(rep.nodes)} node(s), {len(rep.steps)} progress line(s), "
           f"{s['restarts']} restart(s), {s['failures']} failure(s)): {path}")
+    if rep.unreadable:  # the page is written without them; the run did not do all it was asked
+        raise Exit("error: report: could not read " + "; ".join(
+            f"{h}: {why}" for h, why in rep.unreadable.items()), code=1)
 
 
 @fleet_task(help={"job": "job name (default: the newest job on the first host)"})

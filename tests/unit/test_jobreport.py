@@ -74,7 +74,8 @@ def test_progress_rows_split_by_attempt_with_global_rank():
 def test_build_events_failures_and_missing_nodes():
     rep = build()
     assert [n.host for n in rep.nodes] == ["gpu1", "gpu2"]
-    assert rep.missing == {"gpu3": "no such job on this host", "gpu4": "SSH connection lost"}
+    assert rep.missing == {"gpu3": "no such job on this host"}
+    assert rep.unreadable == {"gpu4": "SSH connection lost"}
     kinds = [(e.kind, e.host) for e in rep.events]
     assert kinds.count(("start", "gpu1")) == 1 and kinds.count(("end", "gpu1")) == 1
     fail = [e for e in rep.events if e.kind == "failure"]
@@ -211,7 +212,7 @@ def test_real_capture_from_the_testbed():
     from _fixtures import FIXTURES
     g = json.loads((FIXTURES / "report_01_probe_replies_testbed_killed_rank_2nodes.json").read_text())
     rep = data.build("t-rep", "torchrig-t-rep.service", g, T0)
-    assert [n.host for n in rep.nodes] == ["gpu1", "gpu2"] and not rep.missing
+    assert [n.host for n in rep.nodes] == ["gpu1", "gpu2"] and not rep.missing and not rep.unreadable
     steps = [(r["attempt"], int(r["step"])) for r in rep.steps]
     assert steps[:2] == [(0, 5), (0, 10)] and steps[-1] == (1, 129)
     assert [s for a, s in steps if a == 0] == list(range(5, 125, 5))
@@ -223,3 +224,18 @@ def test_real_capture_from_the_testbed():
     assert all(len(v) == 3 for n in rep.nodes for v in [*n.gpu_util.values(), *n.gpu_mem.values()])
     assert {f["id"]: html.points(f) for f in html.figures(rep)} == {
         "loss": 27, "throughput": 26, "gpu-util": 12, "gpu-mem": 12, "events": 8, "busbw": 15}
+
+
+def test_report_of_a_job_no_host_has_writes_nothing(tmp_path):
+    """The whole path on a `connection: local` host (the probe runs for real here): no host
+    has the job, so one error line and no file."""
+    inv = tmp_path / "inv.yml"
+    inv.write_text("hosts:\n  - name: here\n    connection: local\n")
+    r = subprocess.run([sys.executable, "-m", "invoke", "report", "-i", str(inv), "--job", "j1",
+                        "--out", str(tmp_path / "out")],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    # as root: no such unit here; as another user: sudo refuses (either way, one line)
+    assert r.returncode == 1 and r.stderr.startswith(
+        "error: job j1: no selected host could be read with it (here: ") and \
+        r.stderr.endswith("); nothing written\n") and r.stderr.count("\n") == 1, r.stderr
+    assert not (tmp_path / "out").exists()

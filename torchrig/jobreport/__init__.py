@@ -10,6 +10,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..errors import TorchrigError
+
 
 def make(fleet, job: str, out_dir: str, red) -> tuple[Path, "data.Report"]:
     """Write <out_dir>/<job>-report.html (a temporary name in that folder, then renamed);
@@ -20,8 +22,16 @@ def make(fleet, job: str, out_dir: str, red) -> tuple[Path, "data.Report"]:
     check_job_name(job)
     js = html.plotly_js()
     rep = red.data(data.build(job, unit_name(job), gather.gather(fleet, job), time.time()))
+    if not rep.nodes:
+        why = "; ".join(f"{h}: {w}" for h, w in {**rep.missing, **rep.unreadable}.items())
+        raise TorchrigError(f"job {job}: no selected host could be read with it ({why}); "
+                            "nothing written")
     folder = Path(out_dir)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TorchrigError(f"--out {out_dir}: cannot make that folder ({e.strerror}); "
+                            "pass another") from None
     target = folder / f"{job}-report.html"
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{job}-report.", suffix=".tmp")
     try:

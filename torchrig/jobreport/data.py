@@ -48,7 +48,8 @@ class Report:
     job: str
     generated: float
     nodes: list[Node] = field(default_factory=list)
-    missing: dict[str, str] = field(default_factory=dict)  # host -> why it is not in the report
+    missing: dict[str, str] = field(default_factory=dict)  # host -> it has no such job
+    unreadable: dict[str, str] = field(default_factory=dict)  # host -> why it could not be read
     steps: list[dict] = field(default_factory=list)  # {"t", "attempt", "rank", "step", "loss", "tok/s", ...}
     events: list[Event] = field(default_factory=list)
     failures: list[diagnose.Failure] = field(default_factory=list)
@@ -190,7 +191,7 @@ def build(job: str, unit: str, gathered: dict, now: float) -> Report:
     rep = Report(job, now, bandwidth={})
     for host, reply in gathered["nodes"]:
         if isinstance(reply, str):
-            rep.missing[host] = reply
+            rep.unreadable[host] = reply
             continue
         n, rows, evs, why = node(host, len(rep.nodes), reply, unit)
         if n is None:

@@ -154,7 +154,7 @@ def page(rep: Report, js: str) -> str:
         out.append(f'<p class="note">first failure: rank {f.global_rank} on {e(f.host)} '
                    f"(local rank {f.local_rank}, pid {f.pid}) {e(f.cause)}"
                    + (f": {e(f.error)}" if f.error else "") + "</p>")
-    for host, why in rep.missing.items():
+    for host, why in {**rep.missing, **rep.unreadable}.items():
         out.append(f'<p class="note">{e(host)}: not in this report ({e(why)})</p>')
     if not figs:
         out.append("<p>No data yet: no progress line, GPU sample or event was found.</p>")
