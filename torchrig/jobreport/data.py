@@ -144,7 +144,10 @@ def progress(lines: list[tuple[float, str]]) -> list[dict]:
     return out
 
 
-def events(host: str, lines: list[tuple[float, str]], log: agent.AgentLog, nj, unit) -> list[Event]:
+def events(nj: diagnose.NodeJournal, lines: list[tuple[float, str]], unit: str) -> list[Event]:
+    """A node's events: systemd's start and end lines and the agent's restart lines at their
+    journal time; each worker that failed on its own at the time its agent saw it."""
+    host, log = nj.host, nj.log
     out = []
     for t, msg in lines:
         if agent._SYSTEMD_STARTED.match(msg):
@@ -182,7 +185,7 @@ def node(host: str, node_rank: int, reply: dict, unit: str) -> tuple[Node | None
     n = Node(host, props.get("ActiveState", "?"),
              history((reply["read"]["util"] or {}).get("text", ""), 1),
              history((reply["read"]["mem"] or {}).get("text", ""), 2), nj)
-    return n, progress(lines), events(host, lines, nj.log, nj, unit), None
+    return n, progress(lines), events(nj, lines, unit), None
 
 
 def build(job: str, unit: str, gathered: dict, now: float) -> Report:
