@@ -553,6 +553,7 @@ def demo(c, steps=None):
     rate = "?" if s["median_tok_s"] is None else f"{s['median_tok_s']:.0f}"
     print(f"job {job}: {s['steps']} steps, loss {s['first_loss'] or '?'} -> {s['last_loss']}, "
           f"median {rate} tokens/s (4 ranks, CPU), checkpoint {s['ckpt']} (on the rank-0 node)")
+    print(f"a report with plots: invoke report -i {inv_path} --job {job}")
     print(f"demo done in {_time.monotonic() - t0:.0f}s. The testbed is still up: "
           f"invoke exec -i {inv_path} 'hostname'; take it down with: invoke testbed.down")
 
