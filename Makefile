@@ -7,9 +7,10 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 INVOKE  := $(BIN)/invoke
 # Operator-side tools the testbed and tests use (systemd-nspawn, debootstrap, ssh-keygen,
-# dpkg-deb/apt-ftparchive for the stand-in repo, gpg to sign it, ip for the bridge).
-APT_PKGS := systemd-container debootstrap openssh-client apt-utils dpkg-dev gpg iproute2 procps python3-venv
-APT_TOOLS := systemd-nspawn debootstrap ssh-keygen apt-ftparchive dpkg-deb gpg ip pgrep
+# dpkg-deb/apt-ftparchive for the stand-in repo, gpg to sign it, ip for the bridge; chromium,
+# headless, renders `invoke report`'s page in its test).
+APT_PKGS := systemd-container debootstrap openssh-client apt-utils dpkg-dev gpg iproute2 procps python3-venv chromium
+APT_TOOLS := systemd-nspawn debootstrap ssh-keygen apt-ftparchive dpkg-deb gpg ip pgrep chromium
 
 .PHONY: deps venv test unit integration golden demo bench clean
 
@@ -25,7 +26,7 @@ deps:
 $(BIN)/activate: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,report]'
 	touch $(BIN)/activate
 
 venv: $(BIN)/activate

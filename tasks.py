@@ -197,6 +197,9 @@ def verify(c, inventory=None, host=None, bandwidth=False, json_=False, accept_ne
     _warm("torchrig.report")
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
         rep = run_verify(fleet, fleet.hosts, bandwidth=bandwidth)
+    if bandwidth:  # the sweeps, for `invoke report` (the nodes keep nothing of them)
+        from torchrig.verify import store
+        store.save(rep.bandwidth, {h.name: h.address for h in fleet.hosts})
     rep.redact(red := _redactor(fleet.inv))
     from torchrig import report
     if json_:
@@ -371,6 +374,24 @@ def tensorboard(c, inventory=None, host=None, job=None, port=None, accept_new_ho
     if board.ended_by_itself:
         raise Exit(f"error: TensorBoard for job {job} ended on {board.host} by itself "
                    f"(see: invoke exec -h {board.host} --sudo 'journalctl -u {board.unit}')", code=1)
+@fleet_task(name="report",
+            help={"job": "job name (default: the newest job on the first host)",
+                  "out": "folder to write <job>-report.html in (default: the current folder)"})
+def job_report(c, inventory=None, host=None, job=None, out=".", accept_new_host_keys=False):
+    """A job's self-contained HTML report: loss, tokens/s, GPU use, restarts, failures, busbw.
+    Needs the 'report' extra (plotly)."""
+    from torchrig import jobreport
+    with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
+        job = job or _latest_job(fleet)
+        path, rep = jobreport.make(fleet, job, out, _redactor(fleet.inv))
+    for h, why in rep.missing.items():
+        print(f"{h}: left out ({why})", file=sys.stderr)
+    s = rep.summary()
+    print(f"report of job {job} ({len(rep.nodes)} node(s), {len(rep.steps)} progress line(s), "
+          f"{s['restarts']} restart(s), {s['failures']} failure(s)): {path}")
+    if rep.unreadable:  # the page is written without them; the run did not do all it was asked
+        raise Exit("error: report: could not read " + "; ".join(
+            f"{h}: {why}" for h, why in rep.unreadable.items()), code=1)
 
 
 @fleet_task(help={"job": "job name (default: the newest job on the first host)"})
@@ -597,6 +618,7 @@ def demo(c, steps=None):
     rate = "?" if s["median_tok_s"] is None else f"{s['median_tok_s']:.0f}"
     print(f"job {job}: {s['steps']} steps, loss {s['first_loss'] or '?'} -> {s['last_loss']}, "
           f"median {rate} tokens/s (4 ranks, CPU), checkpoint {s['ckpt']} (on the rank-0 node)")
+    print(f"a report with plots: invoke report -i {inv_path} --job {job}")
     print(f"demo done in {_time.monotonic() - t0:.0f}s. The testbed is still up: "
           f"invoke exec -i {inv_path} 'hostname'; take it down with: invoke testbed.down")
 
@@ -605,6 +627,8 @@ testbed = Collection("testbed", testbed_up, testbed_down, testbed_status)
 
 ns = Collection(hosts, exec_, provision, verify, launch, logs, status, stop, tensorboard, fetch,
                 demo, testbed)
+ns = Collection(hosts, exec_, provision, verify, launch, logs, status, job_report, stop, demo,
+                testbed)
 ns.configure({
     "torchrig": {
         "inventory": "inventory/hosts.yml",  # override in invoke.yaml or INVOKE_TORCHRIG_INVENTORY

@@ -26,6 +26,7 @@ JOBS_DIR = f"{ETC_DIR}/jobs"                         # env files (0600) and the 
 SYSTEMD_DIR = "/etc/systemd/system"
 UTIL_FILE = "gpu_util.csv"                           # its samples, in the job's log folder
 TENSORBOARD_DIR = "tensorboard"                      # its events, in the job's log folder
+MEM_FILE = "gpu_mem.csv"                             # its memory samples (invoke report), there too
 
 CPU_PROCS = 2  # processes per node where accelerator is cpu: two gloo ranks make a real all-reduce
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # full match: a trailing newline is not a name
@@ -198,6 +199,9 @@ class Settings(BaseModel):
 
     def util_file(self, job: str) -> str:
         return f"{self.job_log_dir(job)}/{UTIL_FILE}"
+
+    def mem_file(self, job: str) -> str:
+        return f"{self.job_log_dir(job)}/{MEM_FILE}"
 
     def given(self) -> dict[str, Any]:
         """The settings the inventory set (the rest are defaults)."""

@@ -10,12 +10,15 @@ earlier test provisioned is not provisioned again). Tests that exercise the fres
 The helpers every file uses (run a command on a host, provision, launch/logs/status, bounded
 waits) live here, once. Every wait has a bound and says what it waited for when it gives up."""
 
+import atexit
 import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +34,10 @@ ENV = {
 # A caller may choose other values (parallel runs: each needs its own state, bridge, subnet).
 ENV = {k: os.environ.get(k, v) for k, v in ENV.items()}
 os.environ.update(ENV)  # before torchrig.testbed.paths is imported by any test
+# the operator-side state (verify --bandwidth's kept sweeps) of this session, not the user's
+if "TORCHRIG_STATE_DIR" not in os.environ:
+    os.environ["TORCHRIG_STATE_DIR"] = tempfile.mkdtemp(prefix="torchrig-tests-state-")
+    atexit.register(shutil.rmtree, os.environ["TORCHRIG_STATE_DIR"], True)
 
 if platform.system() != "Linux" or os.geteuid() != 0:
     pytest.skip("integration tests need Linux and root (systemd-nspawn, mounts, netns)",

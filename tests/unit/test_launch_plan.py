@@ -190,7 +190,8 @@ def test_sampler_exec_start_quoted_and_runs_as_service_user():
     rest = line[len("ExecStart="):]
     args = re.findall(r'"(?:[^"\\]|\\.)*"', rest)
     assert " ".join(args) == rest
-    assert [_systemd_unquote(a) for a in args] == [plan.SAMPLER_PATH, j.nodes[0].log_dir + "/exp1/gpu_util.csv"]
+    assert [_systemd_unquote(a) for a in args] == [plan.SAMPLER_PATH, j.nodes[0].log_dir + "/exp1/gpu_util.csv",
+                                                   j.nodes[0].log_dir + "/exp1/gpu_mem.csv"]
     assert "\nUser=torchrig\n" in unit and "\nGroup=torchrig\n" in unit
 
 

@@ -15,7 +15,7 @@ from ..provision import managed
 from ..provision.changes import FileChange
 from ..render import env_quote, systemd_path, systemd_quote
 from ..secrets import MASK, is_secret, redact_text, url_credentials
-from ..settings import ENV_NAME, UTIL_FILE, job_folder
+from ..settings import ENV_NAME, MEM_FILE, UTIL_FILE, job_folder
 
 # fullmatch everywhere: `$` would also accept a trailing newline (`exp1\n`)
 JOB_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,47}")
@@ -180,8 +180,8 @@ def render_unit(job: Job, n: Node) -> str:
 SAMPLER_PATH = managed.GPU_SAMPLER.path()
 
 
-def util_file(n: Node, job: str) -> str:
-    return f"{job_folder(n.log_dir, job)}/{UTIL_FILE}"
+def util_file(n: Node, job: str, name: str = UTIL_FILE) -> str:
+    return f"{job_folder(n.log_dir, job)}/{name}"
 
 
 def gpumon_paths(job: str) -> list[str]:
@@ -190,7 +190,8 @@ def gpumon_paths(job: str) -> list[str]:
 
 def render_gpumon(job: Job, n: Node, interval: int) -> dict[str, str]:
     service, timer = gpumon_paths(job.name)
-    exec_start = " ".join(systemd_quote(a) for a in (SAMPLER_PATH, util_file(n, job.name)))
+    exec_start = " ".join(systemd_quote(a) for a in (SAMPLER_PATH, util_file(n, job.name),
+                                                           util_file(n, job.name, MEM_FILE)))
     return {service: managed.GPUMON_SERVICE.render(job=job.name, main=unit_name(job.name),
                                                    user=n.user, exec_start=exec_start),
             timer: managed.GPUMON_TIMER.render(job=job.name, main=unit_name(job.name),

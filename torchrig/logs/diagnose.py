@@ -62,20 +62,25 @@ def failures(nodes: list[NodeJournal], unit: str, errors: list | None = None) ->
         e = n.log.first_failure()
         if e is None:
             continue
-        oom = None
-        if e.exitcode == -9:
-            oom = agent.oom_kill(n.kernel, e.pid, unit) or ("cgroup memory limit" if n.log.oom_unit else None)
         g = agent.global_rank(e, n.node_rank, n.log.nproc)
         msg = None
         for r in errors or []:
             if r.node == n.host and r.local_rank == e.local_rank and r.message:
                 msg = r.message
-        out.append(Failure(n.host, e.local_rank, g, e.pid, e.exitcode,
-                           agent.describe_exit(e.exitcode, oom),
+        out.append(Failure(n.host, e.local_rank, g, e.pid, e.exitcode, cause(n, e, unit),
                            agent.to_unix(e.when, n.year, n.utc_offset),
                            list(n.log.rank_lines.get(e.local_rank, [])), msg))
     out.sort(key=lambda f: (f.at is None, f.at or 0.0))
     return out
+
+
+def cause(n: NodeJournal, e: agent.Exit, unit: str) -> str:
+    """Why the worker of `e` ended, in words; a SIGKILL is the OOM killer's when the kernel (or
+    systemd, for the unit's cgroup) says so."""
+    oom = None
+    if e.exitcode == -9:
+        oom = agent.oom_kill(n.kernel, e.pid, unit) or ("cgroup memory limit" if n.log.oom_unit else None)
+    return agent.describe_exit(e.exitcode, oom)
 
 
 def _clock(t: float | None) -> str:

@@ -1,0 +1,168 @@
+"""`invoke report`'s page: data.Report -> Plotly figures (plain dicts) -> one self-contained
+HTML file. Pure, except that the page inlines plotly.js from the `report` extra (plotly's
+Python package ships it), so the file opens with no network.
+
+Every figure is a scatter with markers, one marker per data point: the browser test counts
+them (`data-points` on each plot's div) after the page's scripts ran."""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+
+from ..errors import TorchrigError
+from .data import Report
+
+EXTRA = "report"
+KIND_STYLE = {"start": ("circle", "#2ca02c"), "restart": ("diamond", "#ff7f0e"),
+              "failure": ("x", "#d62728"), "end": ("square", "#7f7f7f")}
+
+
+def plotly_js() -> str:
+    try:
+        from plotly.offline import get_plotlyjs
+    except ImportError:
+        raise TorchrigError(f"invoke report needs plotly, torchrig's '{EXTRA}' extra: "
+                            f"pip install 'torchrig[{EXTRA}]' (make venv installs it)") from None
+    return get_plotlyjs()
+
+
+def _when(t: float) -> str:
+    """A plotly date (UTC, millisecond precision)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}"
+
+
+def _scatter(name: str, x: list, y: list, **kw) -> dict:
+    return {"type": "scatter", "mode": "lines+markers", "name": name, "x": x, "y": y, **kw}
+
+
+def _layout(title: str, xaxis: dict, yaxis: dict, **kw) -> dict:
+    # the legend above the plot: below it, it would cover a date axis' second tick line
+    return {"title": {"text": title}, "xaxis": xaxis, "yaxis": yaxis, "height": 360,
+            "margin": {"l": 60, "r": 20, "t": 80, "b": 60},
+            "legend": {"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"}, **kw}
+
+
+def _event_lines(rep: Report) -> list[dict]:
+    """Restarts and failures as vertical lines on the time plots."""
+    return [{"type": "line", "xref": "x", "yref": "paper", "x0": _when(e.t), "x1": _when(e.t),
+             "y0": 0, "y1": 1, "line": {"color": KIND_STYLE[e.kind][1], "dash": "dot", "width": 1}}
+            for e in rep.events if e.kind in ("restart", "failure")]
+
+
+def figures(rep: Report) -> list[dict]:
+    """[{"id", "title", "data", "layout"}]: only figures that have data (busbw only when verify
+    --bandwidth was run for the job's nodes)."""
+    figs = []
+    steps_x = {"title": {"text": "step"}}
+    for key, title, unit in (("loss", "Loss", "loss"), ("tok/s", "Throughput", "tokens/s")):
+        traces = []
+        for a in sorted({r["attempt"] for r in rep.steps}):
+            rows = [r for r in rep.steps if r["attempt"] == a and key in r]
+            if rows:
+                traces.append(_scatter("first run" if a == 0 else f"after restart {a}",
+                                       [r["step"] for r in rows], [r[key] for r in rows]))
+        if traces:
+            figs.append({"id": "loss" if key == "loss" else "throughput", "title": f"{title} over steps",
+                         "data": traces,
+                         "layout": _layout(f"{title} over steps", steps_x, {"title": {"text": unit}})})
+    time_x = {"title": {"text": "time (UTC)"}, "type": "date"}
+    for fid, title, unit, pick in (
+            ("gpu-util", "GPU utilisation", "%", lambda n: {g: [(s[0], s[1]) for s in v]
+                                                             for g, v in n.gpu_util.items()}),
+            ("gpu-mem", "GPU memory used", "MiB", lambda n: {g: [(s[0], s[1]) for s in v]
+                                                             for g, v in n.gpu_mem.items()})):
+        traces = [_scatter(f"{n.host} GPU{g}", [_when(t) for t, _ in v], [y for _, y in v])
+                  for n in rep.nodes for g, v in sorted(pick(n).items()) if v]
+        if traces:
+            yaxis = {"title": {"text": unit}, "rangemode": "tozero"}
+            if fid == "gpu-util":
+                yaxis["range"] = [0, 105]
+            figs.append({"id": fid, "title": f"{title} per GPU", "data": traces,
+                         "layout": _layout(f"{title} per GPU, every node", time_x, yaxis,
+                                           shapes=_event_lines(rep))})
+    if rep.events:
+        traces = []
+        for kind, (symbol, color) in KIND_STYLE.items():
+            evs = [e for e in rep.events if e.kind == kind]
+            if evs:
+                traces.append({"type": "scatter", "mode": "markers", "name": kind,
+                               "x": [_when(e.t) for e in evs], "y": [e.host for e in evs],
+                               "text": [e.text for e in evs], "hoverinfo": "x+y+text",
+                               "marker": {"symbol": symbol, "color": color, "size": 12}})
+        figs.append({"id": "events", "title": "Starts, restarts, failures and ends",
+                     "data": traces,
+                     "layout": _layout("Starts, restarts, failures and ends", time_x,
+                                       {"title": {"text": "node"}, "type": "category"},
+                                       height=200 + 40 * len({e.host for e in rep.events}))})
+    traces = []
+    for host, rec in sorted(rep.bandwidth.items()):
+        if rec.get("node"):
+            pts = rec["node"]["points"]
+            traces.append(_scatter(f"{host} (in node, {rec['node'].get('world_size')} ranks)",
+                                   [p[0] for p in pts], [p[1] for p in pts]))
+    cluster = next((r["cluster"] for r in rep.bandwidth.values() if r.get("cluster")), None)
+    if cluster:
+        traces.append(_scatter("across " + ",".join(cluster["hosts"]),
+                               [p[0] for p in cluster["points"]], [p[1] for p in cluster["points"]]))
+    if traces:
+        figs.append({"id": "busbw", "title": "All-reduce busbw against message size",
+                     "data": traces,
+                     "layout": _layout("All-reduce busbw against message size (verify --bandwidth)",
+                                       {"title": {"text": "message size (bytes)"}, "type": "log"},
+                                       {"title": {"text": "busbw (GB/s)"}, "rangemode": "tozero"})})
+    return figs
+
+
+def points(fig: dict) -> int:
+    return sum(len(t["x"]) for t in fig["data"])
+
+
+def _json(v) -> str:
+    """JSON safe inside a <script> element (no '</script>' or '<!--' can come out of data)."""
+    return (json.dumps(v, allow_nan=False).replace("<", "\\u003c").replace(">", "\\u003e")
+            .replace("&", "\\u0026"))
+
+
+def _fmt(v, spec: str) -> str:
+    return "?" if v is None else format(v, spec)
+
+
+def page(rep: Report, js: str) -> str:
+    """The whole HTML page; `js`: plotly.js's source (plotly_js())."""
+    e = html.escape
+    s = rep.summary()
+    figs = figures(rep)
+    rows = [("job", rep.job), ("nodes", ", ".join(f"{n.host} ({n.state})" for n in rep.nodes)),
+            ("steps", _fmt(s["steps"], ".0f")),
+            ("loss", f"{_fmt(s['first_loss'], '.4f')} -> {_fmt(s['last_loss'], '.4f')}"),
+            ("median tokens/s", _fmt(s["median_tok_s"], ",.0f")),
+            ("restarts / failures", f"{s['restarts']} / {s['failures']}"),
+            ("ran", "?" if s["seconds"] is None else f"{s['seconds']:.0f} s"),
+            ("report made", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(rep.generated)))]
+    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+           f"<title>torchrig report: {e(rep.job)}</title>",
+           "<style>body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1100px}"
+           "table{border-collapse:collapse}td,th{padding:2px 10px;text-align:left;"
+           "border-bottom:1px solid #ddd}.plot{margin:1em 0}.note{color:#a00}</style>",
+           f"<script>{js}</script></head><body>",
+           f"<h1>torchrig job {e(rep.job)}</h1>", "<table>"]
+    out += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in rows]
+    out.append("</table>")
+    for f in rep.failures[:1]:
+        out.append(f'<p class="note">first failure: rank {f.global_rank} on {e(f.host)} '
+                   f"(local rank {f.local_rank}, pid {f.pid}) {e(f.cause)}"
+                   + (f": {e(f.error)}" if f.error else "") + "</p>")
+    for host, why in {**rep.missing, **rep.unreadable}.items():
+        out.append(f'<p class="note">{e(host)}: not in this report ({e(why)})</p>')
+    if not figs:
+        out.append("<p>No data yet: no progress line, GPU sample or event was found.</p>")
+    for f in figs:
+        out.append(f'<div class="plot" id="{e(f["id"])}" data-points="{points(f)}"></div>')
+    config = {"displaylogo": False, "responsive": True}
+    out.append("<script>")
+    out += [f"Plotly.newPlot({_json(f['id'])}, {_json(f['data'])}, {_json(f['layout'])}, "
+            f"{_json(config)});" for f in figs]
+    out.append("</script></body></html>")
+    return "\n".join(out) + "\n"
