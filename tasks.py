@@ -625,10 +625,8 @@ def demo(c, steps=None):
 
 testbed = Collection("testbed", testbed_up, testbed_down, testbed_status)
 
-ns = Collection(hosts, exec_, provision, verify, launch, logs, status, stop, tensorboard, fetch,
-                demo, testbed)
-ns = Collection(hosts, exec_, provision, verify, launch, logs, status, job_report, stop, demo,
-                testbed)
+ns = Collection(hosts, exec_, provision, verify, launch, logs, status, job_report, stop,
+                tensorboard, fetch, demo, testbed)
 ns.configure({
     "torchrig": {
         "inventory": "inventory/hosts.yml",  # override in invoke.yaml or INVOKE_TORCHRIG_INVENTORY
