@@ -35,8 +35,7 @@ def probe_request(venv: str, torch_runtime: bool, peer: dict | None) -> dict:
         run["torch_runtime"] = {"argv": [py, "-I", "-c", TORCH_RUNTIME], "timeout": 120}
     req = {"run": run, "host": True, "exists": [py],
            # follow: /usr/local/cuda is update-alternatives' symlink to /usr/local/cuda-X.Y on
-           # every real install (root's own paths); without it the version read as unknown on
-           # an H200 box whose version.json was there
+           # real installs (root's own paths); without it version.json was never read
            "read": {"cuda": {"path": CUDA_VERSION_FILE, "limit": 65536, "follow": True},
                     "pyvenv.cfg": {"path": os.path.join(venv, "pyvenv.cfg"), "limit": 65536}},
            "glob": {"torch": {"pattern": os.path.join(venv, python_env.DIST_INFO.format(name="torch-*")),
