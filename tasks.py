@@ -317,8 +317,9 @@ def _status(fleet, job, json_, watch):
     job = job or _latest_job(fleet)
     red = _redactor(fleet.inv)  # the inventory's secrets do not change between --watch rounds
     while True:
-        res = red.data(run_status(fleet, fleet.hosts, job))
-        diag = red.data(_diagnosis(fleet, job))
+        res = run_status(fleet, fleet.hosts, job)  # one probe per node, journal included
+        diag = red.data(_diagnosis(res.journals, len(fleet.hosts), job))
+        res = red.data(res)
         if json_:
             print(json.dumps({"job": job, "nodes": res.as_dict(), **diag}, indent=2))
         else:
@@ -338,16 +339,13 @@ def _status(fleet, job, json_, watch):
         raise Exit(f"error: job {job}: " + "; ".join(res.failures), code=1)
 
 
-def _diagnosis(fleet, job) -> dict:
+def _diagnosis(journals, nnodes: int, job) -> dict:
     """From the nodes' journals: the job's first failed rank and what each node waits for."""
     from torchrig.launch.plan import unit_name
     from torchrig.logs import diagnose
-    # the newest lines only: status runs often (--watch), the waits and an ended job's
-    # failure are at the end
-    nodes = diagnose.fetch(fleet, fleet.hosts, unit_name(job), keep=0, lines=20000)
-    found = diagnose.failures(nodes, unit_name(job))
+    found = diagnose.failures(journals, unit_name(job))
     return {"failure": found[0].as_dict() if found else None,
-            "waiting": diagnose.waiting(nodes, len(fleet.hosts))}
+            "waiting": diagnose.waiting(journals, nnodes)}
 
 
 @fleet_task(help={"job": "job name (default: the newest job on the first host)"})

@@ -25,7 +25,9 @@ GPU_SAMPLE_S = 30  # seconds between GPU utilisation samples
 # a job holds its GPUs (and its release) from start until its unit is fully down: a job that is
 # stopping (deactivating) still writes its last checkpoint for up to TimeoutStopSec
 BUSY_STATES = "active,activating,deactivating,reloading"
-BUSY_UNITS = f"systemctl list-units 'torchrig-*.service' --state={BUSY_STATES} --plain --no-legend"
+BUSY_ARGV = ["systemctl", "list-units", "torchrig-*.service", f"--state={BUSY_STATES}", "--plain",
+             "--no-legend"]
+BUSY_UNITS = sh(*BUSY_ARGV)  # the same list, re-read under the lock by the start script
 # Install, start and undo on a node hold a lock (a 0600 file of root's in the jobs folder: the
 # folder itself can be opened, so flock'ed, by any local user), so two launches at once see
 # each other's units complete and in a known state.
@@ -132,8 +134,11 @@ def busy_jobs(list_units: str) -> list[str]:
 
 
 def _active_jobs(fleet: Fleet, h: Host) -> list[str]:
-    r = fleet.run(h, BUSY_UNITS)
-    return busy_jobs(r.stdout)
+    r = fleet.run(h, probe.COMMAND, timeout=60, data=probe.stdin({"run": {"busy": BUSY_ARGV}}))
+    busy = probe.reply(r.exited, r.stdout, r.stderr, "listing the node's jobs")["run"]["busy"]
+    if busy["rc"] != 0:
+        raise TorchrigError(f"systemctl list-units failed: {busy['err'].strip()[-300:]}")
+    return busy_jobs(busy["out"])
 
 
 def launch(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print) -> Launched:
@@ -283,13 +288,6 @@ def _start(fleet: Fleet, h: Host, job: Job) -> None:
         raise TorchrigError(_refusal(r.stderr) or f"systemctl start failed: {r.stderr.strip()[-300:]}")
 
 
-PROBE = """u={unit}; d={logdir}
-state=$(systemctl show -p ActiveState --value "$u"); result=$(systemctl show -p Result --value "$u")
-workers=$(ls -d "$d"/*/attempt_*/[0-9]* 2>/dev/null | wc -l)
-echo "$state $result $workers"
-"""
-
-
 def _confirm(fleet: Fleet, hosts: list[Host], job: Job, o: LaunchOptions) -> list[str]:
     """Every node active (or already finished cleanly) with its workers spawned, which
     torchrun does only after the rendezvous completed."""
@@ -297,14 +295,13 @@ def _confirm(fleet: Fleet, hosts: list[Host], job: Job, o: LaunchOptions) -> lis
     deadline = time.monotonic() + o.start_timeout
     pending = {h.name for h in hosts}
     while pending and time.monotonic() < deadline:
-        def probe(h: Host):
-            n = by_name[h.name]
-            r = fleet.run(h, PROBE.format(unit=sh(unit_name(job.name)),
-                                          logdir=sh(job_folder(n.log_dir, job.name))),
-                          root=True, timeout=30)
-            state, result, workers = (r.stdout.split() + ["", "", "0"])[:3]
-            return state, result, int(workers or 0)
-        results = fleet.fan_out(probe, [h for h in hosts if h.name in pending])
+        def check(h: Host):
+            unit = unit_name(job.name)
+            req = job_state.start_request(unit, job_folder(by_name[h.name].log_dir, job.name))
+            r = fleet.run(h, probe.COMMAND, root=True, timeout=30, data=probe.stdin(req))
+            return job_state.started(unit, probe.reply(r.exited, r.stdout, r.stderr,
+                                                       "checking the job's start"))
+        results = fleet.fan_out(check, [h for h in hosts if h.name in pending])
         for r in results:
             if not r.ok:
                 return [f"{r.host}: {r.error}"]
@@ -378,25 +375,45 @@ def stop(fleet: Fleet, hosts: list[Host], job: str) -> Outcome:
     return Outcome(f"stop of job {job}", fleet.fan_out(one, hosts))
 
 
-def status(fleet: Fleet, hosts: list[Host], job: str) -> Outcome:
-    """Per node: unit state, restarts, attempt, uptime, latest progress, GPUs, util samples."""
+@dataclass
+class JobStatus(Outcome):
+    """status's result: per node the job's state (Outcome), and the nodes' unit journals read
+    in the same probe, for diagnose (first failure, what each node waits for)."""
+    journals: list = field(default_factory=list)
+
+
+# status runs often (--watch): the journal's newest lines only, no rank lines (the waits
+# and an ended job's failure are at the end)
+STATUS_JOURNAL_LINES = 20000
+
+
+def status(fleet: Fleet, hosts: list[Host], job: str) -> JobStatus:
+    """Per node: unit state, restarts, attempt, uptime, latest progress, GPUs, util samples,
+    and its journal: one probe round trip per node."""
+    from ..logs import diagnose
     check_job_name(job)
+    unit = unit_name(job)
+    journals: dict[str, object] = {}
+    ranks = {h.name: i for i, h in enumerate(hosts)}
 
     def one(h: Host) -> dict:
         s = h.settings
         window = s.low_util_minutes * 60
-        unit = unit_name(job)
         req = job_state.probe_request(unit, s.job_log_dir(job), s.util_file(job))
+        req["journal"] = diagnose.journal_request(unit, keep=0, lines=STATUS_JOURNAL_LINES)
         r = fleet.run(h, probe.COMMAND, root=True, timeout=60, data=probe.stdin(req))
-        d = job_state.state(unit, probe.reply(r.exited, r.stdout, r.stderr, "status"), window)
+        raw = probe.reply(r.exited, r.stdout, r.stderr, "status")
+        journals[h.name] = diagnose.node_from(h.name, ranks[h.name], raw["journal"])
+        d = job_state.state(unit, raw, window)
         if d["unit"].get("LoadState") == "not-found":
             raise TorchrigError(f"no job {job!r} on this host")
         d["low_util"] = low_utilisation(d["util_samples"], window,
                                         s.low_util_percent)
         return d
     res = fleet.fan_out(one, hosts)
-    return Outcome(f"job {job}", res, [f"{r.host}: unit failed" for r in res
-                                       if r.ok and r.value["unit"].get("ActiveState") == "failed"])
+    return JobStatus(f"job {job}", res, [f"{r.host}: unit failed" for r in res
+                                         if r.ok and r.value["unit"].get("ActiveState") == "failed"],
+                     [journals[h.name] for h in hosts if h.name in journals])
 
 
 def low_utilisation(samples: list, window_s: int, threshold: float) -> str | None:
