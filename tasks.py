@@ -132,11 +132,11 @@ def exec_(c, command, inventory=None, host=None, sudo=False, timeout=None, paral
     from torchrig.execute import run_on
     from torchrig.report import exec_summary
     with _fleet(c, inventory, host, accept_new_host_keys, parallel) as fleet:
-        results = run_on(fleet, fleet.hosts, command, sudo=sudo, timeout=timeout)
-    bad = exec_summary(results)
-    if bad:
-        raise Exit(f"error: failed on {len(bad)} of {len(results)} host(s): " + "; ".join(bad),
-                   code=1)
+        res = run_on(fleet, fleet.hosts, command, sudo=sudo, timeout=timeout)
+    exec_summary(res)
+    if not res.ok:
+        raise Exit(f"error: failed on {len(res.failures)} of {len(res)} host(s): "
+                   + "; ".join(res.failures), code=1)
 
 
 @fleet_task(help={"dry_run": "print the per-host plan (files as diffs) and change nothing",
