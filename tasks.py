@@ -151,11 +151,12 @@ def provision(c, inventory=None, host=None, dry_run=False, yes=False, reboot=Fal
               save_plan=None, plan=None, accept_new_host_keys=False):
     """Install the NVIDIA driver, CUDA, NCCL, a torch venv and nccl-tests; plan first, idempotent."""
     saved = None
+    if plan and save_plan:
+        raise Exit("error: --plan applies a saved plan and --save-plan makes one: pass only "
+                   "one of them", code=1)
     if save_plan and not dry_run:
         raise Exit("error: --save-plan saves a plan without applying it: add --dry-run", code=1)
     if plan:
-        if save_plan:
-            raise Exit("error: --plan applies a saved plan; --save-plan makes one: pass one", code=1)
         from torchrig.provision.planfile import read
         saved = read(plan)
         host = host or ",".join(saved.hosts)  # the hosts the saved plan covers
