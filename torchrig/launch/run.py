@@ -109,12 +109,15 @@ class Launched:
     seconds: float = 0.0
 
 
-def _gate(fleet: Fleet, hosts: list[Host]) -> dict[str, str | None]:
-    """verify's fast version gate (one round trip per host); returns each node's interface."""
-    rep = verify(fleet, hosts, full=False)
+def _gate(fleet: Fleet, hosts: list[Host], job: str) -> dict[str, str | None]:
+    """verify's fast version gate and the node's running jobs, in one probe round trip per
+    host; refuses a busy node, then a failed gate; returns each node's interface."""
+    rep = verify(fleet, hosts, full=False, also={"busy": BUSY_ARGV})
     if rep.unreachable:
         raise TorchrigError("nothing started: " + "; ".join(
             f"{h}: {e}" for h, e in rep.unreachable.items()))
+    for h in hosts:
+        _refuse_busy(h, job, rep.also[h.name]["busy"])
     if rep.gate[0] != "PASS":
         raise TorchrigError("nothing started: the version gate failed: " + "; ".join(rep.gate[2])
                             + " (run `invoke verify` for details, `invoke provision` to fix)")
@@ -133,12 +136,21 @@ def busy_jobs(list_units: str) -> list[str]:
     return [j for j in map(job_of_unit, units) if j]
 
 
-def _active_jobs(fleet: Fleet, h: Host) -> list[str]:
-    r = fleet.run(h, probe.COMMAND, timeout=60, data=probe.stdin({"run": {"busy": BUSY_ARGV}}))
-    busy = probe.reply(r.exited, r.stdout, r.stderr, "listing the node's jobs")["run"]["busy"]
-    if busy["rc"] != 0:
-        raise TorchrigError(f"systemctl list-units failed: {busy['err'].strip()[-300:]}")
-    return busy_jobs(busy["out"])
+def _refuse_busy(h: Host, job: str, listed: dict) -> None:
+    """Nothing starts on a node that runs this job already (or is still stopping it), or, with
+    GPUs, any other job. `listed`: the probe's result of BUSY_ARGV on the node."""
+    if listed["rc"] != 0:
+        raise TorchrigError(f"nothing started: {h.name}: systemctl list-units failed: "
+                            f"{listed['err'].strip()[-300:]}")
+    running = busy_jobs(listed["out"])
+    if job in running:
+        raise TorchrigError(f"nothing started: job {job!r} is already running on {h.name} "
+                            "(or still stopping); "
+                            f"`invoke stop --job {job}` first, or pick another --job")
+    if running and h.settings.accelerator == "cuda":
+        raise TorchrigError(f"nothing started: {h.name} already runs job(s) "
+                            f"{', '.join(running)} on its GPUs; two jobs would share them. "
+                            "Stop it or choose other hosts")
 
 
 def launch(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print) -> Launched:
@@ -147,20 +159,7 @@ def launch(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print) -> Laun
     if not hosts:
         raise TorchrigError("no hosts selected")
     check_options(o)  # before any host is touched
-    busy = fleet.fan_out(lambda h: _active_jobs(fleet, h), hosts)
-    for r in busy:
-        if not r.ok:
-            raise TorchrigError(f"nothing started: {r.host}: {r.error}")
-        if o.job in r.value:
-            raise TorchrigError(f"nothing started: job {o.job!r} is already running on {r.host} "
-                                "(or still stopping); "
-                                f"`invoke stop --job {o.job}` first, or pick another --job")
-        h = next(x for x in hosts if x.name == r.host)
-        if r.value and h.settings.accelerator == "cuda":
-            raise TorchrigError(f"nothing started: {r.host} already runs job(s) "
-                                f"{', '.join(r.value)} on its GPUs; two jobs would share them. "
-                                "Stop it or choose other hosts")
-    interfaces = _gate(fleet, hosts)
+    interfaces = _gate(fleet, hosts, o.job)
     prefix = hosts[0].settings.prefix
     if o.dry_run:
         from .push import manifest, tree_hash
