@@ -91,6 +91,8 @@ def against_saved(fp: FleetPlan, saved: planfile.SavedPlan) -> FleetPlan:
 def mismatch(p: Planned, red: Redactor, saved: planfile.SavedPlan) -> str | None:
     """Why the host's plan now is not the saved one, or None when it is."""
     entry = saved.hosts.get(p.host.name)
+    again = ("nothing was applied; review a new plan (invoke provision --dry-run --save-plan "
+             f"{saved.path})")
     if entry is None:
         return (f"not in the saved plan {saved.path} (it has "
                 f"{', '.join(sorted(saved.hosts))}); nothing was applied")
@@ -99,13 +101,11 @@ def mismatch(p: Planned, red: Redactor, saved: planfile.SavedPlan) -> str | None
         return (f"the host changed since the plan was saved ({saved.created}; "
                 + (", ".join(what) if what else f"fingerprint {entry.fingerprint} -> "
                    f"{p.plan.fingerprint}")
-                + f"): nothing was applied; review a new plan (invoke provision --dry-run "
-                  f"--save-plan {saved.path})")
+                + "): " + again)
     if planfile.plan_digest(red.data(p.report)) != entry.digest:
         return (f"the host's facts match the saved plan but the plan made from them now differs "
                 f"(the inventory, its settings or the payload changed since {saved.created}): "
-                f"nothing was applied; review a new plan (invoke provision --dry-run "
-                f"--save-plan {saved.path})")
+                + again)
     return None
 
 
