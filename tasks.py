@@ -132,60 +132,72 @@ def exec_(c, command, inventory=None, host=None, sudo=False, timeout=None, paral
     from torchrig.execute import run_on
     from torchrig.report import exec_summary
     with _fleet(c, inventory, host, accept_new_host_keys, parallel) as fleet:
-        results = run_on(fleet, fleet.hosts, command, sudo=sudo, timeout=timeout)
-    bad = exec_summary(results)
-    if bad:
-        raise Exit(f"error: failed on {len(bad)} of {len(results)} host(s): " + "; ".join(bad),
-                   code=1)
+        res = run_on(fleet, fleet.hosts, command, sudo=sudo, timeout=timeout)
+    exec_summary(res)
+    if not res.ok:
+        raise Exit(f"error: failed on {len(res.failures)} of {len(res)} host(s): "
+                   + "; ".join(res.failures), code=1)
 
 
 @fleet_task(help={"dry_run": "print the per-host plan (files as diffs) and change nothing",
                   "yes": "apply without asking (needed when there is no terminal to ask on)",
                   "reboot": "reboot hosts whose new driver needs it, wait for SSH, and continue",
-                  "json": "print the results as JSON"})
+                  "json": "print the results as JSON",
+                  "save_plan": "with --dry-run: save the plan to this file (0600, no secrets) "
+                               "to review and apply later with --plan",
+                  "plan": "apply exactly the plan saved in this file (its hosts by default); "
+                          "a host that changed since, or whose plan now differs, is refused"})
 def provision(c, inventory=None, host=None, dry_run=False, yes=False, reboot=False, json_=False,
-              accept_new_host_keys=False):
+              save_plan=None, plan=None, accept_new_host_keys=False):
     """Install the NVIDIA driver, CUDA, NCCL, a torch venv and nccl-tests; plan first, idempotent."""
+    saved = None
+    if plan and save_plan:
+        raise Exit("error: --plan applies a saved plan and --save-plan makes one: pass only "
+                   "one of them", code=1)
+    if save_plan and not dry_run:
+        raise Exit("error: --save-plan saves a plan without applying it: add --dry-run", code=1)
+    if plan:
+        from torchrig.provision.planfile import read
+        saved = read(plan)
+        host = host or ",".join(saved.hosts)  # the hosts the saved plan covers
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
-        _provision(fleet, dry_run, yes, reboot, json_)
+        _provision(fleet, dry_run, yes, reboot, json_, save_plan, saved)
 
 
-def _provision(fleet, dry_run, yes, reboot, json_):
-    from torchrig.provision.apply import HostReport, apply_host, plan_host
+def _provision(fleet, dry_run, yes, reboot, json_, save_plan=None, saved=None):
+    """Render the provision service's plan, ask, apply, render its result."""
+    from torchrig.provision import live, service
     red = _redactor(fleet.inv)
     _warm("torchrig.report")
-    gathered = fleet.fan_out(lambda h: plan_host(fleet, h))
+    fp = service.plan(fleet, red, saved)
     from torchrig import report
-    planned = [r.value for r in gathered if r.ok and r.value.report.ok]
-    failed = [HostReport(r.host, ok=False, error=r.error) for r in gathered if not r.ok]
-    failed = red.data(failed + [r.value.report for r in gathered if r.ok and not r.value.report.ok])
-    todo = [p for p in planned if any(s.status == "planned" for s in p.report.steps)]
-    if dry_run or (todo and not yes):
+    if save_plan:
+        n = service.save(fp, save_plan)
+        print(f"plan for {n} host(s) saved to {save_plan}; apply exactly it with: "
+              f"invoke provision --plan {save_plan}", file=sys.stderr)
+    # a saved plan was reviewed when it was made: --plan applies it without asking again
+    if dry_run or (fp.todo and not yes and saved is None):
         if json_ and dry_run:
-            print(json.dumps([red.data(p.report).as_dict() for p in planned] +
-                             [f.as_dict() for f in failed], indent=2))
+            print(json.dumps(fp.as_dict(), indent=2))
         else:
-            report.provision_plan(red.data([p.report for p in planned]) + failed)
+            report.provision_plan(fp.reports())
         if dry_run:
-            _exit_if_failed(failed, "provision (dry run)")
+            _exit_if_failed(fp.failed, "provision (dry run)")
             return
         if not sys.stdin.isatty():
             raise Exit("error: provision would change the hosts above; rerun with --yes to "
                        "apply, or --dry-run to only look", code=1)
-        if input(f"apply to {len(todo)} host(s)? [y/N] ").strip().lower() not in ("y", "yes"):
+        if input(f"apply to {len(fp.todo)} host(s)? [y/N] ").strip().lower() not in ("y", "yes"):
             raise Exit("nothing changed", code=1)
-    from torchrig.execute import PrefixedLines  # whole lines: hosts' threads never interleave
-    log = (lambda h, m: None) if json_ else \
-        (lambda h, m: PrefixedLines(h, sys.stderr).write(red.text(m) + "\n"))
-    applied = fleet.fan_out(lambda p: apply_host(fleet, p, reboot, log), planned,
-                            name=lambda p: p.host.name)
-    reports = red.data([r.value if r.ok else HostReport(r.host, ok=False, error=r.error)
-                        for r in applied]) + failed
+    if saved is not None:  # exactly the saved plan or nothing: no host is applied alone
+        _exit_if_failed(fp.failed, f"provision --plan {saved.path} (nothing applied on any host)")
+    with live.for_stream(sys.stderr, red.text) as progress:
+        res = service.apply(fleet, fp, reboot, progress)
     if json_:
-        print(json.dumps([r.as_dict() for r in reports], indent=2))
+        print(json.dumps(res.as_dict(), indent=2))
     else:
-        report.provision_table(reports)
-    _exit_if_failed([r for r in reports if not r.ok], "provision")
+        report.provision_table(res.reports)
+    _exit_if_failed(res.failed, "provision")
 
 
 @fleet_task(help={"bandwidth": "also measure all-reduce busbw (torchrun in each node and across "
@@ -313,8 +325,9 @@ def _status(fleet, job, json_, watch):
     red = _redactor(fleet.inv)  # the inventory's secrets do not change between --watch rounds
     trend = Trend() if watch else None  # the watch's samples: a sparkline per node
     while True:
-        res = red.data(run_status(fleet, fleet.hosts, job))
-        diag = red.data(_diagnosis(fleet, job))
+        res = run_status(fleet, fleet.hosts, job)  # one probe per node, journal included
+        diag = red.data(_diagnosis(res.journals, len(fleet.hosts), job))
+        res = red.data(res)
         if trend is not None:
             for r in res:
                 if r.ok:
@@ -339,16 +352,13 @@ def _status(fleet, job, json_, watch):
         raise Exit(f"error: job {job}: " + "; ".join(res.failures), code=1)
 
 
-def _diagnosis(fleet, job) -> dict:
+def _diagnosis(journals, nnodes: int, job) -> dict:
     """From the nodes' journals: the job's first failed rank and what each node waits for."""
     from torchrig.launch.plan import unit_name
     from torchrig.logs import diagnose
-    # the newest lines only: status runs often (--watch), the waits and an ended job's
-    # failure are at the end
-    nodes = diagnose.fetch(fleet, fleet.hosts, unit_name(job), keep=0, lines=20000)
-    found = diagnose.failures(nodes, unit_name(job))
+    found = diagnose.failures(journals, unit_name(job))
     return {"failure": found[0].as_dict() if found else None,
-            "waiting": diagnose.waiting(nodes, len(fleet.hosts))}
+            "waiting": diagnose.waiting(journals, nnodes)}
 
 
 @fleet_task(help={"job": "job name (default: the newest job on the first host)",

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from .inventory import Host
-from .remote import Result, login_user, privileged
-from .session import Fleet
+from .remote import login_user, privileged
+from .session import Fleet, Outcome
 
 
 class PrefixedLines:
@@ -55,9 +55,9 @@ class Exited:
 
 
 def run_on(fleet: Fleet, hosts: list[Host], command: str, *, sudo: bool = False,
-           timeout: int | None = None, out: TextIO = sys.stdout) -> list[Result]:
-    """Run `command` on each host; Result.value is Exited(code). Connection problems are
-    Result errors; a non-zero exit status is a value, so callers see both."""
+           timeout: int | None = None, out: TextIO = sys.stdout) -> Outcome:
+    """Run `command` on each host; Result.value is Exited(code). A host that could not run it
+    is a Result error, a non-zero exit status a problem: the Outcome fails on either."""
     width = max(len(h.name) for h in hosts)
 
     def one(h: Host) -> Exited:
@@ -71,4 +71,6 @@ def run_on(fleet: Fleet, hosts: list[Host], command: str, *, sudo: bool = False,
         finally:
             sink.close()
 
-    return fleet.fan_out(one, hosts)
+    results = fleet.fan_out(one, hosts)
+    return Outcome("exec", results, [f"{r.host}: exit status {r.value.code}" for r in results
+                                     if r.ok and r.value.code != 0])

@@ -11,7 +11,6 @@ from rich.table import Table
 
 from .inventory import Host, Inventory
 from .logs.merge import printable
-from .remote import Result
 from .secrets import Redactor
 
 # Not a terminal (CI logs, pipes): wide enough that tables do not wrap every cell.
@@ -39,21 +38,17 @@ def hosts_table(inv: Inventory, hosts: list[Host], red: Redactor) -> None:
     console.print(t)
 
 
-def exec_summary(results: list[Result]) -> list[str]:
-    """Print the per-host exit table; return 'host: why' for every host that failed."""
+def exec_summary(res) -> None:
+    """The per-host exit table of exec's Outcome."""
     t = Table(title="exec summary")
     for col in ("host", "status", "exit", "seconds", "error"):
         t.add_column(col)
-    bad = []
-    for r in results:
+    for r in res:
         code = r.value.code if r.ok else None
         ok = r.ok and code == 0
         t.add_row(r.host, "[green]ok[/]" if ok else "[red]FAILED[/]",
                   "" if code is None else str(code), f"{r.seconds:.1f}", escape(r.error or ""))
-        if not ok:
-            bad.append(f"{r.host}: " + (r.error or f"exit status {code}"))
     console.print(t)
-    return bad
 
 
 def testbed_table(st: dict) -> None:

@@ -174,6 +174,41 @@ def test_apply_refuses_a_plan_the_host_no_longer_matches(testbed):
     assert apply_host(fl, plan_host(fl, h), reboot=False).changed == 0
 
 
+@pytest.mark.provisioned("gpu2")
+def test_saved_plan_applies_exactly_and_is_refused_once_the_host_changed(testbed, tmp_path):
+    """`--dry-run --save-plan FILE` then `--plan FILE`: a host changed in between is refused
+    (nothing applied); a fresh plan applies, once. Progress lines go to stderr, not --json's
+    stdout."""
+    import os
+    import stat
+    sh(testbed, "gpu2", "rm /etc/modprobe.d/blacklist-nouveau.conf")
+    f1, f2 = str(tmp_path / "p1.json"), str(tmp_path / "p2.json")
+    r, data = provision(testbed, "gpu2", "--dry-run", "--save-plan", f1)
+    assert r.returncode == 0, r.stderr
+    assert f"plan for 1 host(s) saved to {f1}" in r.stderr
+    assert stat.S_IMODE(os.stat(f1).st_mode) == 0o600
+    saved = json.load(open(f1))
+    assert saved["hosts"][0]["fingerprint"] == data[0]["fingerprint"]
+    sh(testbed, "gpu2", "echo edited >> /etc/torchrig/cuda.env")  # after the plan was saved
+    r = invoke("provision", "-i", str(testbed), "--plan", f1)  # its hosts: gpu2
+    assert r.returncode == 1
+    assert (f"error: provision --plan {f1} (nothing applied on any host) failed on gpu2: the host "
+            "changed since the plan was saved (") in r.stderr, r.stderr
+    assert "files[/etc/torchrig/cuda.env]" in r.stderr
+    assert sh(testbed, "gpu2", "test -e /etc/modprobe.d/blacklist-nouveau.conf || echo absent") == "absent"
+    r, _ = provision(testbed, "gpu2", "--dry-run", "--save-plan", f2)
+    assert r.returncode == 0, r.stderr
+    r, data = provision(testbed, "gpu2", "--plan", f2)
+    assert r.returncode == 0, r.stderr
+    rep, st = steps_of(data, "gpu2")
+    assert rep["changed"] == 2 and st["driver"]["status"] == "changed"
+    # non-TTY progress: each step's start and end as plain lines on stderr
+    assert re.search(r"^gpu2 \| driver: write /etc/modprobe.d/blacklist-nouveau.conf", r.stderr, re.M)
+    assert re.search(r"^gpu2 \| driver: changed in \d+\.\d+s$", r.stderr, re.M), r.stderr
+    r = invoke("provision", "-i", str(testbed), "--plan", f2)  # applied: the host moved on
+    assert r.returncode == 1 and "the host changed since the plan was saved" in r.stderr
+
+
 def test_reboot_needed_is_reported_then_reboot_path(testbed, fleet):
     fleet.fresh("gpu1", "this test")
     r, data = provision(testbed, "gpu1", "--yes")

@@ -45,6 +45,11 @@ ROWS = [
      r"--rank 'abc': expected a whole number >= 0"),
     ("timeout-with-unit", ["exec", "-i", "{inv}", "--timeout", "5s", "true"], HOST,
      r"--timeout '5s': expected a whole number >= 1"),
+    ("plan-not-a-plan", ["provision", "-i", "{inv}", "--plan", "{inv}"], HOST,
+     r"--plan {inv}: not a torchrig provision plan \(not JSON: .*\); make one with: "
+     r"invoke provision --dry-run --save-plan FILE"),
+    ("save-plan-applies-nothing", ["provision", "-i", "{inv}", "--save-plan", "p.json"], HOST,
+     r"--save-plan saves a plan without applying it: add --dry-run"),
     ("nodes-word", ["launch", "-i", "{inv}", "--nodes", "two"], TWO,
      r"--nodes 'two': expected a whole number >= 1"),
     ("nodes-negative", ["launch", "-i", "{inv}", "--nodes=-1", "--dry-run"], TWO,

@@ -263,3 +263,43 @@ def test_status_from_a_captured_reply_of_a_running_job():
     assert d["progress"].startswith("step=50 loss=2.5560")  # rank 0 prints progress
     assert d["uptime_s"] == 46.2 and [g["mem_total"] for g in d["gpus"]] == ["32768", "32768"]
     assert d["util_samples"] == [(45, [0.0, 0.0]), (14, [0.0, 0.0])]
+
+
+def test_journal_request_keeps_agent_lines_and_each_ranks_last_lines(tmp_path):
+    """The probe's journal kind (status reads it in its one probe per node; logs --failures
+    too): lines before the unit's last start dropped, each rank's last `keep` lines kept,
+    kernel OOM lines since the start. journalctl and systemctl are stand-ins on PATH."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "journalctl").write_text(
+        "#!/bin/sh\n"
+        "case \" $* \" in *\" -k \"*) printf 'eth0 up\\nOut of memory: Killed process 42 (python)\\n';;\n"
+        "*) printf 'old run line\\nStarted torchrig-j.service\\n[default0]:a1\\n[default1]:b1\\n"
+        "agent: rendezvous done\\n[default0]:a2\\n[default0]:a3\\n';; esac\n")
+    (bin_ / "systemctl").write_text("#!/bin/sh\necho 'Mon 2026-11-30 10:00:00 UTC'\n")
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    from torchrig.logs import diagnose
+    req = {"journal": diagnose.journal_request("torchrig-j.service", keep=2, lines=100)}
+    r = subprocess.run([sys.executable, "-I", "-"], input=probe.stdin(req), capture_output=True,
+                       text=True, timeout=60, env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"})
+    got = probe.reply(r.returncode, r.stdout, r.stderr)["journal"]
+    assert got["journal"].splitlines() == ["Started torchrig-j.service", "[default1]:b1",
+                                           "agent: rendezvous done", "[default0]:a2", "[default0]:a3"]
+    assert got["kernel"] == "Out of memory: Killed process 42 (python)"
+    assert diagnose.node_from("gpu1", 0, got).host == "gpu1"
+
+
+def test_launch_start_check_from_the_probe(tmp_path):
+    """launch waits for each node's workers: the unit's state and the newest attempt's rank
+    folders, read by the probe (no shell on the node)."""
+    for rank in ("0", "1"):
+        (tmp_path / "run1" / "attempt_0" / rank).mkdir(parents=True)
+    (tmp_path / "run1" / "attempt_0" / "0" / "stdout.log").write_text("x\n")
+    req = job_state.start_request("u.service", str(tmp_path))
+    assert req["run"]["unit"] == ["systemctl", "show", "--property=ActiveState,Result", "--",
+                                  "u.service"]
+    req["run"]["unit"] = ["printf", "ActiveState=active\\nResult=success\\n"]
+    assert job_state.started("u.service", run_probe(req)) == ("active", "success", 2)
+    req["tree"]["logs"]["root"] = str(tmp_path / "none")
+    assert job_state.started("u.service", run_probe(req)) == ("active", "success", 0)

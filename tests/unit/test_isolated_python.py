@@ -63,7 +63,7 @@ def test_verify_torch_runtime_imports_nothing_from_the_cwd(tmp_path, planted):
                  f"{{prefix: {tmp_path / 'prefix'}, accelerator: cpu}}}}\n")
     inv = inventory.load(p)
     h = inv.hosts[0]
-    facts = gather(Fleet(inv), h, host_opts(inv, h), None, True)
+    facts, _ = gather(Fleet(inv), h, host_opts(inv, h), None, True)
     assert facts["torch_runtime"].get("torch"), facts["torch_runtime"]
     assert not planted.exists()
 

@@ -169,6 +169,37 @@ def test_busy_check_counts_stopping_jobs():
     assert "deactivating" in BUSY_UNITS and "activating" in BUSY_UNITS
 
 
+def test_launch_gate_lists_the_nodes_jobs_in_the_same_probe(tmp_path):
+    """launch's version gate and its list of the node's running jobs are one probe round trip
+    per node (verify's `also`); the refusal is decided here from that raw list."""
+    from types import SimpleNamespace
+    from torchrig import inventory
+    from torchrig.errors import TorchrigError
+    from torchrig.launch.run import _refuse_busy
+    from torchrig.session import Fleet
+    from torchrig.verify.run import verify
+    p = tmp_path / "inv.yml"
+    p.write_text("hosts:\n  - {name: head, connection: local}\n")
+    inv = inventory.load(p)
+    with Fleet(inv) as fleet:
+        ran = []
+        real = fleet.run
+        fleet.run = lambda h, cmd, **kw: ran.append(cmd) or real(h, cmd, **kw)
+        rep = verify(fleet, inv.hosts, full=False, also={"busy": ["printf", "listed"]})
+    assert len(ran) == 1 and rep.also["head"]["busy"]["out"] == "listed"
+    gpu = SimpleNamespace(name="n1", settings=SimpleNamespace(accelerator="cuda"))
+    cpu = SimpleNamespace(name="n1", settings=SimpleNamespace(accelerator="cpu"))
+    other = {"rc": 0, "out": "torchrig-old.service loaded active running x\n", "err": ""}
+    _refuse_busy(gpu, "new", {"rc": 0, "out": "", "err": ""})
+    _refuse_busy(cpu, "new", other)  # CPU nodes may run two jobs
+    with pytest.raises(TorchrigError, match="n1 already runs job\\(s\\) old on its GPUs"):
+        _refuse_busy(gpu, "new", other)
+    with pytest.raises(TorchrigError, match="job 'old' is already running on n1"):
+        _refuse_busy(cpu, "old", other)
+    with pytest.raises(TorchrigError, match="n1: systemctl list-units failed: boom"):
+        _refuse_busy(cpu, "new", {"rc": 1, "out": "", "err": "boom\n"})
+
+
 def _systemd_unquote(q):
     assert q.startswith('"') and q.endswith('"'), q
     out, i, inner = "", 0, q[1:-1]

@@ -41,3 +41,34 @@ def test_a_hard_linked_log_is_not_read(tmp_path):
     os.unlink(rank / "stdout.log")
     (rank / "stdout.log").write_text("start rank=0\nstep=7 loss=1.0\n")
     assert _status(tmp_path / "job")["progress"] == "step=7 loss=1.0"
+
+
+def test_status_is_one_probe_round_trip_per_node_journal_included(tmp_path, monkeypatch):
+    """`status` read each node twice (the state probe, then a journal script for the
+    diagnosis); now one probe per node carries both. Local hosts, stand-in systemctl and
+    journalctl on PATH; every command the fleet runs is counted."""
+    from torchrig import inventory
+    from torchrig.launch.run import status
+    from torchrig.logs import diagnose
+    from torchrig.session import Fleet
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "systemctl").write_text("#!/bin/sh\nprintf 'ActiveState=active\\nLoadState=loaded\\n'\n")
+    (bin_ / "journalctl").write_text(
+        "#!/bin/sh\ncase \" $* \" in *\" -k \"*) ;; *) echo 'Started torchrig-j1.service';; esac\n")
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+    inv_file = tmp_path / "inv.yml"
+    inv_file.write_text(f"vars: {{log_dir: {tmp_path / 'logs'}}}\n"
+                        "hosts:\n  - {name: a, connection: local}\n  - {name: b, connection: local}\n")
+    inv = inventory.load(inv_file)
+    with Fleet(inv, parallel=2) as fleet:
+        ran = []
+        real = fleet.run
+        monkeypatch.setattr(fleet, "run", lambda h, cmd, **kw: ran.append(h.name) or real(h, cmd, **kw))
+        res = status(fleet, inv.hosts, "j1")
+    assert res.ok, res.failures
+    assert sorted(ran) == ["a", "b"]
+    assert [(j.host, j.node_rank) for j in res.journals] == [("a", 0), ("b", 1)]
+    assert diagnose.failures(res.journals, "torchrig-j1.service") == []

@@ -18,14 +18,33 @@ GPU_QUERY = ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory
              "--format=csv,noheader,nounits"]
 
 
+def _ranks_tree(logdir: str, tail: int) -> dict:
+    # <logdir>/<run>/attempt_<N>/<local rank>/stdout.log (torchrun's layout): the newest
+    # attempt's rank folders, each with the tail of its stdout.log
+    return {"root": logdir, "walk": [r"[^.].*", r"attempt_\d+"], "then": [r"\d+"],
+            "read": {"name": "stdout.log", "tail": tail, "first_line": True}}
+
+
 def probe_request(unit: str, logdir: str, util_file: str) -> dict:
-    # <logdir>/<run>/attempt_<N>/<local rank>/stdout.log (torchrun's layout)
     return {"run": {"unit": systemd.show_argv([unit], UNIT_PROPS),
                     "gpus": {"argv": GPU_QUERY, "timeout": 30}},
-            "tree": {"logs": {"root": logdir, "walk": [r"[^.].*", r"attempt_\d+"], "then": [r"\d+"],
-                              "read": {"name": "stdout.log", "tail": 65536, "first_line": True}}},
+            "tree": {"logs": _ranks_tree(logdir, 65536)},
             "read": {"util": {"path": util_file, "limit": 1 << 20, "tail": True}},
             "host": True}
+
+
+def start_request(unit: str, logdir: str) -> dict:
+    """What launch polls while a job starts: the unit's state and the newest attempt's rank
+    folders (torchrun makes them once the rendezvous completed)."""
+    return {"run": {"unit": systemd.show_argv([unit], ["ActiveState", "Result"])},
+            "tree": {"logs": _ranks_tree(logdir, 1)}}
+
+
+def started(unit: str, raw: dict) -> tuple[str, str, int]:
+    """(ActiveState, Result, workers spawned) from start_request's reply."""
+    props = systemd.parse_show(raw["run"]["unit"]["out"], [unit])[unit]
+    return (props.get("ActiveState", ""), props.get("Result", ""),
+            len(raw["tree"]["logs"]["files"]))
 
 
 def _seconds(props: dict, name: str) -> float | None:

@@ -18,6 +18,10 @@ never in a command line. Keys, each optional:
            -> {name: {"dirs": [[relpath, mtime]], "files": {relpath: {...} | None}}}: the folders
               matching `walk` one level per regex; in the newest of them, the folders matching
               `then`, and the file `read.name` in each
+  journal  {"unit", "keep", "lines"} -> {"year", "utc_offset", "journal", "kernel"}: the unit's
+           newest `lines` journal lines since its last start, keeping systemd's and torchrun's
+           agent lines (the newest 5000) and each rank's last `keep` lines (--tee: the ranks'
+           output can be millions of lines), plus kernel OOM lines since the unit started
   connect  {"address", "port", "probe": bool} -> {"resolved" | "resolve_error", "route": run result,
             "reverse_error"?, "reachable", "connect_ms" | "connect_error"}
 
@@ -173,6 +177,34 @@ def tree(spec):
     return found
 
 
+TEE = re.compile(r"^\[default(\d+)\]:")
+
+
+def journal(spec):
+    import collections
+    p = subprocess.Popen(["journalctl", "-u", spec["unit"], "-o", "cat", "--no-pager",
+                          "-n", str(spec["lines"])], stdout=subprocess.PIPE, text=True, errors="replace")
+    other = collections.deque(maxlen=5000)
+    ranks = {}
+    for i, line in enumerate(p.stdout):
+        line = line.rstrip("\n")
+        if line.startswith("Started torchrig-"):
+            other.clear()
+            ranks.clear()
+        m = TEE.match(line)
+        if m:
+            ranks.setdefault(m.group(1), collections.deque(maxlen=spec["keep"])).append((i, line))
+        else:
+            other.append((i, line))
+    p.wait()
+    kept = sorted(list(other) + [x for d in ranks.values() for x in d])
+    start = run(["systemctl", "show", "-p", "ExecMainStartTimestamp", "--value", "--", spec["unit"]])["out"].strip()
+    kernel = run(["journalctl", "-k", "-o", "cat", "--no-pager"] + (["--since", start] if start else []))["out"]
+    kernel = [ln for ln in kernel.splitlines() if re.search(r"oom|Killed process", ln, re.I)][-200:]
+    return {"year": int(time.strftime("%Y")), "utc_offset": time.strftime("%z"),
+            "journal": "\n".join(ln for _, ln in kept), "kernel": "\n".join(kernel)}
+
+
 def connect(peer):
     net = {}
     try:
@@ -210,6 +242,7 @@ def main(request_b64):
     for name, c in cmds.items():
         argv, timeout = (c["argv"], c.get("timeout", 60)) if isinstance(c, dict) else (c, 60)
         started[name] = pool.submit(run, argv, timeout)
+    jour = pool.submit(journal, want["journal"]) if want.get("journal") else None
     # while the commands run, the file system
     out["read"] = {n: text_only(read(r["path"], limit=r.get("limit", 1 << 20), tail=r.get("tail", False),
                                      first_line=r.get("first_line", False), follow=r.get("follow", False)))
@@ -237,5 +270,7 @@ def main(request_b64):
     if want.get("connect"):
         out["connect"] = connect(want["connect"])
     out["run"] = {name: f.result() for name, f in started.items()}
+    if jour is not None:
+        out["journal"] = jour.result()
     pool.shutdown()
     sys.stdout.write(json.dumps(out))

@@ -25,7 +25,9 @@ GPU_SAMPLE_S = 30  # seconds between GPU utilisation samples
 # a job holds its GPUs (and its release) from start until its unit is fully down: a job that is
 # stopping (deactivating) still writes its last checkpoint for up to TimeoutStopSec
 BUSY_STATES = "active,activating,deactivating,reloading"
-BUSY_UNITS = f"systemctl list-units 'torchrig-*.service' --state={BUSY_STATES} --plain --no-legend"
+BUSY_ARGV = ["systemctl", "list-units", "torchrig-*.service", f"--state={BUSY_STATES}", "--plain",
+             "--no-legend"]
+BUSY_UNITS = sh(*BUSY_ARGV)  # the same list, re-read under the lock by the start script
 # Install, start and undo on a node hold a lock (a 0600 file of root's in the jobs folder: the
 # folder itself can be opened, so flock'ed, by any local user), so two launches at once see
 # each other's units complete and in a known state.
@@ -112,12 +114,15 @@ class Launched:
     seconds: float = 0.0
 
 
-def _gate(fleet: Fleet, hosts: list[Host]) -> dict[str, str | None]:
-    """verify's fast version gate (one round trip per host); returns each node's interface."""
-    rep = verify(fleet, hosts, full=False)
+def _gate(fleet: Fleet, hosts: list[Host], job: str) -> dict[str, str | None]:
+    """verify's fast version gate and the node's running jobs, in one probe round trip per
+    host; refuses a busy node, then a failed gate; returns each node's interface."""
+    rep = verify(fleet, hosts, full=False, also={"busy": BUSY_ARGV})
     if rep.unreachable:
         raise TorchrigError("nothing started: " + "; ".join(
             f"{h}: {e}" for h, e in rep.unreachable.items()))
+    for h in hosts:
+        _refuse_busy(h, job, rep.also[h.name]["busy"])
     if rep.gate[0] != "PASS":
         raise TorchrigError("nothing started: the version gate failed: " + "; ".join(rep.gate[2])
                             + " (run `invoke verify` for details, `invoke provision` to fix)")
@@ -136,9 +141,21 @@ def busy_jobs(list_units: str) -> list[str]:
     return [j for j in map(job_of_unit, units) if j]
 
 
-def _active_jobs(fleet: Fleet, h: Host) -> list[str]:
-    r = fleet.run(h, BUSY_UNITS)
-    return busy_jobs(r.stdout)
+def _refuse_busy(h: Host, job: str, listed: dict) -> None:
+    """Nothing starts on a node that runs this job already (or is still stopping it), or, with
+    GPUs, any other job. `listed`: the probe's result of BUSY_ARGV on the node."""
+    if listed["rc"] != 0:
+        raise TorchrigError(f"nothing started: {h.name}: systemctl list-units failed: "
+                            f"{listed['err'].strip()[-300:]}")
+    running = busy_jobs(listed["out"])
+    if job in running:
+        raise TorchrigError(f"nothing started: job {job!r} is already running on {h.name} "
+                            "(or still stopping); "
+                            f"`invoke stop --job {job}` first, or pick another --job")
+    if running and h.settings.accelerator == "cuda":
+        raise TorchrigError(f"nothing started: {h.name} already runs job(s) "
+                            f"{', '.join(running)} on its GPUs; two jobs would share them. "
+                            "Stop it or choose other hosts")
 
 
 def launch(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print) -> Launched:
@@ -147,20 +164,7 @@ def launch(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print) -> Laun
     if not hosts:
         raise TorchrigError("no hosts selected")
     check_options(o)  # before any host is touched
-    busy = fleet.fan_out(lambda h: _active_jobs(fleet, h), hosts)
-    for r in busy:
-        if not r.ok:
-            raise TorchrigError(f"nothing started: {r.host}: {r.error}")
-        if o.job in r.value:
-            raise TorchrigError(f"nothing started: job {o.job!r} is already running on {r.host} "
-                                "(or still stopping); "
-                                f"`invoke stop --job {o.job}` first, or pick another --job")
-        h = next(x for x in hosts if x.name == r.host)
-        if r.value and h.settings.accelerator == "cuda":
-            raise TorchrigError(f"nothing started: {r.host} already runs job(s) "
-                                f"{', '.join(r.value)} on its GPUs; two jobs would share them. "
-                                "Stop it or choose other hosts")
-    interfaces = _gate(fleet, hosts)
+    interfaces = _gate(fleet, hosts, o.job)
     prefix = hosts[0].settings.prefix
     if o.dry_run:
         from .push import manifest, tree_hash
@@ -282,13 +286,6 @@ def _start(fleet: Fleet, h: Host, job: Job) -> None:
         raise TorchrigError(refusal(r.stderr) or f"systemctl start failed: {r.stderr.strip()[-300:]}")
 
 
-PROBE = """u={unit}; d={logdir}
-state=$(systemctl show -p ActiveState --value "$u"); result=$(systemctl show -p Result --value "$u")
-workers=$(ls -d "$d"/*/attempt_*/[0-9]* 2>/dev/null | wc -l)
-echo "$state $result $workers"
-"""
-
-
 def _confirm(fleet: Fleet, hosts: list[Host], job: Job, o: LaunchOptions) -> list[str]:
     """Every node active (or already finished cleanly) with its workers spawned, which
     torchrun does only after the rendezvous completed."""
@@ -296,14 +293,13 @@ def _confirm(fleet: Fleet, hosts: list[Host], job: Job, o: LaunchOptions) -> lis
     deadline = time.monotonic() + o.start_timeout
     pending = {h.name for h in hosts}
     while pending and time.monotonic() < deadline:
-        def probe(h: Host):
-            n = by_name[h.name]
-            r = fleet.run(h, PROBE.format(unit=sh(unit_name(job.name)),
-                                          logdir=sh(job_folder(n.log_dir, job.name))),
-                          root=True, timeout=30)
-            state, result, workers = (r.stdout.split() + ["", "", "0"])[:3]
-            return state, result, int(workers or 0)
-        results = fleet.fan_out(probe, [h for h in hosts if h.name in pending])
+        def check(h: Host):
+            unit = unit_name(job.name)
+            req = job_state.start_request(unit, job_folder(by_name[h.name].log_dir, job.name))
+            r = fleet.run(h, probe.COMMAND, root=True, timeout=30, data=probe.stdin(req))
+            return job_state.started(unit, probe.reply(r.exited, r.stdout, r.stderr,
+                                                       "checking the job's start"))
+        results = fleet.fan_out(check, [h for h in hosts if h.name in pending])
         for r in results:
             if not r.ok:
                 return [f"{r.host}: {r.error}"]
@@ -377,25 +373,45 @@ def stop(fleet: Fleet, hosts: list[Host], job: str) -> Outcome:
     return Outcome(f"stop of job {job}", fleet.fan_out(one, hosts))
 
 
-def status(fleet: Fleet, hosts: list[Host], job: str) -> Outcome:
-    """Per node: unit state, restarts, attempt, uptime, latest progress, GPUs, util samples."""
+@dataclass
+class JobStatus(Outcome):
+    """status's result: per node the job's state (Outcome), and the nodes' unit journals read
+    in the same probe, for diagnose (first failure, what each node waits for)."""
+    journals: list = field(default_factory=list)
+
+
+# status runs often (--watch): the journal's newest lines only, no rank lines (the waits
+# and an ended job's failure are at the end)
+STATUS_JOURNAL_LINES = 20000
+
+
+def status(fleet: Fleet, hosts: list[Host], job: str) -> JobStatus:
+    """Per node: unit state, restarts, attempt, uptime, latest progress, GPUs, util samples,
+    and its journal: one probe round trip per node."""
+    from ..logs import diagnose
     check_job_name(job)
+    unit = unit_name(job)
+    journals: dict[str, object] = {}
+    ranks = {h.name: i for i, h in enumerate(hosts)}
 
     def one(h: Host) -> dict:
         s = h.settings
         window = s.low_util_minutes * 60
-        unit = unit_name(job)
         req = job_state.probe_request(unit, s.job_log_dir(job), s.util_file(job))
+        req["journal"] = diagnose.journal_request(unit, keep=0, lines=STATUS_JOURNAL_LINES)
         r = fleet.run(h, probe.COMMAND, root=True, timeout=60, data=probe.stdin(req))
-        d = job_state.state(unit, probe.reply(r.exited, r.stdout, r.stderr, "status"), window)
+        raw = probe.reply(r.exited, r.stdout, r.stderr, "status")
+        journals[h.name] = diagnose.node_from(h.name, ranks[h.name], raw["journal"])
+        d = job_state.state(unit, raw, window)
         if d["unit"].get("LoadState") == "not-found":
             raise TorchrigError(f"no job {job!r} on this host")
         d["low_util"] = low_utilisation(d["util_samples"], window,
                                         s.low_util_percent)
         return d
     res = fleet.fan_out(one, hosts)
-    return Outcome(f"job {job}", res, [f"{r.host}: unit failed" for r in res
-                                       if r.ok and r.value["unit"].get("ActiveState") == "failed"])
+    return JobStatus(f"job {job}", res, [f"{r.host}: unit failed" for r in res
+                                         if r.ok and r.value["unit"].get("ActiveState") == "failed"],
+                     [journals[h.name] for h in hosts if h.name in journals])
 
 
 def low_utilisation(samples: list, window_s: int, threshold: float) -> str | None:

@@ -2,19 +2,17 @@
 agent lines, see agent.py) and kernel OOM lines, plus the ranks' error.json reports when some
 were written. Used by `status` and `logs --failures`.
 
-fetch() is the edge (one SSH round trip per node); the rest is pure."""
+fetch() is the edge (one probe per node; `status` adds the same journal request to its own
+probe instead); the rest is pure."""
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from . import agent
 from .merge import printable, rank_label
 
-SCRIPT = Path(__file__).parent / "journal_remote.py"
 
 
 @dataclass
@@ -130,17 +128,21 @@ def _gives_up(since: str, timeout: float | None) -> str:
     return f", gives up at {t // 3600:02d}:{t // 60 % 60:02d}:{t % 60:02d}"
 
 
+def journal_request(unit: str, keep=agent.LAST_LINES, lines=500000) -> dict:
+    """The probe's request for the unit's journal (its newest `lines` lines: the ranks' output
+    is in it too, of which each rank's last `keep` lines are kept)."""
+    return {"unit": unit, "keep": keep, "lines": lines}
+
+
 def fetch(fleet, hosts: list, unit: str, keep=agent.LAST_LINES, lines=500000):
-    """Every node's journal for the unit (its newest `lines` lines: the ranks' output is in it
-    too) -> [NodeJournal] (node rank = position in hosts); nodes that could not be read are
-    left out."""
-    from ..remote import sh
+    """Every node's journal for the unit -> [NodeJournal] (node rank = position in hosts);
+    nodes that could not be read are left out."""
+    from ..facts import probe
     ranks = {h.name: i for i, h in enumerate(hosts)}
 
     def one(h):
-        r = fleet.run(h, "python3 -I - " + sh(json.dumps({"unit": unit, "keep": keep, "lines": lines})),
-                      root=True, timeout=60, data=SCRIPT.read_text())
-        if r.exited != 0:
-            raise RuntimeError(r.stderr.strip()[-300:])
-        return node_from(h.name, ranks[h.name], json.loads(r.stdout))
+        r = fleet.run(h, probe.COMMAND, root=True, timeout=60,
+                      data=probe.stdin({"journal": journal_request(unit, keep, lines)}))
+        return node_from(h.name, ranks[h.name],
+                         probe.reply(r.exited, r.stdout, r.stderr, "reading the journal")["journal"])
     return [r.value for r in fleet.fan_out(one, hosts) if r.ok]

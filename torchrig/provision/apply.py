@@ -17,6 +17,7 @@ from .changes import b64, preamble
 from .desired import Settings
 from .engine import Plan, build_plan
 from .factview import fingerprint, what_changed
+from .live import StepProgress
 from .steps import Ctx, Step, Upload, driver_state, fact_request
 
 PAYLOAD_REQUIREMENTS = PAYLOAD / "requirements.txt"
@@ -64,6 +65,7 @@ class HostReport:
     reboot_required: bool = False
     rebooted: bool = False
     seconds: float = 0.0
+    fingerprint: str | None = None   # of the facts the plan was built from (--json, saved plans)
 
     @property
     def changed(self) -> int:
@@ -95,7 +97,7 @@ def plan_host(fleet: Fleet, host: Host) -> Planned:
 
 def plan_report(plan: Plan) -> HostReport:
     """The plan as an operator reads it (rows with changes and file diffs)."""
-    rep = HostReport(plan.host)
+    rep = HostReport(plan.host, fingerprint=plan.fingerprint)
     if plan.problems:
         rep.ok = False
         rep.error = "preflight: " + "; ".join(plan.problems)
@@ -111,12 +113,15 @@ def make_plan(ctx: Ctx) -> HostReport:
     return plan_report(build_plan(ctx))
 
 
-def apply_host(fleet: Fleet, p: Planned, reboot: bool, log=lambda host, msg: None) -> HostReport:
+def apply_host(fleet: Fleet, p: Planned, reboot: bool,
+               progress: StepProgress | None = None) -> HostReport:
     """Apply the plan the operator saw, once the host's facts still match it; reboot (with
-    --reboot) when the driver needs it, then gather again and apply what remains."""
+    --reboot) when the driver needs it, then gather again and apply what remains. Each step's
+    start and end go to `progress` (see live.py)."""
     t0 = time.monotonic()
     host, s, plan = p.host, p.settings, p.plan
-    rep = HostReport(host.name)
+    progress = progress or StepProgress()
+    rep = HostReport(host.name, fingerprint=plan.fingerprint)
     if not plan.changes_anything:  # nothing to apply: no second round trip
         rep.steps = [StepResult("preflight", "ok")] + [
             StepResult(sp.step.name, sp.status, error=sp.reason) for sp in plan.steps]
@@ -134,7 +139,7 @@ def apply_host(fleet: Fleet, p: Planned, reboot: bool, log=lambda host, msg: Non
         first: list[StepResult] | None = None
         for attempt in range(2):
             rep.steps = [StepResult("preflight", "ok")]
-            pending_reboot = _apply_plan(cxn, plan, s, rep, log)
+            pending_reboot = _apply_plan(cxn, plan, s, rep, progress)
             if first is not None:
                 rep.steps = _merge(first, rep.steps)
             if pending_reboot and rep.rebooted:
@@ -151,7 +156,7 @@ def apply_host(fleet: Fleet, p: Planned, reboot: bool, log=lambda host, msg: Non
             if not reboot:
                 rep.reboot_required = True
                 break
-            log(host.name, "rebooting to load the new driver")
+            progress.note(host.name, "rebooting to load the new driver")
             _reboot_and_wait(fleet, host, ctx.facts["boot_id"], s.reboot_timeout)
             rep.rebooted = True
             cxn = fleet.conn(host)
@@ -171,7 +176,8 @@ def apply_host(fleet: Fleet, p: Planned, reboot: bool, log=lambda host, msg: Non
     return rep
 
 
-def _apply_plan(cxn, plan: Plan, s: Settings, rep: HostReport, log) -> str | None:
+def _apply_plan(cxn, plan: Plan, s: Settings, rep: HostReport,
+                progress: StepProgress) -> str | None:
     """Run each planned step's changes as one root script. The driver state ('no-driver',
     ...) if a step that needs the driver had to wait for it, else None."""
     state, driver_changed, waiting = plan.driver, False, None
@@ -195,10 +201,11 @@ def _apply_plan(cxn, plan: Plan, s: Settings, rep: HostReport, log) -> str | Non
                                             error=f"driver not usable yet ({state}): reboot needed"))
                 continue
         t = time.monotonic()
-        log(rep.host, f"{step.name}: " + "; ".join(sp.describe()))
+        progress.started(rep.host, step.name, "; ".join(sp.describe()))
         r = run_root_script(cxn, step_script(step, changes, s))
         res = StepResult(step.name, "changed" if r.exited == 0 else "failed",
                          round(time.monotonic() - t, 2), sp.describe())
+        progress.finished(rep.host, step.name, res.status, res.seconds)
         if r.exited != 0:
             res.error = _last_lines(r.stderr or r.stdout) + f" (exit {r.exited})"
         rep.steps.append(res)

@@ -40,11 +40,15 @@ def host_opts(inv: Inventory, h: Host) -> HostOpts:
     return HostOpts(s.venv, s.prefix, s.accelerator, s.rdzv_port, s.busbw_min_gbs, h.address)
 
 
-def gather(fleet: Fleet, h: Host, opts: HostOpts, peer: dict | None, torch_runtime: bool) -> dict:
-    """One probe round trip as the login user; the raw output is parsed here."""
+def gather(fleet: Fleet, h: Host, opts: HostOpts, peer: dict | None, torch_runtime: bool,
+           also: dict | None = None) -> tuple[dict, dict]:
+    """One probe round trip as the login user; the raw output is parsed here. `also`: more
+    commands for the same probe (launch's list of the node's jobs), their raw results back."""
     req = verify_facts.probe_request(opts.venv, torch_runtime, peer)
+    req["run"].update(also or {})
     r = fleet.run(h, probe.COMMAND, timeout=180, data=probe.stdin(req))
-    return verify_facts.facts(opts.venv, peer, probe.reply(r.exited, r.stdout, r.stderr))
+    raw = probe.reply(r.exited, r.stdout, r.stderr)
+    return verify_facts.facts(opts.venv, peer, raw), {k: raw["run"][k] for k in also or {}}
 
 
 @dataclass
@@ -53,6 +57,7 @@ class Report:
     unreachable: dict[str, str] = field(default_factory=dict)
     gate: tuple = ("PASS", {}, [])
     bandwidth: list[dict] = field(default_factory=list)  # {"scope", "hosts", "check", "result"}
+    also: dict[str, dict] = field(default_factory=dict)  # host -> verify(also=...)'s results
 
     @property
     def status(self) -> str:
@@ -98,8 +103,10 @@ class Report:
                               for b in self.bandwidth]}
 
 
-def verify(fleet: Fleet, hosts: list[Host], *, bandwidth: bool = False, full: bool = True) -> Report:
-    """full=False is launch's fast gate: versions from package metadata, no torch import."""
+def verify(fleet: Fleet, hosts: list[Host], *, bandwidth: bool = False, full: bool = True,
+           also: dict | None = None) -> Report:
+    """full=False is launch's fast gate: versions from package metadata, no torch import.
+    also: {name: argv} run in the same probe; their raw results in Report.also."""
     inv = fleet.inv
     opts = {h.name: host_opts(inv, h) for h in hosts}
     first = hosts[0]
@@ -108,7 +115,7 @@ def verify(fleet: Fleet, hosts: list[Host], *, bandwidth: bool = False, full: bo
     listener = _listen(fleet, first, opts[first.name].rdzv_port) if peer and full else None
     try:
         results = fleet.fan_out(lambda h: gather(
-            fleet, h, opts[h.name], peer if h is not first else None, full), hosts)
+            fleet, h, opts[h.name], peer if h is not first else None, full, also), hosts)
     finally:
         if listener:
             _stop_unit(fleet, first, listener)
@@ -117,7 +124,8 @@ def verify(fleet: Fleet, hosts: list[Host], *, bandwidth: bool = False, full: bo
         if not r.ok:
             rep.unreachable[h.name] = r.error
             continue
-        rep.hosts.append(evaluate.host_verdict(h.name, r.value, h.gpus, opts[h.name].accelerator))
+        facts, rep.also[h.name] = r.value
+        rep.hosts.append(evaluate.host_verdict(h.name, facts, h.gpus, opts[h.name].accelerator))
     rep.gate = evaluate.version_gate(rep.hosts)
     if bandwidth and not rep.unreachable:
         _bandwidth(fleet, hosts, opts, rep)
