@@ -1,7 +1,6 @@
 """provision's service over pure plans: saved plan files (format, no secrets, 0600, refusal of a
 changed host or a different plan) and the progress lines when stderr is not a terminal."""
 
-
 import io
 import json
 import os
