@@ -21,7 +21,7 @@ from .plan import (JOB_RE, Job, Node, check_job_name, env_path, gpumon_paths, jo
 from ..session import Fleet, Outcome
 from .push import push
 
-GPU_SAMPLE_S = 30  # seconds between GPU utilisation samples
+GPU_SAMPLE_S = 30  # seconds between samples (GPU use for status, metrics for node_exporter)
 # a job holds its GPUs (and its release) from start until its unit is fully down: a job that is
 # stopping (deactivating) still writes its last checkpoint for up to TimeoutStopSec
 BUSY_STATES = "active,activating,deactivating,reloading"
@@ -81,7 +81,8 @@ def _node(inv: Inventory, h: Host, rank: int, nproc: str, interface: str | None)
         except (ValueError, AssertionError):
             raise TorchrigError(f"--nproc-per-node {nproc!r}: a positive number or 'gpu'") from None
     return Node(h.name, h.address, rank, s.venv, s.service_user, s.log_dir, s.checkpoint_dir,
-                s.data_dir, n, interface, s.job_env)
+                s.data_dir, n, interface, s.job_env,
+                metrics_dir=s.metrics_dir if s.node_exporter else None, gpu_metrics=s.gpu_metrics)
 
 
 def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
