@@ -24,6 +24,7 @@ from .paths import CACHE, base_url
 PACKAGES = [
     "munge",                                   # Slurm's authentication, every host
     "slurmctld", "slurmd", "slurm-client",     # controller, compute daemons, s* commands
+    "prometheus-node-exporter",                # provision's metrics exporter (var node_exporter)
 ]
 URL_PATH = "debian"           # served at <base_url>/debian/ (flat: Suites ./)
 SOURCE_FILE = "etc/apt/sources.list.d/torchrig-testbed-debian.sources"
