@@ -15,32 +15,40 @@ GPU = ("job", "node", "gpu")
 JOB = ("job", "node", "rank")
 NODE = ("job", "node")
 
-# name -> (type, help, labels)
+# name -> (type, help, labels, key: its short name in `invoke metrics` output and JSON)
 METRICS = {
-    "torchrig_gpu_utilization_percent": ("gauge", "GPU utilisation in percent (nvidia-smi utilization.gpu)", GPU),
-    "torchrig_gpu_memory_used_bytes": ("gauge", "GPU memory in use, bytes", GPU),
-    "torchrig_gpu_memory_total_bytes": ("gauge", "GPU memory in all, bytes", GPU),
-    "torchrig_gpu_temperature_celsius": ("gauge", "GPU core temperature, degrees Celsius", GPU),
-    "torchrig_gpu_power_watts": ("gauge", "GPU power draw, watts", GPU),
+    "torchrig_gpu_utilization_percent": (
+        "gauge", "GPU utilisation in percent (nvidia-smi utilization.gpu)", GPU, "util_percent"),
+    "torchrig_gpu_memory_used_bytes": ("gauge", "GPU memory in use, bytes", GPU, "mem_used_bytes"),
+    "torchrig_gpu_memory_total_bytes": ("gauge", "GPU memory in all, bytes", GPU, "mem_total_bytes"),
+    "torchrig_gpu_temperature_celsius": (
+        "gauge", "GPU core temperature, degrees Celsius", GPU, "temp_celsius"),
+    "torchrig_gpu_power_watts": ("gauge", "GPU power draw, watts", GPU, "power_watts"),
     "torchrig_gpu_ecc_errors_corrected_total": (
-        "counter", "corrected ECC errors since the driver loaded (volatile count)", GPU),
+        "counter", "corrected ECC errors since the driver loaded (volatile count)", GPU,
+        "ecc_corrected"),
     "torchrig_gpu_ecc_errors_uncorrected_total": (
-        "counter", "uncorrected ECC errors since the driver loaded (volatile count)", GPU),
+        "counter", "uncorrected ECC errors since the driver loaded (volatile count)", GPU,
+        "ecc_uncorrected"),
     "torchrig_gpu_clock_throttle": (
         "gauge", "1 while this reason holds the GPU's clocks down (clocks_throttle_reasons.active)",
-        GPU + ("reason",)),
-    "torchrig_job_step": ("gauge", "the last training step a progress line reported", JOB),
-    "torchrig_job_loss": ("gauge", "the loss of that line", JOB),
-    "torchrig_job_tokens_per_second": ("gauge", "tokens per second, all ranks together", JOB),
-    "torchrig_job_samples_per_second": ("gauge", "samples per second, all ranks together", JOB),
-    "torchrig_job_mfu_ratio": ("gauge", "model FLOPs utilisation per GPU (0-1), where known", JOB),
-    "torchrig_job_last_progress_age_seconds": ("gauge", "seconds since the last progress line", JOB),
+        GPU + ("reason",), "throttle"),
+    "torchrig_job_step": ("gauge", "the last training step a progress line reported", JOB, "step"),
+    "torchrig_job_loss": ("gauge", "the loss of that line", JOB, "loss"),
+    "torchrig_job_tokens_per_second": ("gauge", "tokens per second, all ranks together", JOB, "tok/s"),
+    "torchrig_job_samples_per_second": (
+        "gauge", "samples per second, all ranks together", JOB, "samples/s"),
+    "torchrig_job_mfu_ratio": (
+        "gauge", "model FLOPs utilisation per GPU (0-1), where known", JOB, "mfu"),
+    "torchrig_job_last_progress_age_seconds": (
+        "gauge", "seconds since the last progress line", JOB, "last_progress_age_s"),
     "torchrig_job_restarts": (
         "gauge", "restarts of the job: torchrun worker-group restarts in the newest run plus "
-        "systemd restarts of the agent", NODE),
+        "systemd restarts of the agent", NODE, "restarts"),
     "torchrig_job_state": ("gauge", "1 for the job unit's systemd state on this node",
-                           NODE + ("state",)),
-    "torchrig_sample_timestamp_seconds": ("gauge", "unix time the sampler wrote this file", NODE),
+                           NODE + ("state",), "state"),
+    "torchrig_sample_timestamp_seconds": (
+        "gauge", "unix time the sampler wrote this file", NODE, "sampled_at"),
 }
 STATES = ("active", "activating", "deactivating", "reloading", "inactive", "failed")
 # the progress-line field behind each job series (payload/progress.py's step/done lines)
@@ -79,7 +87,7 @@ def number(text):
     text = str(text).strip()
     try:
         if text.endswith("%"):
-            return float(text[:-1]) / 100
+            return round(float(text[:-1]) / 100, 12)
         if text.lower().startswith("0x"):
             return float(int(text, 16))
         return float(text)
@@ -115,7 +123,7 @@ def render(samples):
             raise ValueError("metric %s: labels %s, expected %s" % (name, sorted(labels), list(want)))
         by_name.setdefault(name, []).append((labels, value))
     out = []
-    for name, (kind, help_, want) in METRICS.items():
+    for name, (kind, help_, want, _) in METRICS.items():
         if name not in by_name:
             continue
         out.append("# HELP %s %s" % (name, help_.replace("\\", "\\\\").replace("\n", "\\n")))
