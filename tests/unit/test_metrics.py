@@ -74,6 +74,16 @@ def test_gpu_series_from_one_query_skip_unsupported_fields_and_split_throttle_bi
     assert M.util_line(CSV, 100.4) == "100,97,95"
 
 
+def test_the_query_as_a_real_h200_answers_it():
+    """The sampler's one query, as nvidia-smi (driver 570+) answered it on an idle H200."""
+    h200 = "0, 0, 0, 143771, 40, 93.42, 0, 0, 0x0000000000000001\n"
+    got = {(n, lab.get("reason")): v for n, lab, v in M.gpu_samples(h200, "j", "n")}
+    assert got[("torchrig_gpu_memory_total_bytes", None)] == 143771 * 2**20
+    assert got[("torchrig_gpu_power_watts", None)] == 93.42
+    assert got[("torchrig_gpu_clock_throttle", "gpu_idle")] == 1
+    assert got[("torchrig_gpu_clock_throttle", "sw_power_cap")] == 0
+
+
 # --- the sampler, run for real ---------------------------------------------------------------
 
 def _standins(tmp_path, state="active", csv=CSV):
@@ -186,8 +196,8 @@ def test_progress_age_counts_from_when_a_line_was_first_seen_when_more_lines_fol
 # --- provision ---------------------------------------------------------------------------------
 
 def _ctx(facts, address="10.0.0.7", **vars_):
-    from tests.unit.test_provision_plan import fresh
-    return steps.Ctx(fresh(**facts), settings_for("h", vars_, "inv.yml"), "h", [], address)
+    from test_provision_plan import ctx, fresh
+    return ctx(fresh(**facts), address, **vars_)
 
 
 def test_node_exporter_config_goes_first_then_pinned_install_hold_and_a_checked_start():

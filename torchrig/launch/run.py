@@ -15,8 +15,8 @@ from ..remote import flock_lines, sh
 from ..resources import PAYLOAD
 from ..settings import JOBS_DIR, job_folder, procs_per_node
 from ..verify.run import verify
-from .plan import (JOB_RE, Job, Node, check_job_name, env_path, gpumon_paths, job_changes,
-                   job_of_unit, job_port, launch_marker, parse_env, redact_env, split_args,
+from .plan import (JOB_RE, Job, Node, check_job_name, env_path, gpumon_name, gpumon_paths,
+                   job_changes, job_of_unit, job_port, launch_marker, parse_env, redact_env, split_args,
                    unit_name, unit_path)
 from ..session import Fleet, Outcome
 from .push import push
@@ -359,6 +359,9 @@ systemctl stop "$u"
 # here did not fail, so it should not read 'failed' afterwards. One that had failed before
 # the stop keeps its state.
 case "$was" in active|activating|reloading) systemctl reset-failed "$u" 2>/dev/null || true;; esac
+# one last sample (as the service user, like every sample): node_exporter then serves the
+# stopped job's state, not its last running one (the stop also stopped the sampler's timer)
+systemctl start {sampler} 2>/dev/null || true
 cg=$(systemctl show -p ControlGroup --value "$u")
 left=0
 if [ -n "$cg" ] && [ -f "/sys/fs/cgroup$cg/cgroup.procs" ]; then left=$(wc -l < "/sys/fs/cgroup$cg/cgroup.procs"); fi
@@ -371,7 +374,8 @@ def stop(fleet: Fleet, hosts: list[Host], job: str) -> Outcome:
     check_job_name(job)
 
     def one(h: Host):
-        r = fleet.run(h, STOP_CHECK.format(unit=sh(unit_name(job))), root=True, timeout=600)
+        r = fleet.run(h, STOP_CHECK.format(unit=sh(unit_name(job)), sampler=sh(gpumon_name(job))),
+                      root=True, timeout=600)
         state, left = (r.stdout.split() + ["unknown", "0"])[:2]
         if state not in ("inactive", "failed") or left != "0":
             raise TorchrigError(f"job still {state} with {left} process(es) left")
