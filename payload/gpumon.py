@@ -40,9 +40,9 @@ def run(argv, timeout=20):
     return r.returncode, r.stdout.decode(errors="replace")
 
 
-def read_tail(path, limit=TAIL):
-    """(text of the last `limit` bytes, mtime) of a regular file, or (None, None); with
-    limit None its first 4 KiB."""
+def read(path, limit=TAIL, tail=True):
+    """(the last `limit` bytes, or the first with tail=False, as text; mtime) of a regular
+    file, or (None, None)."""
     try:
         fd = os.open(path, NOFOLLOW)
     except OSError:
@@ -51,20 +51,25 @@ def read_tail(path, limit=TAIL):
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return None, None
-        if limit is not None:
+        if tail:
             os.lseek(fd, max(0, st.st_size - limit), os.SEEK_SET)
-        data = os.read(fd, limit or 4096)
-        return data.decode(errors="replace"), st.st_mtime
+        return os.read(fd, limit).decode(errors="replace"), st.st_mtime
     finally:
         os.close(fd)
 
 
+def digits(name):
+    return name.isascii() and name.isdigit()  # int() takes other scripts' digits too
+
+
 def subdirs(path, pred):
+    """The folders (not links) in `path` whose name passes `pred`, oldest first."""
     try:
-        names = [e for e in os.scandir(path) if e.is_dir(follow_symlinks=False) and pred(e.name)]
-    except OSError:
+        found = [(e.stat(follow_symlinks=False).st_mtime, e.name, e) for e in os.scandir(path)
+                 if e.is_dir(follow_symlinks=False) and pred(e.name)]
+    except OSError:  # gone meanwhile (torchrun removes an attempt's folder before reusing it)
         return []
-    return sorted(names, key=lambda e: e.stat(follow_symlinks=False).st_mtime)
+    return [e for _, _, e in sorted(found)]
 
 
 def last_progress(logdir):
@@ -74,16 +79,17 @@ def last_progress(logdir):
     runs = subdirs(logdir, lambda n: not n.startswith("."))
     if not runs:
         return None, None
-    attempts = subdirs(runs[-1].path, lambda n: n.startswith("attempt_") and n[8:].isdigit())
+    attempts = subdirs(runs[-1].path, lambda n: n.startswith("attempt_") and digits(n[8:]))
     if not attempts:
         return None, None
     newest = attempts[-1]
     found = None
-    for rank_dir in sorted(subdirs(newest.path, str.isdigit), key=lambda e: int(e.name)):
-        text, mtime = read_tail(os.path.join(rank_dir.path, "stdout.log"))
+    for rank_dir in sorted(subdirs(newest.path, digits), key=lambda e: int(e.name)):
+        log = os.path.join(rank_dir.path, "stdout.log")
+        text, mtime = read(log)
         if not text:
             continue
-        ranks = progress.start_ranks(first_line(os.path.join(rank_dir.path, "stdout.log")))
+        ranks = progress.start_ranks((read(log, 4096, tail=False)[0] or "").split("\n", 1)[0])
         lines = text.splitlines()
         idx = [i for i, ln in enumerate(lines) if progress.is_progress(ln)]
         if not idx:
@@ -99,11 +105,6 @@ def last_progress(logdir):
     return found, int(newest.name[8:])
 
 
-def first_line(path):
-    text, _ = read_tail(path, limit=None)
-    return (text or "").split("\n", 1)[0]
-
-
 def progress_age(logdir, line, is_last, mtime, now):
     """Seconds since the last progress line appeared: its file's mtime when it is the file's
     last line, else the time this sampler first saw it (remembered in the job's log folder)."""
@@ -113,7 +114,7 @@ def progress_age(logdir, line, is_last, mtime, now):
         seen = mtime
     else:
         path = os.path.join(logdir, STATE_FILE)
-        text, _ = read_tail(path, 4096)
+        text, _ = read(path, 4096)
         try:
             old = json.loads(text or "{}")
         except ValueError:

@@ -284,3 +284,19 @@ def test_scrape_config_is_yaml_naming_the_exporter_port():
     doc = yaml.safe_load((EXAMPLES / "prometheus.yml").read_text())
     targets = [t for sc in doc["scrape_configs"] for c in sc["static_configs"] for t in c["targets"]]
     assert targets and all(t.rsplit(":", 1)[1] == str(DEFAULTS.node_exporter_port) for t in targets)
+
+
+def test_the_sampler_unit_follows_the_node_exporter_and_gpu_metrics_vars():
+    from test_launch_plan import job
+    from torchrig.inventory import Host
+    from torchrig.launch import plan
+    from torchrig.launch.run import _node
+    host = lambda **v: Host(name="gpu1", connection="ssh", address="10.0.0.1", port=None,  # noqa: E731
+                            user=None, identity_file=None, jump=None, gpus=2, groups=(),
+                            settings=settings_for("gpu1", v, "inv.yml"))
+    j = job(1)
+    n = _node(None, host(), 0, "gpu", "eth0")
+    argv = plan.sampler_argv(j, n)
+    assert argv[argv.index("--textfile-dir") + 1] == "/var/lib/torchrig/metrics" and "--no-gpu" not in argv
+    argv = plan.sampler_argv(j, _node(None, host(gpu_metrics=False, node_exporter=False), 0, "gpu", None))
+    assert "--no-gpu" in argv and "--textfile-dir" not in argv
