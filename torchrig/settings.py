@@ -106,7 +106,8 @@ class Settings(BaseModel):
     node_exporter: bool = _var(True, "provision, launch, metrics",
                                "install prometheus-node-exporter; jobs export metrics through it")
     node_exporter_version: str = _var("1.5.0-1+b6", "provision",
-                                      "its package version (Debian 12's; on Ubuntu set yours)")
+                                      "its package version: Debian 12's (on Ubuntu set yours, else "
+                                      "provision skips it and says so)")
     node_exporter_address: str | None = _var(
         None, "provision, metrics", "address it listens on (default: the host's inventory "
         "address, the cluster network; never 0.0.0.0 unless set)")

@@ -300,3 +300,16 @@ def test_the_sampler_unit_follows_the_node_exporter_and_gpu_metrics_vars():
     assert argv[argv.index("--textfile-dir") + 1] == "/var/lib/torchrig/metrics" and "--no-gpu" not in argv
     argv = plan.sampler_argv(j, _node(None, host(gpu_metrics=False, node_exporter=False), 0, "gpu", None))
     assert "--no-gpu" in argv and "--textfile-dir" not in argv
+
+
+def test_node_exporter_on_ubuntu_waits_for_its_own_pin():
+    """The default pin is Debian 12's: on Ubuntu the step is skipped, saying which var to set,
+    instead of an apt failure half-way; with the var set it installs that version."""
+    from test_provision_plan import UBUNTU
+    skipped = _ctx({"os_release": UBUNTU})
+    why = steps.node_exporter_skip(skipped)
+    assert "node_exporter_version" in why and "ubuntu2404" in why
+    assert "prometheus-node-exporter" not in steps._pinned(skipped)
+    pinned = _ctx({"os_release": UBUNTU}, node_exporter_version="1.7.0-1ubuntu0.3")
+    assert steps.node_exporter_skip(pinned) is None
+    assert "prometheus-node-exporter=1.7.0-1ubuntu0.3" in steps.node_exporter(pinned)[1].describe()

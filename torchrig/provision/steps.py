@@ -139,7 +139,7 @@ def _pinned(c: Ctx) -> dict[str, str]:
             "libnccl2": s.nccl_version, "libnccl-dev": s.nccl_version}
     if c.nvswitch:
         pins[s.fabricmanager_pkg] = s.driver_deb
-    if s.node_exporter:
+    if node_exporter_skip(c) is None:
         pins[NODE_EXPORTER] = s.node_exporter_version
     return pins
 
@@ -344,6 +344,7 @@ def service_user(c: Ctx) -> list[Change]:
 
 NODE_EXPORTER = "prometheus-node-exporter"   # Debian's and Ubuntu's package and unit
 NODE_EXPORTER_UNIT = f"{NODE_EXPORTER}.service"
+NODE_EXPORTER_PIN_DISTRO = "debian12"        # whose package version settings.py pins
 # node_exporter must answer on its address after a (re)start: a bind that fails (an address
 # the host does not have) ends the process after systemctl has already returned
 NODE_EXPORTER_CHECK = """answers=0
@@ -381,6 +382,18 @@ def node_exporter(c: Ctx) -> list[Change]:
                        + NODE_EXPORTER_CHECK.format(url=sh(f"http://{listen}/metrics"),
                                                     unit=sh(NODE_EXPORTER_UNIT))))
     return out
+
+
+def node_exporter_skip(c: Ctx) -> str | None:
+    """Why the node-exporter step is skipped, or None. The default pin is Debian 12's package
+    version: on another distribution the inventory names that distribution's own."""
+    if not c.s.node_exporter:
+        return "disabled (var node_exporter: false)"
+    if c.distro != NODE_EXPORTER_PIN_DISTRO and "node_exporter_version" not in c.s.model_fields_set:
+        return (f"var node_exporter_version: the default {c.s.node_exporter_version} is Debian "
+                f"12's; set {c.distro}'s (`apt-cache policy {NODE_EXPORTER}` on the host), or "
+                "node_exporter: false")
+    return None
 
 
 def dirs(s: Settings) -> list[tuple[str, int, str]]:
@@ -433,7 +446,7 @@ STEPS = [
          enabled=lambda c: None if c.s.nccl_tests else "disabled (var nccl_tests: false)"),
     Step("service-user", service_user),
     Step("node-exporter", node_exporter,  # after service-user: its textfile folder is that user's
-         enabled=lambda c: None if c.s.node_exporter else "disabled (var node_exporter: false)"),
+         enabled=lambda c: node_exporter_skip(c)),
 ]
 
 
