@@ -122,7 +122,11 @@ def progress_age(logdir, line, is_last, mtime, now):
         seen = old.get("seen") if old.get("line") == line else None
         if not isinstance(seen, (int, float)):
             seen = now
-            write_atomic(logdir, STATE_FILE, json.dumps({"line": line, "seen": now}), 0o600)
+            try:
+                write_atomic(logdir, STATE_FILE, json.dumps({"line": line, "seen": now}), 0o600)
+            except OSError as e:  # the age then counts from this sample on: say why
+                print("gpumon: cannot remember the progress line in %s: %s" % (logdir, e),
+                      file=sys.stderr)
     return now - seen
 
 
@@ -131,6 +135,19 @@ def unit_state(unit):
     props = dict(ln.split("=", 1) for ln in out.splitlines() if "=" in ln)
     restarts = props.get("NRestarts", "")
     return props.get("ActiveState") or None, int(restarts) if restarts.isdigit() else None
+
+
+def append(path, text):
+    """`text` appended to a regular file (made if missing), never through a link or into a
+    FIFO: the job can put either where `invoke status`'s file goes."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                 | os.O_CLOEXEC, 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError("not a regular file")
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 def write_atomic(folder, name, text, mode=0o644):
@@ -182,12 +199,20 @@ def main(argv=None):
     a = p.parse_args(argv)
     now = time.time()
     samples, util = sample(a, now)
+    rc = 0
     if util and a.util_file:
-        with open(a.util_file, "a") as f:  # the job's own folder: this user's file
-            f.write(util + "\n")
+        try:
+            append(a.util_file, util + "\n")
+        except OSError as e:
+            print("gpumon: %s: not appended (%s)" % (a.util_file, e), file=sys.stderr)
     if a.textfile_dir:
-        write_atomic(a.textfile_dir, metrics.prom_name(a.job), metrics.render(samples))
-    return 0
+        try:
+            write_atomic(a.textfile_dir, metrics.prom_name(a.job), metrics.render(samples))
+        except OSError as e:
+            print("gpumon: %s: cannot write %s (%s)" % (a.textfile_dir, metrics.prom_name(a.job), e),
+                  file=sys.stderr)
+            rc = 1
+    return rc
 
 
 if __name__ == "__main__":

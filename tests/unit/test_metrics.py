@@ -313,3 +313,17 @@ def test_node_exporter_on_ubuntu_waits_for_its_own_pin():
     pinned = _ctx({"os_release": UBUNTU}, node_exporter_version="1.7.0-1ubuntu0.3")
     assert steps.node_exporter_skip(pinned) is None
     assert "prometheus-node-exporter=1.7.0-1ubuntu0.3" in steps.node_exporter(pinned)[1].describe()
+
+
+def test_sampler_follows_no_link_where_the_status_file_goes(tmp_path):
+    """The job can put a symlink (or a FIFO) where gpu_util.csv goes: the sampler neither
+    appends through it nor blocks, and still writes its .prom file."""
+    victim = tmp_path / "victim"
+    victim.write_text("keep\n")
+    logdir = _job_logs(tmp_path, [progress.format_line("step", STEP)])
+    (logdir / "gpu_util.csv").symlink_to(victim)
+    out, _ = _sample(tmp_path)
+    assert victim.read_text() == "keep\n" and ("torchrig_job_step", None, None, None) in _series(out)
+    (logdir / "gpu_util.csv").unlink()
+    os.mkfifo(logdir / "gpu_util.csv")
+    out, _ = _sample(tmp_path)  # returns (bounded by its timeout) and exits 0
