@@ -169,7 +169,7 @@ def write_atomic(folder, name, text, mode=0o644):
 
 
 def sample(a, now):
-    """The samples of one round, and the util line for `invoke status` (or None)."""
+    """The samples of one round, and nvidia-smi's answer ("" when it failed)."""
     rc, csv = run(["nvidia-smi", "--query-gpu=" + ",".join(metrics.GPU_FIELDS),
                    "--format=csv,noheader,nounits"])
     csv = csv if rc == 0 else ""
@@ -183,7 +183,7 @@ def sample(a, now):
     out += metrics.job_samples(a.job, a.node, rank, fields,
                                progress_age(a.logdir, line, is_last, mtime, now),
                                restarts, state, now)
-    return out, metrics.util_line(csv, now)
+    return out, csv
 
 
 def main(argv=None):
@@ -193,18 +193,21 @@ def main(argv=None):
     p.add_argument("--unit", required=True, help="the job's systemd unit")
     p.add_argument("--logdir", required=True, help="the job's log folder (torchrun's --log-dir)")
     p.add_argument("--util-file", help="append '<time>,<util %%>...' here (invoke status)")
+    p.add_argument("--mem-file", help="append '<time>,<used MiB>,<total MiB>...' here")
     p.add_argument("--textfile-dir", help="node_exporter's textfile folder (none: no .prom file)")
     p.add_argument("--no-gpu", dest="gpu", action="store_false",
                    help="no GPU series (dcgm-exporter exports them)")
     a = p.parse_args(argv)
     now = time.time()
-    samples, util = sample(a, now)
+    samples, csv = sample(a, now)
     rc = 0
-    if util and a.util_file:
-        try:
-            append(a.util_file, util + "\n")
-        except OSError as e:
-            print("gpumon: %s: not appended (%s)" % (a.util_file, e), file=sys.stderr)
+    for path, line in ((a.util_file, metrics.util_line(csv, now)),
+                       (a.mem_file, metrics.mem_line(csv, now))):
+        if path and line:
+            try:
+                append(path, line + "\n")
+            except OSError as e:
+                print("gpumon: %s: not appended (%s)" % (path, e), file=sys.stderr)
     if a.textfile_dir:
         try:
             write_atomic(a.textfile_dir, metrics.prom_name(a.job), metrics.render(samples))

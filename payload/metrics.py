@@ -181,11 +181,21 @@ def gpu_samples(csv_text, job, node):
     return out
 
 
+def _rows(csv_text):
+    return [[c.strip() for c in ln.split(",")] for ln in csv_text.splitlines()
+            if len(ln.split(",")) == len(GPU_FIELDS) and ln.split(",")[0].strip().isdigit()]
+
+
 def util_line(csv_text, now):
     """The `<unix time>,<util %>,...` line `invoke status` reads (gpu_util.csv), or None."""
-    utils = [c.split(",")[1].strip() for c in csv_text.splitlines()
-             if len(c.split(",")) == len(GPU_FIELDS) and c.split(",")[0].strip().isdigit()]
-    return "%d,%s" % (now, ",".join(utils)) if utils else None
+    rows = _rows(csv_text)
+    return "%d,%s" % (now, ",".join(r[1] for r in rows)) if rows else None
+
+
+def mem_line(csv_text, now):
+    """The `<unix time>,<used MiB>,<total MiB>,...` line (each GPU's pair), or None."""
+    rows = _rows(csv_text)
+    return "%d,%s" % (now, ",".join("%s,%s" % (r[2], r[3]) for r in rows)) if rows else None
 
 
 def job_samples(job, node, rank, fields, age, restarts, state, now):

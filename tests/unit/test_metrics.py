@@ -72,6 +72,7 @@ def test_gpu_series_from_one_query_skip_unsupported_fields_and_split_throttle_bi
     assert got[("torchrig_gpu_clock_throttle", "0", "sw_power_cap")] == 1
     assert got[("torchrig_gpu_clock_throttle", "1", "sw_power_cap")] == 0
     assert M.util_line(CSV, 100.4) == "100,97,95"
+    assert M.mem_line(CSV, 100.4) == "100,30000,81559,30100,81559"
 
 
 def test_the_query_as_a_real_h200_answers_it():
@@ -124,6 +125,7 @@ def _sample(tmp_path, *extra, state="active", lines=None, csv=CSV):
     r = subprocess.run([sys.executable, "-I", str(SAMPLER), "--job", "exp1", "--node", "gpu1",
                         "--unit", "torchrig-exp1.service", "--logdir", str(logdir),
                         "--util-file", str(logdir / "gpu_util.csv"), "--textfile-dir", str(out),
+                        "--mem-file", str(logdir / "gpu_mem.csv"),
                         *extra], env={"PATH": f"{b}:/usr/bin:/bin"}, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -153,6 +155,7 @@ def test_sampler_writes_the_progress_line_values_and_gpu_series_atomically(tmp_p
     assert stat.S_IMODE(prom.stat().st_mode) == 0o644  # node_exporter's user reads it
     assert sorted(p.name for p in out.iterdir()) == ["torchrig_exp1.prom"]  # no temp file left
     assert (logdir / "gpu_util.csv").read_text().strip().endswith(",97,95")  # invoke status's line
+    assert (logdir / "gpu_mem.csv").read_text().strip().endswith(",30000,81559,30100,81559")
 
 
 def test_sampler_without_gpu_series_or_for_an_ended_job(tmp_path):
