@@ -35,9 +35,10 @@ except Exception as e:
                      "on this host, or check var node_exporter_address\\n" % (url, e))
     sys.exit(3)
 for line in body.decode(errors="replace").splitlines():
-    if line.startswith("torchrig_"):
+    if line.startswith(("torchrig_", "node_time_seconds ")):
         print(line)
 """
+STALE_S = 90  # a sample older than this (3 sampler rounds) is flagged: its sampler stopped
 
 
 def scrape_targets(hosts: list[Host]) -> list[tuple[str, str]]:
@@ -55,16 +56,23 @@ class JobView:
     values: dict[str, float] = field(default_factory=dict)   # job series: step, loss, tok/s ...
     state: str | None = None
     rank: str | None = None                                  # whose progress lines
+    sample_age_s: float | None = None  # by the node's own clock (node_exporter's node_time_seconds)
     gpus: dict[str, dict[str, float]] = field(default_factory=dict)  # gpu index -> series
     throttled: dict[str, list[str]] = field(default_factory=dict)    # gpu -> reasons now
 
     def as_dict(self) -> dict:
         return {"job": self.job, "node": self.node, "state": self.state, "rank": self.rank,
-                **self.values, "gpus": self.gpus, "throttled": self.throttled}
+                **self.values, "sample_age_s": self.sample_age_s, "gpus": self.gpus,
+                "throttled": self.throttled}
+
+    @property
+    def stale(self) -> bool:
+        return self.sample_age_s is not None and self.sample_age_s > STALE_S
 
 
-def views(samples: list, job: str | None = None) -> list[JobView]:
-    """The samples grouped by (job, node); only job `job` when given."""
+def views(samples: list, job: str | None = None, node_time: float | None = None) -> list[JobView]:
+    """The samples grouped by (job, node); only job `job` when given. node_time: the node's
+    clock when it answered (for each sample's age)."""
     out: dict[tuple[str, str], JobView] = {}
     for name, labels, value in samples:
         if name not in METRICS or (job and labels.get("job") != job):
@@ -82,6 +90,8 @@ def views(samples: list, job: str | None = None) -> list[JobView]:
         else:
             v.values[KEY[name]] = value
             v.rank = labels.get("rank", v.rank)
+            if name == "torchrig_sample_timestamp_seconds" and node_time is not None:
+                v.sample_age_s = round(node_time - value, 1)
     return [out[k] for k in sorted(out)]
 
 
@@ -97,6 +107,7 @@ def collect(fleet: Fleet, hosts: list[Host], job: str | None = None) -> Outcome:
             raise TorchrigError(err[-1][len("error: "):] if err else
                                 f"fetching {url} on the node failed (exit {r.exited}): "
                                 f"{r.stderr.strip()[-300:]}")
-        return views(defs.parse(r.stdout), job)
+        clock = defs.parse(r.stdout, prefix="node_time_seconds")
+        return views(defs.parse(r.stdout), job, clock[0][2] if clock else None)
     what = f"metrics of job {job}" if job else "metrics"
     return Outcome(what, fleet.fan_out(one, hosts))

@@ -201,7 +201,9 @@ def metrics_table(title: str, results) -> None:
             mfu = x("mfu")
             age = x("last_progress_age_s")
             style = {"active": "green", "failed": "red"}.get(v.state or "", "")
-            t.add_row(v.node, escape(v.job), styled(v.state or "", style),
+            state = styled(v.state or "", style) + (
+                f" [yellow](sampled {v.sample_age_s:.0f}s ago)[/]" if v.stale else "")
+            t.add_row(v.node, escape(v.job), state,
                       _num(x("step"), "{:.0f}"), _num(x("loss"), "{:.4g}"),
                       _num(x("tok/s"), "{:.0f}"),
                       _num(x("samples/s"), "{:.1f}"),

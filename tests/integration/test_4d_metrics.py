@@ -62,6 +62,7 @@ def test_node_exporter_serves_the_running_jobs_progress_and_gpus(testbed):
         nodes = json.loads(r.stdout)["nodes"]
         (v1,), (v4,) = nodes["gpu1"], nodes["gpu4"]
         assert v1["state"] == v4["state"] == "active" and v1["rank"] == "0"
+        assert 0 <= v1["sample_age_s"] < 90  # by the node's clock (node_exporter's node_time_seconds)
         assert v1["step"] >= step and float(rank0_steps(testbed)[int(v1["step"])]["loss"]) == v1["loss"]
         assert sorted(v4["gpus"]) == ["0", "1"] and "step" not in v4  # rank 0 runs on gpu1
         r = invoke("metrics", "-i", str(testbed), "-h", NODES, "--job", JOB)

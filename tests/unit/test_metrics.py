@@ -262,6 +262,9 @@ def test_views_group_by_job_and_node_and_filter_a_job():
     assert (d["step"], d["loss"], d["tok/s"], d["rank"]) == (40, 2.3456, 12345, "0")
     assert d["gpus"]["0"]["util_percent"] == 97 and d["throttled"] == {"0": ["sw_power_cap"]}
     assert [v.job for v in ops.views(M.parse(text), job="other")] == ["other"]
+    # ages by the node's clock: a sampler that stopped shows
+    fresh, stale = (ops.views(M.parse(text), "exp1", node_time=t)[0] for t in (1e9 + 20, 1e9 + 600))
+    assert (fresh.sample_age_s, fresh.stale) == (20, False) and (stale.sample_age_s, stale.stale) == (600, True)
 
 
 # --- the examples -----------------------------------------------------------------------------
@@ -330,3 +333,13 @@ def test_sampler_follows_no_link_where_the_status_file_goes(tmp_path):
     (logdir / "gpu_util.csv").unlink()
     os.mkfifo(logdir / "gpu_util.csv")
     out, _ = _sample(tmp_path)  # returns (bounded by its timeout) and exits 0
+
+
+def test_the_table_flags_a_stale_sample_and_an_unreachable_node(capsys):
+    from torchrig import report
+    from torchrig.remote import Result
+    text = M.render(M.job_samples("exp1", "gpu1", 0, dict(STEP), 3.0, 1, "active", 1e9))
+    stale = ops.views(M.parse(text), node_time=1e9 + 600)
+    report.metrics_table("metrics", [Result("gpu1", True, stale), Result("gpu2", False, error="no route")])
+    out = capsys.readouterr().out
+    assert "sampled 600s ago" in out and "12345" in out and "no route" in out
