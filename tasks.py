@@ -197,7 +197,16 @@ def _provision(fleet, dry_run, yes, reboot, json_, save_plan=None, saved=None):
         print(json.dumps(res.as_dict(), indent=2))
     else:
         report.provision_table(res.reports)
+        _scrape_targets([h for h in fleet.hosts if any(r.ok and r.host == h.name for r in res.reports)])
     _exit_if_failed(res.failed, "provision")
+
+
+def _scrape_targets(hosts) -> None:
+    from torchrig.metrics import scrape_targets
+    targets = scrape_targets(hosts)
+    if targets:
+        print("Prometheus scrape targets (node_exporter; see examples/monitoring/): "
+              + " ".join(t for _, t in targets))
 
 
 @fleet_task(help={"bandwidth": "also measure all-reduce busbw (torchrun in each node and across "
@@ -418,6 +427,28 @@ def stop(c, inventory=None, host=None, job=None, accept_new_host_keys=False):
     print(f"job {job} stopped on {len(res)} node(s); logs and checkpoints are kept")
 
 
+@fleet_task(help={"job": "only this job's series (default: every job's)",
+                  "json": "print the series per node as JSON"})
+def metrics(c, inventory=None, host=None, job=None, json_=False, accept_new_host_keys=False):
+    """Every node's torchrig_* Prometheus series (GPU and job), fetched from its node_exporter
+    on the node over SSH: no port needs to be open to this machine."""
+    from torchrig import report
+    from torchrig.launch.plan import check_job_name
+    from torchrig.metrics import collect
+    if job is not None:
+        check_job_name(job)
+    with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
+        res = _redactor(fleet.inv).data(collect(fleet, fleet.hosts, job))
+    if json_:
+        print(json.dumps({"job": job, "nodes": {r.host: ([v.as_dict() for v in r.value] if r.ok
+                                                          else {"error": r.error}) for r in res}},
+                         indent=2))
+    else:
+        report.metrics_table(f"metrics of job {job}" if job else "metrics", res)
+    if not res.ok:
+        raise Exit(res.error_line(), code=1)
+
+
 @fleet_task(help={
             "job": "job name (default: the newest job on the first host)",
             "follow": "keep streaming until the job ends (across torchrun restarts and SSH drops)",
@@ -636,7 +667,7 @@ def demo(c, steps=None):
 testbed = Collection("testbed", testbed_up, testbed_down, testbed_status)
 
 ns = Collection(hosts, exec_, provision, verify, launch, logs, status, job_report, stop,
-                tensorboard, fetch, demo, testbed)
+                metrics, tensorboard, fetch, demo, testbed)
 ns.configure({
     "torchrig": {
         "inventory": "inventory/hosts.yml",  # override in invoke.yaml or INVOKE_TORCHRIG_INVENTORY

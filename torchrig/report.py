@@ -182,3 +182,43 @@ def status_table(job: str, results, trend=None, now: float | None = None) -> Non
     for r in results:
         if r.ok and r.value.get("low_util"):
             console.print(f"[yellow]{r.host}: {r.value['low_util']}[/]", soft_wrap=True)
+
+
+def _num(v: float | None, fmt: str = "{:g}") -> str:
+    return "" if v is None else fmt.format(v)
+
+
+def metrics_table(title: str, results) -> None:
+    """`invoke metrics`: one row per job and node from the torchrig_* series."""
+    t = Table(title=title)
+    for col in ("node", "job", "state", "step", "loss", "tok/s", "samples/s", "MFU", "restarts",
+                "last progress", "GPUs (util% / mem GiB / °C / W)"):
+        t.add_column(col, overflow="fold")
+    for r in results:
+        if not r.ok:
+            t.add_row(r.host, "", "[red]unreachable[/]", escape(r.error or ""), *[""] * 7)
+            continue
+        if not r.value:
+            t.add_row(r.host, "", "[dim]no torchrig series[/]", *[""] * 8)
+        for v in r.value:
+            x = v.values.get
+            gpus = " ".join(
+                f"{i}:{_num(g.get('util_percent'), '{:.0f}')}%/"
+                f"{_num((g.get('mem_used_bytes') or 0) / 2**30, '{:.1f}')}/"
+                f"{_num(g.get('temp_celsius'), '{:.0f}')}/"
+                f"{_num(g.get('power_watts'), '{:.0f}')}"
+                + (f" [yellow]{','.join(v.throttled[i])}[/]" if v.throttled.get(i) else "")
+                for i, g in sorted(v.gpus.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0))
+            mfu = x("mfu")
+            age = x("last_progress_age_s")
+            style = {"active": "green", "failed": "red"}.get(v.state or "", "")
+            state = styled(v.state or "", style) + (
+                f" [yellow](sampled {v.sample_age_s:.0f}s ago)[/]" if v.stale else "")
+            t.add_row(v.node, escape(v.job), state,
+                      _num(x("step"), "{:.0f}"), _num(x("loss"), "{:.4g}"),
+                      _num(x("tok/s"), "{:.0f}"),
+                      _num(x("samples/s"), "{:.1f}"),
+                      "" if mfu is None else f"{mfu * 100:.1f}%",
+                      _num(x("restarts"), "{:.0f}"),
+                      "" if age is None else f"{age:.0f}s ago", gpus)
+    console.print(t)

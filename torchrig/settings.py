@@ -34,6 +34,8 @@ FORMS = {  # settings that must match a form: (full-match pattern, what it is)
     "cuda_version": (r"\d+\.\d+", "major.minor (e.g. '12.8')"),
     "service_user": (r"[a-z_][a-z0-9_-]{0,31}", "a Linux user name (lowercase letters, digits, '_', '-')"),
     "tensorboard_version": (r"[0-9][0-9A-Za-z.+!_-]{0,40}", "a version (e.g. '2.21.0')"),
+    # node_exporter's ARGS line splits on spaces and takes no quotes
+    "metrics_dir": (r"/[A-Za-z0-9._/-]*", "an absolute path of letters, digits, '.', '_', '-', '/'"),
 }
 
 
@@ -104,6 +106,20 @@ class Settings(BaseModel):
     env: dict[str, str | int | float | bool] = _var({}, "launch", "the job's environment")
     secret_env: list[str] = _var([], "launch, every output",
                                  "names in `env` whose values are always masked")
+    node_exporter: bool = _var(True, "provision, launch, metrics",
+                               "install prometheus-node-exporter; jobs export metrics through it")
+    node_exporter_version: str = _var("1.5.0-1+b6", "provision",
+                                      "its package version: Debian 12's (on Ubuntu set yours, else "
+                                      "provision skips it and says so)")
+    node_exporter_address: str | None = _var(
+        None, "provision, metrics", "address it listens on (default: the host's inventory "
+        "address, the cluster network; never 0.0.0.0 unless set)")
+    node_exporter_port: int = _var(9100, "provision, metrics", "its port", ge=1, le=65535)
+    metrics_dir: str = _var("/var/lib/torchrig/metrics", "provision, launch",
+                            "its textfile folder, the service user's: jobs' samplers write "
+                            "`torchrig_<job>.prom` there")
+    gpu_metrics: bool = _var(True, "launch", "export GPU series; false where NVIDIA's "
+                             "dcgm-exporter already does")
     low_util_percent: float = _var(20, "status", "GPU use below this % ...", ge=0, le=100)
     low_util_minutes: int = _var(30, "status", "... for this long is flagged", ge=1)
     tensorboard: bool = _var(False, "provision, launch, tensorboard",
@@ -114,7 +130,7 @@ class Settings(BaseModel):
         None, "provision", "wheel index for TensorBoard and its dependencies (the torch index "
         "may not carry them; none: the node's own pip configuration)")
 
-    @field_validator("prefix", "data_dir", "checkpoint_dir", "log_dir")
+    @field_validator("prefix", "data_dir", "checkpoint_dir", "log_dir", "metrics_dir")
     @classmethod
     def _plain_path(cls, v: str) -> str:
         # These reach env and unit files line by line: a newline would add a line of its own.
@@ -147,17 +163,25 @@ class Settings(BaseModel):
     def _one_name(cls, v: Any) -> Any:
         return [v] if isinstance(v, str) else v  # one name, not a set of its characters
 
+    @field_validator("node_exporter_address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9._:-]+|\[[0-9A-Fa-f:.]+\]", v):
+            raise ValueError(f"expected an IP address or host name, got {v!r}")
+        return v
+
     @model_validator(mode="after")
     def _root_paths_outside_data_dir(self) -> Settings:
-        # data_dir is the service user's: a job can put a symlink anywhere in it, which root's
-        # `install -d` (provision) or mkdir (push) would then follow
-        data = posixpath.normpath(self.data_dir)
-        for name in ("prefix", "log_dir", "checkpoint_dir"):
-            p = posixpath.normpath(getattr(self, name))
-            if p == data or p.startswith(data.rstrip("/") + "/") or data == "/":
-                raise ValueError(f"{name} {getattr(self, name)!r} lies in data_dir {self.data_dir!r}, "
-                                 "which the service user owns: root's folders must not; "
-                                 "choose folders side by side")
+        # data_dir and metrics_dir are the service user's: a job can put a symlink anywhere
+        # in them, which root's `install -d` (provision) or mkdir (push) would then follow
+        for user_var in ("data_dir", "metrics_dir"):
+            data = posixpath.normpath(getattr(self, user_var))
+            for name in ("prefix", "log_dir", "checkpoint_dir"):
+                p = posixpath.normpath(getattr(self, name))
+                if p == data or p.startswith(data.rstrip("/") + "/") or data == "/":
+                    raise ValueError(f"{name} {getattr(self, name)!r} lies in {user_var} "
+                                     f"{getattr(self, user_var)!r}, which the service user owns: "
+                                     "root's folders must not; choose folders side by side")
         return self
 
     # derived values
@@ -189,6 +213,13 @@ class Settings(BaseModel):
     def job_env(self) -> dict[str, str]:
         """`env` as the strings a job's environment holds."""
         return {k: str(v) for k, v in self.env.items()}
+
+    def node_exporter_listen(self, address: str) -> str:
+        """host:port node_exporter binds (and `invoke metrics` fetches on the node)."""
+        host = self.node_exporter_address or address
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"  # IPv6
+        return f"{host}:{self.node_exporter_port}"
 
     def job_log_dir(self, job: str) -> str:
         return job_folder(self.log_dir, job)

@@ -71,7 +71,7 @@ def test_dry_run_diffs_against_the_nodes_files(testbed):
     files unchanged on the nodes, except the unit's line naming the launch that wrote it."""
     r = launch(testbed, "t-basic", "--dry-run", "--args", "--max-steps 30 --log-every 5 --ckpt-every 10")
     assert r.returncode == 0, r.stderr
-    for path in ("/etc/torchrig/jobs/t-basic.env", "/usr/local/lib/torchrig/gpu-sample",
+    for path in ("/etc/torchrig/jobs/t-basic.env",
                  "/etc/systemd/system/torchrig-gpumon@t-basic.service",
                  "/etc/systemd/system/torchrig-gpumon@t-basic.timer"):
         assert f"--- gpu4:{path}\n(unchanged)\n" in r.stdout, r.stdout

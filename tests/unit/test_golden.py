@@ -56,7 +56,7 @@ def section(title: str, body: str) -> str:
 FACT_TABLES = {
     "fresh-debian12-v100": lambda: (fresh(), {}),
     "fresh-ubuntu24-h100-nvswitch": lambda: (fresh(os_release=UBUNTU, lspci=H100), {"nccl_tests": True}),
-    "drifted-debian12-v100": lambda: (drifted(), CAPTURED["vars"]),
+    "drifted-debian12-v100": lambda: (drifted(), {**CAPTURED["vars"], "address": CAPTURED["address"]}),
 }
 
 
@@ -118,7 +118,8 @@ def launch_scripts():
                 ("start (CPU node)", run.start_script(j, False)),
                 ("undo (keep files)", run.undo_script(j, False)),
                 ("undo (remove files)", run.undo_script(j, True)),
-                ("stop", run.STOP_CHECK.format(unit=lplan.unit_name(j.name)))]
+                ("stop", run.STOP_CHECK.format(unit=lplan.unit_name(j.name),
+                                              sampler=lplan.gpumon_name(j.name)))]
     base, h, src = "/opt/torchrig/payload", "0123456789abcdef", "fedcba9876543210"
     scripts += [("push probe", push.PROBE.format(base=base, h=h)),
                 ("push install", push.INSTALL.format(base=base, h=h, src=src)),

@@ -16,7 +16,9 @@ from torchrig.facts import job_state
 from torchrig.jobreport import data, gather, html
 from torchrig.verify import store
 
-from _report_data import BANDWIDTH, T0, gathered, jline
+from _report_data import T0, gathered, jline
+
+PAYLOAD = Path(__file__).resolve().parents[2] / "payload"
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -175,26 +177,28 @@ def test_store_dir_follows_the_environment(monkeypatch, tmp_path):
 
 
 def test_sampler_writes_status_line_and_memory_history(tmp_path):
-    """The sampler (as launch renders it) with a stand-in nvidia-smi: status's file keeps its
-    format, the report's file gets used and total MiB per GPU, from one call."""
-    from torchrig.provision import managed
+    """The sampler (payload/gpumon.py, with launch's argv) with a stand-in nvidia-smi: status's
+    file keeps its format, the report's file gets used and total MiB per GPU, from one call."""
     (tmp_path / "bin").mkdir()
     smi = tmp_path / "bin" / "nvidia-smi"
     smi.write_text('#!/bin/sh\necho "$*" >> "$(dirname "$0")/calls"\n'
-                   'printf "45, 1234, 32768\\n7, 10, 32768\\n"\n')
+                   'printf "0, 45, 1234, 32768, 41, 120.5, 0, 0, 0x0\\n1, 7, 10, 32768, 39, 80.0, 0, 0, 0x0\\n"\n')
     smi.chmod(0o755)
-    script = tmp_path / "gpu-sample"
-    script.write_text(managed.GPU_SAMPLER.render())
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    (tmp_path / "logs").mkdir()
     for _ in range(2):
-        subprocess.run(["sh", str(script), str(tmp_path / "u.csv"), str(tmp_path / "m.csv")],
-                       env=env, check=True)
+        subprocess.run(["python3", "-I", str(PAYLOAD / "gpumon.py"), "--job", "j", "--node", "n",
+                        "--unit", "torchrig-j.service", "--logdir", str(tmp_path / "logs"),
+                        "--util-file", str(tmp_path / "u.csv"),
+                        "--mem-file", str(tmp_path / "m.csv")], env=env, check=True)
     assert len((tmp_path / "bin" / "calls").read_text().splitlines()) == 2
     util = (tmp_path / "u.csv").read_text()
     t = float(util.split(",")[0])
     assert [u for _, u in job_state.util_samples(util, t, 600)] == [[45.0, 7.0], [45.0, 7.0]]
     mem = data.history((tmp_path / "m.csv").read_text(), 2)
-    assert mem == {0: [(t, 1234.0, 32768.0)] * 2, 1: [(t, 10.0, 32768.0)] * 2}
+    assert {g: [(used, total) for _, used, total in v] for g, v in mem.items()} == \
+        {0: [(1234.0, 32768.0)] * 2, 1: [(10.0, 32768.0)] * 2}
+    assert mem[0][0][0] == t  # both lines of a sample carry its one time
 
 
 def test_report_task_refuses_a_bad_job_name(tmp_path):

@@ -221,8 +221,11 @@ def test_sampler_exec_start_quoted_and_runs_as_service_user():
     rest = line[len("ExecStart="):]
     args = re.findall(r'"(?:[^"\\]|\\.)*"', rest)
     assert " ".join(args) == rest
-    assert [_systemd_unquote(a) for a in args] == [plan.SAMPLER_PATH, j.nodes[0].log_dir + "/exp1/gpu_util.csv",
-                                                   j.nodes[0].log_dir + "/exp1/gpu_mem.csv"]
+    assert [_systemd_unquote(a) for a in args] == plan.sampler_argv(j, j.nodes[0])
+    argv = plan.sampler_argv(j, j.nodes[0])
+    assert argv[:3] == ["/usr/bin/python3", "-I", j.release + "/gpumon.py"]
+    assert argv[argv.index("--util-file") + 1] == j.nodes[0].log_dir + "/exp1/gpu_util.csv"
+    assert argv[argv.index("--mem-file") + 1] == j.nodes[0].log_dir + "/exp1/gpu_mem.csv"
     assert "\nUser=torchrig\n" in unit and "\nGroup=torchrig\n" in unit
 
 
@@ -311,8 +314,7 @@ def test_job_files_go_through_the_change_engine():
         ("/etc/torchrig/jobs/exp1.env", "0o600", True),
         ("/etc/systemd/system/torchrig-exp1.service", "0o644", False),
         ("/etc/systemd/system/torchrig-gpumon@exp1.service", "0o644", False),
-        ("/etc/systemd/system/torchrig-gpumon@exp1.timer", "0o644", False),
-        ("/usr/local/lib/torchrig/gpu-sample", "0o755", False)]
+        ("/etc/systemd/system/torchrig-gpumon@exp1.timer", "0o644", False)]
     env = written[0][1]
     assert "HF_TOKEN='t0k'" in env.content
     assert "t0k" not in env.diff() and "+HF_TOKEN='***'" in env.diff()  # dry run: masked

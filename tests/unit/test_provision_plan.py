@@ -29,8 +29,8 @@ def fresh(**over):
     return f
 
 
-def ctx(facts, **vars_):
-    return steps.Ctx(facts, settings_for("h", vars_, "inv.yml"), "h", [])
+def ctx(facts, address="", **vars_):
+    return steps.Ctx(facts, settings_for("h", vars_, "inv.yml"), "h", [], address)
 
 
 def sha(text):
@@ -46,7 +46,7 @@ CAPTURED = json.load(open("tests/fixtures/provision_facts_converged_testbed.json
 
 
 def tb_ctx(facts, **vars_):
-    return ctx(facts, **{**CAPTURED["vars"], **vars_})
+    return ctx(facts, CAPTURED["address"], **{**CAPTURED["vars"], **vars_})
 
 
 def converged(lspci=None) -> dict:

@@ -89,6 +89,8 @@ class Node:
     nproc: int
     interface: str | None
     env: dict[str, str] = field(default_factory=dict)
+    metrics_dir: str | None = None   # node_exporter's textfile folder (None: no .prom file)
+    gpu_metrics: bool = True         # False where dcgm-exporter exports the GPU series
 
 
 @dataclass
@@ -177,11 +179,25 @@ def render_unit(job: Job, n: Node) -> str:
                   max_restarts=job.max_restarts, start_limit_interval=600)
 
 
-SAMPLER_PATH = managed.GPU_SAMPLER.path()
+SAMPLER = "gpumon.py"  # in the payload release (root's), beside progress.py and metrics.py
 
 
 def util_file(n: Node, job: str, name: str = UTIL_FILE) -> str:
     return f"{job_folder(n.log_dir, job)}/{name}"
+
+
+def sampler_argv(job: Job, n: Node) -> list[str]:
+    """The job's sampler (payload/gpumon.py) with the system python: stdlib only, so it runs
+    whatever the venv holds, and `-I` keeps the job's environment and folders out of it."""
+    argv = ["/usr/bin/python3", "-I", f"{job.release}/{SAMPLER}", "--job", job.name,
+            "--node", n.host, "--unit", unit_name(job.name),
+            "--logdir", job_folder(n.log_dir, job.name), "--util-file", util_file(n, job.name),
+            "--mem-file", util_file(n, job.name, MEM_FILE)]
+    if n.metrics_dir:
+        argv += ["--textfile-dir", n.metrics_dir]
+    if not n.gpu_metrics:
+        argv.append("--no-gpu")
+    return argv
 
 
 def gpumon_paths(job: str) -> list[str]:
@@ -190,8 +206,7 @@ def gpumon_paths(job: str) -> list[str]:
 
 def render_gpumon(job: Job, n: Node, interval: int) -> dict[str, str]:
     service, timer = gpumon_paths(job.name)
-    exec_start = " ".join(systemd_quote(a) for a in (SAMPLER_PATH, util_file(n, job.name),
-                                                           util_file(n, job.name, MEM_FILE)))
+    exec_start = " ".join(systemd_quote(a) for a in sampler_argv(job, n))
     return {service: managed.GPUMON_SERVICE.render(job=job.name, main=unit_name(job.name),
                                                    user=n.user, exec_start=exec_start),
             timer: managed.GPUMON_TIMER.render(job=job.name, main=unit_name(job.name),
@@ -214,8 +229,7 @@ def job_changes(job: Job, n: Node, interval: int, facts=None) -> list[tuple[str,
     service, timer = render_gpumon(job, n, interval).values()
     files = [(managed.JOB_ENV, render_env(job, n), render_env(job, n, redact=True)),
              (managed.JOB_UNIT, render_unit(job, n), None),
-             (managed.GPUMON_SERVICE, service, None), (managed.GPUMON_TIMER, timer, None),
-             (managed.GPU_SAMPLER, managed.GPU_SAMPLER.render(), None)]
+             (managed.GPUMON_SERVICE, service, None), (managed.GPUMON_TIMER, timer, None)]
     out = []
     for mf, body, shown in files:
         ch = mf.change(facts, content=body, job=job.name, shown=shown)

@@ -15,13 +15,13 @@ from ..remote import flock_lines, refusal, sh
 from ..resources import PAYLOAD
 from ..settings import JOBS_DIR, job_folder, procs_per_node
 from ..verify.run import verify
-from .plan import (JOB_RE, Job, Node, check_job_name, env_path, gpumon_paths, job_changes,
-                   job_of_unit, job_port, launch_marker, parse_env, redact_env, split_args,
+from .plan import (JOB_RE, Job, Node, check_job_name, env_path, gpumon_name, gpumon_paths,
+                   job_changes, job_of_unit, job_port, launch_marker, parse_env, redact_env, split_args,
                    unit_name, unit_path)
 from ..session import Fleet, Outcome
 from .push import push
 
-GPU_SAMPLE_S = 30  # seconds between GPU utilisation samples
+GPU_SAMPLE_S = 30  # seconds between samples (GPU use for status, metrics for node_exporter)
 # a job holds its GPUs (and its release) from start until its unit is fully down: a job that is
 # stopping (deactivating) still writes its last checkpoint for up to TimeoutStopSec
 BUSY_STATES = "active,activating,deactivating,reloading"
@@ -83,7 +83,8 @@ def _node(inv: Inventory, h: Host, rank: int, nproc: str, interface: str | None)
         except (ValueError, AssertionError):
             raise TorchrigError(f"--nproc-per-node {nproc!r}: a positive number or 'gpu'") from None
     return Node(h.name, h.address, rank, s.venv, s.service_user, s.log_dir, s.checkpoint_dir,
-                s.data_dir, n, interface, s.job_env)
+                s.data_dir, n, interface, s.job_env,
+                metrics_dir=s.metrics_dir if s.node_exporter else None, gpu_metrics=s.gpu_metrics)
 
 
 def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
@@ -353,6 +354,9 @@ systemctl stop "$u"
 # here did not fail, so it should not read 'failed' afterwards. One that had failed before
 # the stop keeps its state.
 case "$was" in active|activating|reloading) systemctl reset-failed "$u" 2>/dev/null || true;; esac
+# one last sample (as the service user, like every sample): node_exporter then serves the
+# stopped job's state, not its last running one (the stop also stopped the sampler's timer)
+systemctl start {sampler} 2>/dev/null || true
 cg=$(systemctl show -p ControlGroup --value "$u")
 left=0
 if [ -n "$cg" ] && [ -f "/sys/fs/cgroup$cg/cgroup.procs" ]; then left=$(wc -l < "/sys/fs/cgroup$cg/cgroup.procs"); fi
@@ -365,7 +369,8 @@ def stop(fleet: Fleet, hosts: list[Host], job: str) -> Outcome:
     check_job_name(job)
 
     def one(h: Host):
-        r = fleet.run(h, STOP_CHECK.format(unit=sh(unit_name(job))), root=True, timeout=600)
+        r = fleet.run(h, STOP_CHECK.format(unit=sh(unit_name(job)), sampler=sh(gpumon_name(job))),
+                      root=True, timeout=600)
         state, left = (r.stdout.split() + ["unknown", "0"])[:2]
         if state not in ("inactive", "failed") or left != "0":
             raise TorchrigError(f"job still {state} with {left} process(es) left")

@@ -91,7 +91,7 @@ class Planned:
 def plan_host(fleet: Fleet, host: Host) -> Planned:
     s = host.settings
     facts = gather(fleet.conn(host), s)
-    ctx = Ctx(facts, s, host.name, payload_requirements())
+    ctx = Ctx(facts, s, host.name, payload_requirements(), host.address)
     return Planned(host, s, ctx, build_plan(ctx))
 
 
@@ -161,7 +161,7 @@ def apply_host(fleet: Fleet, p: Planned, reboot: bool,
             rep.rebooted = True
             cxn = fleet.conn(host)
             # the host as it came back: only what is still to do runs
-            ctx = Ctx(gather(cxn, s), s, host.name, ctx.payload_requirements)
+            ctx = Ctx(gather(cxn, s), s, host.name, ctx.payload_requirements, host.address)
             plan = build_plan(ctx, check_preflight=False)
     except TorchrigError as e:
         rep.error = str(e)

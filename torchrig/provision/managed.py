@@ -43,7 +43,9 @@ CUDA_AUTH = ManagedFile("etc/apt/auth.conf.d/90-torchrig-cuda.conf.j2", mode=0o6
 NOUVEAU_BLACKLIST = ManagedFile("etc/modprobe.d/blacklist-nouveau.conf.j2")
 UNATTENDED_HOLD = ManagedFile("etc/apt/apt.conf.d/51torchrig-nvidia-hold.j2")
 CUDA_ENV = ManagedFile("etc/torchrig/cuda.env.j2")
-PROVISION_FILES = (CUDA_SOURCES, CUDA_AUTH, NOUVEAU_BLACKLIST, UNATTENDED_HOLD, CUDA_ENV)
+NODE_EXPORTER_ARGS = ManagedFile("etc/default/prometheus-node-exporter.j2")
+PROVISION_FILES = (CUDA_SOURCES, CUDA_AUTH, NOUVEAU_BLACKLIST, UNATTENDED_HOLD, CUDA_ENV,
+                   NODE_EXPORTER_ARGS)
 
 # Files that must not exist: cuda-keyring's own one-line source duplicates ours (apt then
 # warns or refuses). One per distro and repo arch it may have been installed for.
@@ -74,8 +76,7 @@ JOB_ENV = ManagedFile("etc/torchrig/jobs/JOB.env.j2", mode=0o600, secret=True)
 JOB_UNIT = ManagedFile("etc/systemd/system/torchrig-JOB.service.j2")
 GPUMON_SERVICE = ManagedFile("etc/systemd/system/torchrig-gpumon@JOB.service.j2")
 GPUMON_TIMER = ManagedFile("etc/systemd/system/torchrig-gpumon@JOB.timer.j2")
-GPU_SAMPLER = ManagedFile("usr/local/lib/torchrig/gpu-sample.j2", mode=0o755)
-LAUNCH_FILES = (JOB_ENV, JOB_UNIT, GPUMON_SERVICE, GPUMON_TIMER, GPU_SAMPLER)
+LAUNCH_FILES = (JOB_ENV, JOB_UNIT, GPUMON_SERVICE, GPUMON_TIMER)
 
 
 def launch_request(job: str) -> dict[str, list[str]]:

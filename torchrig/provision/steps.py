@@ -40,6 +40,7 @@ class Ctx:
     s: Settings
     host: str
     payload_requirements: list[str] = field(default_factory=list)
+    address: str = ""   # the inventory's address of the host (its cluster address)
 
     def __post_init__(self):
         if not isinstance(self.facts, Facts):  # the dict gather returned
@@ -138,6 +139,8 @@ def _pinned(c: Ctx) -> dict[str, str]:
             "libnccl2": s.nccl_version, "libnccl-dev": s.nccl_version}
     if c.nvswitch:
         pins[s.fabricmanager_pkg] = s.driver_deb
+    if node_exporter_skip(c) is None:
+        pins[NODE_EXPORTER] = s.node_exporter_version
     return pins
 
 
@@ -349,14 +352,71 @@ def service_user(c: Ctx) -> list[Change]:
     return out
 
 
+NODE_EXPORTER = "prometheus-node-exporter"   # Debian's and Ubuntu's package and unit
+NODE_EXPORTER_UNIT = f"{NODE_EXPORTER}.service"
+NODE_EXPORTER_PIN_DISTRO = "debian12"        # whose package version settings.py pins
+# node_exporter must answer on its address after a (re)start: a bind that fails (an address
+# the host does not have) ends the process after systemctl has already returned
+NODE_EXPORTER_CHECK = """answers=0
+for i in $(seq 1 20); do
+  if python3 -I -c 'import sys, urllib.request as u; u.build_opener(u.ProxyHandler({{}})).open(sys.argv[1], timeout=2).read(1)' {url} 2>/dev/null; then
+    answers=1; break
+  fi
+  sleep 0.5
+done
+if [ "$answers" = 0 ]; then
+  echo "error: node_exporter does not answer on {url}: $(journalctl -u {unit} -n 3 -o cat --no-pager | tr '\\n' ' ')" >&2
+  exit 1
+fi"""
+
+
+def node_exporter(c: Ctx) -> list[Change]:
+    """Debian's node_exporter, pinned and held, on the cluster address (var
+    node_exporter_address; never every interface by default) with torchrig's textfile folder.
+    The config goes first: dpkg keeps it (--force-confold), so the package's own start of the
+    service already listens where it should, never on 0.0.0.0."""
+    s = c.s
+    listen = s.node_exporter_listen(c.address or c.host)
+    cfg = managed.NODE_EXPORTER_ARGS.change(c.facts, listen=listen, textfile_dir=s.metrics_dir)
+    out: list[Change] = list(cfg)
+    installed = c.pkg(NODE_EXPORTER) is not None
+    out += _install(c, {NODE_EXPORTER: s.node_exporter_version},
+                    f"prometheus-node-exporter {s.node_exporter_version}")
+    unit = c.facts.unit(NODE_EXPORTER_UNIT)
+    if unit.get("enabled") != "enabled":
+        out.append(Cmd(f"enable {NODE_EXPORTER_UNIT}", "systemctl enable " + sh(NODE_EXPORTER_UNIT)))
+    if (cfg and installed) or unit.get("active") != "active":
+        why = "its config changed" if cfg and installed else "not running"
+        out.append(Cmd(f"restart {NODE_EXPORTER_UNIT} ({why}) and check it answers on {listen}",
+                       "systemctl restart " + sh(NODE_EXPORTER_UNIT) + "\n"
+                       + NODE_EXPORTER_CHECK.format(url=sh(f"http://{listen}/metrics"),
+                                                    unit=sh(NODE_EXPORTER_UNIT))))
+    return out
+
+
+def node_exporter_skip(c: Ctx) -> str | None:
+    """Why the node-exporter step is skipped, or None. The default pin is Debian 12's package
+    version: on another distribution the inventory names that distribution's own."""
+    if not c.s.node_exporter:
+        return "disabled (var node_exporter: false)"
+    if c.distro != NODE_EXPORTER_PIN_DISTRO and "node_exporter_version" not in c.s.model_fields_set:
+        return (f"var node_exporter_version: the default {c.s.node_exporter_version} is Debian "
+                f"12's; set {c.distro}'s (`apt-cache policy {NODE_EXPORTER}` on the host), or "
+                "node_exporter: false")
+    return None
+
+
 def dirs(s: Settings) -> list[tuple[str, int, str]]:
     """The log and checkpoint roots are root's: launch creates each job's folder in them as
     root, which is safe only where the job cannot rename or replace what it is given (a
     service-user root let a job swap its folder for a symlink and get anything chowned to it).
     The data folder stays the service user's: jobs write there and root creates nothing in it."""
     u = s.service_user
-    return [(s.prefix, 0o755, "root"), (ETC_DIR, 0o755, "root"),
-            (s.data_dir, 0o750, u), (s.checkpoint_dir, 0o755, "root"), (s.log_dir, 0o755, "root")]
+    out = [(s.prefix, 0o755, "root"), (ETC_DIR, 0o755, "root"),
+           (s.data_dir, 0o750, u), (s.checkpoint_dir, 0o755, "root"), (s.log_dir, 0o755, "root")]
+    if s.node_exporter:  # the jobs' samplers write here as the service user; node_exporter reads
+        out.append((s.metrics_dir, 0o755, u))
+    return out
 
 
 @dataclass(frozen=True)
@@ -395,6 +455,8 @@ STEPS = [
     Step("nccl-tests", nccl_tests, needs_driver=True, upload=nccl_tests_upload,
          enabled=lambda c: None if c.s.nccl_tests else "disabled (var nccl_tests: false)"),
     Step("service-user", service_user),
+    Step("node-exporter", node_exporter,  # after service-user: its textfile folder is that user's
+         enabled=lambda c: node_exporter_skip(c)),
 ]
 
 
@@ -403,16 +465,16 @@ def fact_request(s: Settings, flavor_pkgs: list[str] | None = None) -> dict:
     read facts through Ctx.facts, which refuses anything not asked for here; files come
     from the managed-file table."""
     pkgs = sorted({*(flavor_pkgs or DRIVER_PACKAGE.values()), s.fabricmanager_pkg, s.cuda_pkg,
-                   "libnccl2", "libnccl-dev", "cuda-keyring"})
+                   "libnccl2", "libnccl-dev", "cuda-keyring", NODE_EXPORTER})
     versions = {p: s.driver_deb for p in (*DRIVER_PACKAGE.values(), s.fabricmanager_pkg)}
     versions.update({s.cuda_pkg: s.cuda_package_version, "libnccl2": s.nccl_version,
-                     "libnccl-dev": s.nccl_version})
+                     "libnccl-dev": s.nccl_version, NODE_EXPORTER: s.node_exporter_version})
     return {
         "packages": pkgs,
         "available": [f"{p}={v}" for p, v in sorted(versions.items())],
         **managed.provision_request(),
         "dirs": [d for d, _, _ in dirs(s)],
-        "units": ["nvidia-persistenced.service", "nvidia-fabricmanager.service"],
+        "units": ["nvidia-persistenced.service", "nvidia-fabricmanager.service", NODE_EXPORTER_UNIT],
         "users": [s.service_user],
         "venv": s.venv,
         "paths": [f"{s.prefix}/nccl-tests/build/all_reduce_perf"],

@@ -245,6 +245,19 @@ def signing_key() -> tuple[Path, bytes]:
     return home, _gpg(home, "--export").stdout
 
 
+def publish(flat: Path, home: Path, label: str) -> None:
+    """Index the .debs in `flat` as a flat apt repository and sign it with the testbed key."""
+    packages_txt = _run(["apt-ftparchive", "packages", "."], cwd=flat, text=True).stdout
+    (flat / "Packages").write_text(packages_txt)
+    _run(["gzip", "-kf9n", "Packages"], cwd=flat)
+    release = _run(["apt-ftparchive", "-o", "APT::FTPArchive::Release::Origin=torchrig-testbed",
+                    "-o", f"APT::FTPArchive::Release::Label={label}",
+                    "release", "."], cwd=flat, text=True).stdout
+    (flat / "Release").write_text(release)
+    _gpg(home, "--clearsign", "-o", str(flat / "InRelease"), str(flat / "Release"))
+    _gpg(home, "-abs", "-o", str(flat / "Release.gpg"), str(flat / "Release"))
+
+
 def ensure_repo() -> Path:
     """Build (or reuse from the cache) the signed flat repository; returns its directory."""
     for tool in ("dpkg-deb", "apt-ftparchive", "gpg"):
@@ -262,15 +275,7 @@ def ensure_repo() -> Path:
     tmp.mkdir(parents=True)
     for d in debs:
         _build_deb(d, tmp)
-    packages_txt = _run(["apt-ftparchive", "packages", "."], cwd=tmp, text=True).stdout
-    (tmp / "Packages").write_text(packages_txt)
-    _run(["gzip", "-k9n", "Packages"], cwd=tmp)
-    release = _run(["apt-ftparchive", "-o", "APT::FTPArchive::Release::Origin=torchrig-testbed",
-                    "-o", "APT::FTPArchive::Release::Label=TESTBED STAND-IN for NVIDIA CUDA",
-                    "release", "."], cwd=tmp, text=True).stdout
-    (tmp / "Release").write_text(release)
-    _gpg(home, "--clearsign", "-o", str(tmp / "InRelease"), str(tmp / "Release"))
-    _gpg(home, "-abs", "-o", str(tmp / "Release.gpg"), str(tmp / "Release"))
+    publish(tmp, home, "TESTBED STAND-IN for NVIDIA CUDA")
     (tmp / KEYRING_NAME).write_bytes(keyring)
     shutil.rmtree(repo, ignore_errors=True)
     tmp.rename(repo)

@@ -55,6 +55,8 @@ GPU_OPTIONAL_KEYS: dict[str, tuple[type, ...]] = {
     "fan_percent": (int, type(None)),
     "perf_state": (str,),
     "ecc_errors_uncorrected": (int,),
+    "ecc_errors_corrected": (int,),
+    "throttle_reasons": (int,),
     "compute_mode": (str,),
     "mig_mode": (bool, type(None)),
     "display_active": (bool,),

@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import TorchrigError
-from . import aptrepo, gpu_profiles, image, machines, net, pyindex
+from . import aptrepo, debmirror, gpu_profiles, image, machines, net, pyindex
 from .supervisor import cgroup_dirs
 from .paths import (BRIDGE, CACHE, GATEWAY_IP, HTTP_PORT, MAX_HOSTS, STATE,
                     base_url, host_ip, www)
@@ -115,16 +115,15 @@ def up(n: int, profile: str | None, inventory_path: str, log=print) -> dict:
     t0 = time.monotonic()
     base = image.ensure_base(log)
     repo = aptrepo.ensure_repo()
+    mirror = debmirror.ensure_mirror(base, log)
     wheels = pyindex.ensure_wheels()
     STATE.mkdir(parents=True, exist_ok=True)
     os.chmod(STATE, 0o700)
     pubkey = _operator_key()
     w = www()
     (w / aptrepo.REPO_PATH).parent.mkdir(parents=True, exist_ok=True)
-    link = w / aptrepo.REPO_PATH
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(repo)
+    _link(w / aptrepo.REPO_PATH, repo)
+    _link(w / debmirror.URL_PATH, mirror)
     pyindex.write_index(wheels, w / "pypi")
     net.ensure_bridge()
     _serve()
@@ -133,6 +132,7 @@ def up(n: int, profile: str | None, inventory_path: str, log=print) -> dict:
         net.add_host(name, peers[name])
         machines.mount(name, base)
         machines.configure(name, peers[name], peers, pubkey, profiles[name])
+        debmirror.configure_host(machines.root_of(name))
         machines.start(name)
     for name in names:
         machines.wait_ssh(peers[name])
@@ -144,6 +144,12 @@ def up(n: int, profile: str | None, inventory_path: str, log=print) -> dict:
     write_inventory(inventory_path, names, peers, profiles)
     state["seconds"] = round(time.monotonic() - t0, 1)
     return state
+
+
+def _link(link: Path, target: Path) -> None:
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(target)
 
 
 def write_inventory(path: str, names: list[str], peers: dict[str, str],
