@@ -125,15 +125,16 @@ def _gives_up(since: str, timeout: float | None) -> str:
     return f", gives up at {t // 3600:02d}:{t // 60 % 60:02d}:{t % 60:02d}"
 
 
-def fetch(fleet, hosts: list, unit: str, keep=agent.LAST_LINES, lines=500000):
+def fetch(fleet, hosts: list, unit: str, keep=agent.LAST_LINES, lines=500000, ident=None):
     """Every node's journal for the unit (its newest `lines` lines: the ranks' output is in it
     too) -> [NodeJournal] (node rank = position in hosts); nodes that could not be read are
-    left out."""
+    left out. ident: read the lines of this journal identifier instead (a Slurm job's)."""
     from ..remote import sh
     ranks = {h.name: i for i, h in enumerate(hosts)}
 
     def one(h):
-        r = fleet.run(h, "python3 -I - " + sh(json.dumps({"unit": unit, "keep": keep, "lines": lines})),
+        r = fleet.run(h, "python3 -I - " + sh(json.dumps({"unit": unit, "keep": keep, "lines": lines,
+                                                       **({"ident": ident} if ident else {})})),
                       root=True, timeout=60, data=SCRIPT.read_text())
         if r.exited != 0:
             raise RuntimeError(r.stderr.strip()[-300:])

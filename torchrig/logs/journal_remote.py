@@ -1,5 +1,5 @@
 """Runs ON THE NODE as root (python3 -I -): the job unit's journal since its last start, for
-torchrig.logs.agent. argv[1]: JSON {"unit": U, "keep": N, "lines": L}
+torchrig.logs.agent. argv[1]: JSON {"unit": U, "keep": N, "lines": L, "ident": I or absent}
 
 The journal also holds every rank's output (torchrun --tee), which can be millions of lines:
 kept are the agent's and systemd's lines (the newest 5000) and the last N lines of each local
@@ -14,7 +14,9 @@ import time
 
 a = json.loads(sys.argv[1])
 TEE = re.compile(r"^\[default(\d+)\]:")
-p = subprocess.Popen(["journalctl", "-u", a["unit"], "-o", "cat", "--no-pager", "-n", str(a["lines"])],
+# a Slurm job's agent lines carry the unit's SyslogIdentifier but belong to no unit of theirs
+match = ["-t", a["ident"]] if a.get("ident") else ["-u", a["unit"]]
+p = subprocess.Popen(["journalctl", *match, "-o", "cat", "--no-pager", "-n", str(a["lines"])],
                      stdout=subprocess.PIPE, text=True, errors="replace")
 other = collections.deque(maxlen=5000)
 ranks = {}
