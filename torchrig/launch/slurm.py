@@ -26,6 +26,9 @@ ENDPOINT = "\0endpoint"  # stands for "$TORCHRIG_RDZV_ENDPOINT" in a rendered co
 GRACE_S = TORCHRUN_GRACE + FINAL_CHECKPOINT_S  # as the systemd unit's TimeoutStopSec
 # the stop's bound: Slurm's KillWait (provision sets it to GRACE_S) plus room to see the end
 STOP_BOUND_S = GRACE_S + 60
+# the batch script's output (srun's messages) on the first node, hidden from `logs` (a dot
+# name is no torchrun run folder)
+BATCH_OUT = ".slurm-%j.out"
 
 
 def cluster(inv):
@@ -82,7 +85,7 @@ def render_sbatch(job: Job, nnodes: int, partition: str | None, time_limit: str 
     return render("slurm/JOB.sbatch.j2", job=job.name, marker=launch_marker(job), nnodes=nnodes,
                   release=job.release, partition=partition, time=time_limit, grace=GRACE_S,
                   gpus=gpus, exclude=",".join(exclude),
-                  output=f"{job_folder(first.log_dir, job.name)}/slurm-%j.out",
+                  output=f"{job_folder(first.log_dir, job.name)}/{BATCH_OUT}",
                   endpoints=[(sh(n.host), sh(f"{n.address}:{job.rdzv_port}")) for n in job.nodes],
                   step=sh(render_step(job)))
 
@@ -315,7 +318,7 @@ def _confirm(fleet: Fleet, ctl: Host, job: Job, sj: SlurmJob, timeout: float) ->
         if st is None or (not st.live and st.state != "COMPLETED"):
             raise TorchrigError(f"slurm job {sj.job_id} ended before it started: "
                                 f"{st.state + ' (' + st.reason + ')' if st else 'unknown to Slurm'}"
-                                f"; its batch output: {logdir[job.nodes[0].host]}/slurm-{sj.job_id}.out "
+                                f"; its batch output: {logdir[job.nodes[0].host]}/{BATCH_OUT.replace('%j', sj.job_id)} "
                                 "on its first node")
         if st.state in ("RUNNING", "COMPLETING", "COMPLETED") and st.nodes:
             hosts = hosts_of(fleet, sj)
