@@ -65,6 +65,10 @@ class Settings(BaseModel):
     cuda_package_version: str = _var("12.8.93-1", "provision", "its package version")
     nccl_version: str = _var("2.26.2-1+cuda12.8", "provision", "libnccl2/libnccl-dev package version")
     torch_version: str = _var("2.13.0", "provision", "torch in the venv")
+    # Slurm as the distribution packages it (controller and daemons must match: pinned, held).
+    slurm_version: str = _var("22.05.8-4+deb12u3", "provision",
+                              "slurmctld/slurmd/slurm-client package version (inventory `slurm:`)")
+    munge_version: str = _var("0.5.15-2+deb12u1", "provision", "munge package version")
     cuda_repo_url: str = _var("https://developer.download.nvidia.com/compute/cuda/repos",
                               "provision", "CUDA apt repository (credentials in the URL go to a "
                               "0600 apt auth file, never shown)", shown="NVIDIA's CUDA repos")
