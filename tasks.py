@@ -151,10 +151,10 @@ def provision(c, inventory=None, host=None, dry_run=False, yes=False, reboot=Fal
 
 
 def _provision(fleet, dry_run, yes, reboot, json_):
-    from torchrig.provision.apply import HostReport, apply_host, plan_host
+    from torchrig.provision.apply import HostReport, apply_host, plan_hosts
     red = _redactor(fleet.inv)
     _warm("torchrig.report")
-    gathered = fleet.fan_out(lambda h: plan_host(fleet, h))
+    gathered = plan_hosts(fleet)
     from torchrig import report
     planned = [r.value for r in gathered if r.ok and r.value.report.ok]
     failed = [HostReport(r.host, ok=False, error=r.error) for r in gathered if not r.ok]

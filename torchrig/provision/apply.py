@@ -12,7 +12,9 @@ from ..facts import probe, provision_facts
 from ..inventory import Host
 from ..remote import login_user, privileged, sh
 from ..resources import PAYLOAD
+from ..remote import Result
 from ..session import Fleet
+from . import slurm
 from .changes import b64, preamble
 from .desired import Settings
 from .engine import Plan, build_plan
@@ -86,11 +88,22 @@ class Planned:
         return plan_report(self.plan)
 
 
-def plan_host(fleet: Fleet, host: Host) -> Planned:
-    s = host.settings
-    facts = gather(fleet.conn(host), s)
-    ctx = Ctx(facts, s, host.name, payload_requirements())
-    return Planned(host, s, ctx, build_plan(ctx))
+def plan_hosts(fleet: Fleet) -> list[Result]:
+    """Phase 1 for the selected hosts: each one's facts (one round trip per host); with an
+    inventory `slurm:` cluster among them, the cluster planned over all its hosts' facts
+    (slurm.conf lists every node); then each host's plan. A Result per host (value: Planned)."""
+    got = fleet.fan_out(lambda h: Ctx(gather(fleet.conn(h), h.settings), h.settings, h.name,
+                                      payload_requirements()))
+    spec = fleet.inv.slurm
+    cluster = None
+    if spec and any(h.name in spec.hosts for h in fleet.hosts):
+        cluster = slurm.plan_cluster(spec, {r.host: r.value.facts for r in got if r.ok})
+    for r in got:
+        if r.ok:
+            ctx, host = r.value, fleet.inv.host(r.host)
+            ctx.cluster = cluster
+            r.value = Planned(host, host.settings, ctx, build_plan(ctx))
+    return got
 
 
 def plan_report(plan: Plan) -> HostReport:
@@ -156,7 +169,7 @@ def apply_host(fleet: Fleet, p: Planned, reboot: bool, log=lambda host, msg: Non
             rep.rebooted = True
             cxn = fleet.conn(host)
             # the host as it came back: only what is still to do runs
-            ctx = Ctx(gather(cxn, s), s, host.name, ctx.payload_requirements)
+            ctx = Ctx(gather(cxn, s), s, host.name, ctx.payload_requirements, ctx.cluster)
             plan = build_plan(ctx, check_preflight=False)
     except TorchrigError as e:
         rep.error = str(e)
