@@ -125,11 +125,18 @@ def plan_cluster(spec: Slurm, facts: dict[str, object], new_key: Callable[[], st
     controller = facts[spec.controller].node().get("hostname") or spec.controller
     values = dict(cluster_name=spec.cluster_name, controller_hostname=controller.split(".")[0],
                   state_dir=STATE_DIR, spool_dir=SPOOL_DIR, cgroup=spec.cgroup,
-                  partition=spec.partition, nodes=nodes)
+                  partition=spec.partition, nodes=nodes, kill_wait=_kill_wait())
     files = {f.template: f.render(**values) for f in (managed.SLURM_CONF, managed.GRES_CONF)}
     if spec.cgroup:
         files[managed.CGROUP_CONF.template] = managed.CGROUP_CONF.render()
     return Cluster(spec, files, munge_key=key)
+
+
+def _kill_wait() -> int:
+    """scancel's SIGTERM-to-SIGKILL wait: as long as the systemd launcher gives a job to
+    checkpoint (its units' TimeoutStopSec), so `stop` through Slurm checkpoints too."""
+    from ..launch.slurm import GRACE_S
+    return GRACE_S
 
 
 def reconfigure_only(old: str | None, new: str) -> bool:
