@@ -81,7 +81,7 @@ def test_compute_node_powered_off_fails_the_job_in_bounded_time_and_is_named(slu
     machines.power_off("gpu4")
     t0 = time.monotonic()
     try:
-        # slurmctld: the node stops answering (SlurmdTimeout), the job fails (no requeue)
+        # slurmctld: the node stops answering (SlurmdTimeout=60), the job fails (no requeue)
         state = wait_until("the Slurm job to end", lambda: (
             s if (s := slurm_state(c, "sl-power")) not in ("RUNNING", "COMPLETING", "") else None),
             timeout=300, interval=3)
@@ -93,7 +93,9 @@ def test_compute_node_powered_off_fails_the_job_in_bounded_time_and_is_named(slu
         r = logs(c.inv, "sl-power", "--failures")
         assert "node(s) gpu4 lost" in r.stdout, r.stdout + r.stderr
         print(f"the Slurm job ended {took:.0f}s after the power-off")
-        assert sh(c.inv, "gpu1", f"pgrep -f {WORKER} || true") == ""
+        # the survivor's ranks are gone too (slurmd ends the failed job's steps)
+        wait_until("no rank left on gpu1", lambda: sh(c.inv, "gpu1", f"pgrep -f {WORKER} || true") == "",
+                   timeout=60)
     finally:
         machines.stop("gpu4")
         machines.start("gpu4")
