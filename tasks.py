@@ -222,10 +222,16 @@ def _latest_job(fleet) -> str:
     from torchrig.remote import sh
     from torchrig.settings import JOBS_DIR
     first = fleet.hosts[0]
-    r = fleet.run(first, f"ls -t {sh(JOBS_DIR + '/')} 2>/dev/null | sed -n 's/\\.env$//p' | head -1")
-    if not r.stdout.strip():
+    newest = f"cd {sh(JOBS_DIR)} 2>/dev/null && stat -c '%Y %n' -- *{{ext}} 2>/dev/null | sort -n | tail -1"
+    found = []  # (mtime, job): systemd jobs on the first host, Slurm jobs on the controller
+    for h, ext in ((first, ".env"),) + (((fleet.inv.host(fleet.inv.slurm.controller), ".slurm"),)
+                                          if getattr(fleet.inv, "slurm", None) else ()):
+        out = fleet.run(h, newest.format(ext=ext)).stdout.split()
+        if len(out) == 2 and out[0].isdigit():
+            found.append((int(out[0]), out[1][:-len(ext)]))
+    if not found:
         raise Exit(f"error: no torchrig job found on {first.name}; pass --job NAME", code=1)
-    return r.stdout.strip()
+    return max(found)[1]
 
 
 @fleet_task(iterable=["env"],
