@@ -1,0 +1,58 @@
+"""Slurm on the testbed: real slurmctld, slurmd and munge (Debian's packages, served by the
+testbed's mirror) set up by provision from the inventory's `slurm:` section."""
+
+import base64
+import re
+import shlex
+
+import pytest
+
+from conftest import provision, sh, steps_of, wait_slurm_idle
+
+pytestmark = pytest.mark.provisioned("gpu1", "gpu3", "gpu4")
+
+
+def test_provision_sets_up_slurm_and_a_second_run_changes_nothing(slurm_cluster):
+    c = slurm_cluster
+    _, data = c.first
+    for h in c.compute:
+        _, st = steps_of(data, h)
+        assert st["slurm-config"]["status"] == "changed"
+        assert "restart slurmd.service (its config changed)" in st["slurm-config"]["changes"]
+    _, st = steps_of(data, c.controller)
+    assert "restart slurmctld.service (its config changed)" in st["slurm-config"]["changes"]
+    # both compute nodes idle, each with the GPUs of its profile (count-only GRES: two V100S)
+    rows = dict(ln.split(None, 1) for ln in wait_slurm_idle(c).splitlines())
+    assert rows == {h: "idle gpu:v100s:2" for h in c.compute}, rows
+    conf = c.run("cat /etc/slurm/slurm.conf")
+    assert "ProctrackType=proctrack/linuxproc" in conf and f"PartitionName={c.partition} Nodes=gpu1,gpu4" in conf
+    # the same slurm.conf everywhere (slurmd refuses a differing one)
+    assert {sh(c.inv, h, "sha256sum /etc/slurm/slurm.conf").split()[0] for h in c.compute} == \
+        {c.run("sha256sum /etc/slurm/slurm.conf").split()[0]}
+    assert sh(c.inv, "gpu1", "apt-mark showhold | grep -E '^(munge|slurmd|slurm-client)$' | sort").split() == \
+        ["munge", "slurm-client", "slurmd"]
+    r, again = provision(c.inv, c.hosts, "--yes")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [(rep["host"], rep["changed"]) for rep in again] == [(h, 0) for h in c.hosts.split(",")]
+
+
+def test_munge_key_is_shared_and_never_shown_in_argv_or_a_readable_file(slurm_cluster):
+    c = slurm_cluster
+    key = c.run("cat /etc/munge/munge.key")
+    assert len(key) >= 128
+    forms = [key, base64.b64encode(key.encode()).decode()]
+    for h in c.hosts.split(","):
+        assert sh(c.inv, h, "stat -c '%a %U %G' /etc/munge/munge.key") == "400 munge munge"
+        assert sh(c.inv, h, "sha256sum < /etc/munge/munge.key") == c.run("sha256sum < /etc/munge/munge.key")
+        # any world-readable file holding it (patterns read from the key file: not in argv)
+        leaked = sh(c.inv, h, "find / -xdev \\( -path /proc -o -path /sys \\) -prune -o -type f -perm -o=r "
+                              "-size -4M -print0 | xargs -0 grep -lF -f /etc/munge/munge.key || true")
+        assert leaked == "", leaked
+    # one key: a credential made on a compute node decodes on the controller
+    cred = sh(c.inv, "gpu1", "munge -n", sudo=False).strip()
+    assert "STATUS:          Success (0)" in c.run(f"printf %s {shlex.quote(cred)} | unmunge", sudo=False)
+    # the sampler was running while the key went out (it saw provision's root scripts run)
+    assert any(re.search(r"\bbash -s\b", a) for a in c.argv), "the argv sampler saw no root script"
+    assert not [a[:200] for a in c.argv if any(f in a for f in forms)]
+    out = c.first[0].stdout + c.first[0].stderr
+    assert not any(f in out for f in forms)
