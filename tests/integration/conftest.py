@@ -234,8 +234,8 @@ def inventory_doc(testbed):
 
 # Controller gpu3 and the two V100S pairs the launch tests train on as compute nodes; the
 # testbed's containers have no delegated cgroup tree, so Slurm tracks processes by parent
-# (slurm.cgroup: false; real hosts keep the cgroup plugins). GRES on the testbed is count-only:
-# there are no /dev/nvidia* device files in the containers.
+# (slurm.cgroup: false; real hosts keep the cgroup plugins). GRES on the testbed is backed by
+# the stand-in device files the testbed creates for each simulated GPU (/dev/nvidiaN).
 SLURM = {"controller": "gpu3", "compute": ["gpu1", "gpu4"], "partition": "gpu", "cgroup": False}
 
 

@@ -21,7 +21,7 @@ def test_provision_sets_up_slurm_and_a_second_run_changes_nothing(slurm_cluster)
         assert "restart slurmd.service (its config changed)" in st["slurm-config"]["changes"]
     _, st = steps_of(data, c.controller)
     assert "restart slurmctld.service (its config changed)" in st["slurm-config"]["changes"]
-    # both compute nodes idle, each with the GPUs of its profile (count-only GRES: two V100S)
+    # both compute nodes idle, each with the GPUs of its profile (two V100S, File=/dev/nvidia[0-1])
     rows = dict(ln.split(None, 1) for ln in wait_slurm_idle(c).splitlines())
     assert rows == {h: "idle gpu:v100s:2" for h in c.compute}, rows
     conf = c.run("cat /etc/slurm/slurm.conf")
