@@ -29,6 +29,9 @@ def test_provision_sets_up_slurm_and_a_second_run_changes_nothing(slurm_cluster)
     # the same slurm.conf everywhere (slurmd refuses a differing one)
     assert {sh(c.inv, h, "sha256sum /etc/slurm/slurm.conf").split()[0] for h in c.compute} == \
         {c.run("sha256sum /etc/slurm/slurm.conf").split()[0]}
+    # Debian's own packages, from the testbed's site mirror of them (the hosts have no route out)
+    assert re.search(r"\*\*\* 22\.05\.8-4\+deb12u3 \d+\n\s+\d+ http://[\d.]+:8080/debian/?\s",
+                     sh(c.inv, "gpu1", "apt-cache policy slurmd", sudo=False))
     assert sh(c.inv, "gpu1", "apt-mark showhold | grep -E '^(munge|slurmd|slurm-client)$' | sort").split() == \
         ["munge", "slurm-client", "slurmd"]
     r, again = provision(c.inv, c.hosts, "--yes")
@@ -45,8 +48,10 @@ def test_munge_key_is_shared_and_never_shown_in_argv_or_a_readable_file(slurm_cl
         assert sh(c.inv, h, "stat -c '%a %U %G' /etc/munge/munge.key") == "400 munge munge"
         assert sh(c.inv, h, "sha256sum < /etc/munge/munge.key") == c.run("sha256sum < /etc/munge/munge.key")
         # any world-readable file holding it (patterns read from the key file: not in argv)
-        leaked = sh(c.inv, h, "find / -xdev \\( -path /proc -o -path /sys \\) -prune -o -type f -perm -o=r "
-                              "-size -4M -print0 | xargs -0 grep -lF -f /etc/munge/munge.key || true")
+        # (where a host's own writes go; the venv and /usr hold only packages' files)
+        leaked = sh(c.inv, h, "find /etc /var /tmp /run /root /home /srv /opt -xdev -path /opt/torchrig/venv "
+                              "-prune -o -type f -perm -o=r -size -4M -print0 "
+                              "| xargs -0 grep -lF -f /etc/munge/munge.key || true")
         assert leaked == "", leaked
     # one key: a credential made on a compute node decodes on the controller
     cred = sh(c.inv, "gpu1", "munge -n", sudo=False).strip()

@@ -161,6 +161,8 @@ def test_fresh_cluster_host_installs_pinned_daemons_by_role():
     assert "directory /var/lib/slurm/slurmctld (0700 slurm:slurm)" in plan
     assert plan[-1] == "restart slurmctld.service (its config changed)"
     assert steps.slurm_packages(ctx("other", raw("other"), cl)) == []  # not in the cluster
+    assert steps._in_cluster(ctx("other", raw("other"), cl)) == "not a host of the inventory's slurm: cluster"
+    assert steps._in_cluster(ctx("other", raw("other"))) == "no slurm: cluster in the inventory"
 
 
 SLURM_INV = """
