@@ -6,6 +6,7 @@ import re
 import shlex
 
 import pytest
+import yaml
 
 from conftest import provision, sh, steps_of, wait_slurm_idle
 
@@ -61,3 +62,30 @@ def test_munge_key_is_shared_and_never_shown_in_argv_or_a_readable_file(slurm_cl
     assert not [a[:200] for a in c.argv if any(f in a for f in forms)]
     out = c.first[0].stdout + c.first[0].stderr
     assert not any(f in out for f in forms)
+
+
+def test_a_partition_change_reconfigures_without_restarting_a_daemon(slurm_cluster, tmp_path):
+    c = slurm_cluster
+    pids = {h: sh(c.inv, h, f"systemctl show -p MainPID --value {u}")
+            for h, u in [(c.controller, "slurmctld"), *[(h, "slurmd") for h in c.compute]]}
+    doc = yaml.safe_load(c.inv.read_text())
+    doc["slurm"] = {**doc["slurm"], "partition": "renamed"}
+    renamed = tmp_path / "renamed.yml"
+    renamed.write_text(yaml.safe_dump(doc))
+    try:
+        r, data = provision(renamed, c.hosts, "--yes")
+        assert r.returncode == 0, r.stdout + r.stderr
+        _, st = steps_of(data, c.controller)
+        assert st["slurm-config"]["changes"] == ["write /etc/slurm/slurm.conf (mode 0644, root:root)",
+                                                 "scontrol reconfigure (partitions changed)"]
+        for h in c.compute:
+            assert steps_of(data, h)[1]["slurm-config"]["changes"] == [
+                "write /etc/slurm/slurm.conf (mode 0644, root:root)"]
+        assert c.run("sinfo -h -o %R").split() == ["renamed"]
+        assert {h: sh(c.inv, h, f"systemctl show -p MainPID --value {u}")
+                for h, u in [(c.controller, "slurmctld"), *[(h, "slurmd") for h in c.compute]]} == pids
+    finally:  # the session's cluster as the other tests expect it
+        r, _ = provision(c.inv, c.hosts, "--yes")
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert c.run("sinfo -h -o %R").split() == [c.partition]
+    wait_slurm_idle(c)
