@@ -69,7 +69,7 @@ def test_slurm_conf_and_gres_conf_rendered_from_every_nodes_facts():
             "RealMemory=257000 Gres=gpu:v100s:2 State=UNKNOWN\n") in conf
     assert "NodeName=gpu2 NodeHostname=gpu2 " in conf and "Gres=gpu:h100:8 " in conf
     assert "NodeName=head" not in conf  # the controller is not a compute host here
-    assert "PartitionName=gpu Nodes=gpu1,gpu2 Default=YES" in conf
+    assert "PartitionName=gpu Nodes=gpu1,gpu2 Default=YES MaxTime=INFINITE State=UP DefMemPerCPU=16062\n" in conf
     assert "ProctrackType=proctrack/cgroup\n" in conf and "GresTypes=gpu\n" in conf
     gres = cl.files[managed.GRES_CONF.template]
     assert "NodeName=gpu1 Name=gpu Type=v100s File=/dev/nvidia[0-1]\n" in gres

@@ -128,7 +128,8 @@ def plan_cluster(spec: Slurm, facts: dict[str, object], new_key: Callable[[], st
     controller = facts[spec.controller].node().get("hostname") or spec.controller
     values = dict(cluster_name=spec.cluster_name, controller_hostname=controller.split(".")[0],
                   state_dir=STATE_DIR, spool_dir=SPOOL_DIR, cgroup=spec.cgroup,
-                  partition=spec.partition, nodes=nodes)
+                  partition=spec.partition, nodes=nodes,
+                  def_mem_per_cpu=min(n.mem_mib // n.cpus for n in nodes))
     files = {f.template: f.render(**values) for f in (managed.SLURM_CONF, managed.GRES_CONF)}
     if spec.cgroup:
         files[managed.CGROUP_CONF.template] = managed.CGROUP_CONF.render()
