@@ -213,3 +213,22 @@ def test_example_inventory_documents_a_valid_slurm_section(tmp_path):
     p.write_text(text[:text.index("# slurm:")] + uncommented + "\n")
     s = inventory.load(p).slurm
     assert s.controller == "gpu1" and s.compute == ("gpu1", "gpu2") and s.partition == "gpu"
+
+
+def test_lscpu_json_flat_and_nested_and_meminfo():
+    from torchrig.facts import node_hw
+    # util-linux 2.38 (Debian 12): flat rows, as captured
+    flat = json.dumps({"lscpu": [{"field": "Architecture:", "data": "x86_64"},
+                                 {"field": "CPU(s):", "data": "2"}, {"field": "Thread(s) per core:", "data": "1"},
+                                 {"field": "Core(s) per socket:", "data": "2"}, {"field": "Socket(s):", "data": "1"}]})
+    assert node_hw.parse_lscpu(flat) == {"cpus": 2, "sockets": 1, "cores": 2, "threads": 1}
+    # util-linux 2.39 (Ubuntu 24.04): the topology rows are children of "Model name:"
+    nested = json.dumps({"lscpu": [{"field": "CPU(s):", "data": "64"}, {"field": "Vendor ID:", "data": "AuthenticAMD",
+        "children": [{"field": "Model name:", "data": "AMD EPYC 7543", "children": [
+            {"field": "Thread(s) per core:", "data": "2"}, {"field": "Core(s) per socket:", "data": "16"},
+            {"field": "Socket(s):", "data": "2"}]}]}]})
+    assert node_hw.parse_lscpu(nested) == {"cpus": 64, "sockets": 2, "cores": 16, "threads": 2}
+    assert node_hw.parse_lscpu("lscpu: command not found") is None
+    # MiB rounded down, as slurmd -C computes RealMemory
+    assert node_hw.parse_mem_mib("MemTotal:       24683524 kB\nMemFree: 1 kB\n") == 24105
+    assert node_hw.parse_mem_mib("") is None
