@@ -145,7 +145,8 @@ def exec_(c, command, inventory=None, host=None, sudo=False, timeout=None, paral
                   "json": "print the results as JSON"})
 def provision(c, inventory=None, host=None, dry_run=False, yes=False, reboot=False, json_=False,
               accept_new_host_keys=False):
-    """Install the NVIDIA driver, CUDA, NCCL, a torch venv and nccl-tests; plan first, idempotent."""
+    """Install the NVIDIA driver, CUDA, NCCL, a torch venv and nccl-tests (and Slurm with the
+    inventory's slurm: section); plan first, idempotent."""
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
         _provision(fleet, dry_run, yes, reboot, json_)
 

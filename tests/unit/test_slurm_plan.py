@@ -22,7 +22,8 @@ SPEC = inventory.Slurm(controller="head", compute=("gpu1", "gpu2"), partition="g
 
 def node(hostname, **over):
     n = {"hostname": hostname, "cpu": {"cpus": 16, "sockets": 2, "cores": 4, "threads": 2},
-         "mem_mib": 257000, "dev-nvidia": [], "libnvidia-ml": [], "slurm-gpu-nvml": []}
+         "mem_mib": 257000, "dev-nvidia": [f"/dev/nvidia{i}" for i in range(8)],
+         "libnvidia-ml": [], "slurm-gpu-nvml": []}
     return {**n, **over}
 
 
@@ -43,10 +44,9 @@ def ctx(host, facts, cluster=None):
 
 def cluster_facts(**per_host):
     base = {"head": raw("head", smi={"rc": 127, "output": "nvidia-smi: not found"}),
-            "gpu1": raw("gpu1.lab.example", dev=None),
+            "gpu1": raw("gpu1.lab.example"),
             "gpu2": raw("gpu2", smi=H100_SMI, **{"libnvidia-ml": ["/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"],
                                                  "slurm-gpu-nvml": ["/usr/lib/x86_64-linux-gnu/slurm-wlm/gpu_nvml.so"]})}
-    base["gpu1"]["node"]["dev-nvidia"] = ["/dev/nvidia0", "/dev/nvidia1"]
     base.update(per_host)
     return {h: ctx(h, f).facts for h, f in base.items()}
 
@@ -69,23 +69,28 @@ def test_slurm_conf_and_gres_conf_rendered_from_every_nodes_facts():
             "RealMemory=257000 Gres=gpu:v100s:2 State=UNKNOWN\n") in conf
     assert "NodeName=gpu2 NodeHostname=gpu2 " in conf and "Gres=gpu:h100:8 " in conf
     assert "NodeName=head" not in conf  # the controller is not a compute host here
-    assert "PartitionName=gpu Nodes=gpu1,gpu2 Default=YES" in conf
+    assert "PartitionName=gpu Nodes=gpu1,gpu2 Default=YES MaxTime=INFINITE State=UP DefMemPerCPU=16062\n" in conf
     assert "ProctrackType=proctrack/cgroup\n" in conf and "GresTypes=gpu\n" in conf
     gres = cl.files[managed.GRES_CONF.template]
-    assert "NodeName=gpu1 AutoDetect=off Name=gpu Type=v100s File=/dev/nvidia[0-1]\n" in gres
+    assert "NodeName=gpu1 Name=gpu Type=v100s File=/dev/nvidia[0-1]\n" in gres
     assert "NodeName=gpu2 AutoDetect=nvml Name=gpu Type=h100 Count=8\n" in gres
     assert "ConstrainDevices=yes" in cl.files[managed.CGROUP_CONF.template]
 
 
-def test_without_device_files_gres_is_count_only_and_cgroup_false_uses_linuxproc():
-    spec = SPEC.model_copy(update={"cgroup": False})
-    facts = cluster_facts(gpu1=raw("gpu1"))
-    cl = slurm.plan_cluster(spec, facts, new_key=lambda: "k" * 64)
-    assert "NodeName=gpu1 AutoDetect=off Name=gpu Type=v100s Count=2\n" in cl.files[managed.GRES_CONF.template]
+def test_cgroup_false_uses_linuxproc_and_no_cgroup_conf():
+    cl = slurm.plan_cluster(SPEC.model_copy(update={"cgroup": False}), cluster_facts(),
+                            new_key=lambda: "k" * 64)
     conf = cl.files[managed.SLURM_CONF.template]
     assert "ProctrackType=proctrack/linuxproc\n" in conf and "TaskPlugin=task/none\n" in conf
     assert "cgroup" not in "".join(ln for ln in conf.splitlines() if not ln.startswith("#"))
     assert managed.CGROUP_CONF.template not in cl.files
+
+
+def test_gpus_without_device_files_or_nvml_block_the_configs():
+    """slurmd registers no GPU from a Count-only gres.conf line (seen on 22.05): wait instead."""
+    cl = slurm.plan_cluster(SPEC, cluster_facts(gpu1=raw("gpu1", **{"dev-nvidia": []})), new_key=lambda: "k" * 64)
+    assert cl.blocked.startswith("gpu1: its GPU device files (/dev/nvidia0..) are missing")
+    assert cl.files == {} and cl.munge_key
 
 
 def test_a_compute_node_without_a_driver_blocks_the_configs_not_the_key():
@@ -156,6 +161,8 @@ def test_fresh_cluster_host_installs_pinned_daemons_by_role():
     assert "directory /var/lib/slurm/slurmctld (0700 slurm:slurm)" in plan
     assert plan[-1] == "restart slurmctld.service (its config changed)"
     assert steps.slurm_packages(ctx("other", raw("other"), cl)) == []  # not in the cluster
+    assert steps._in_cluster(ctx("other", raw("other"), cl)) == "not a host of the inventory's slurm: cluster"
+    assert steps._in_cluster(ctx("other", raw("other"))) == "no slurm: cluster in the inventory"
 
 
 SLURM_INV = """
@@ -206,3 +213,22 @@ def test_example_inventory_documents_a_valid_slurm_section(tmp_path):
     p.write_text(text[:text.index("# slurm:")] + uncommented + "\n")
     s = inventory.load(p).slurm
     assert s.controller == "gpu1" and s.compute == ("gpu1", "gpu2") and s.partition == "gpu"
+
+
+def test_lscpu_json_flat_and_nested_and_meminfo():
+    from torchrig.facts import node_hw
+    # util-linux 2.38 (Debian 12): flat rows, as captured
+    flat = json.dumps({"lscpu": [{"field": "Architecture:", "data": "x86_64"},
+                                 {"field": "CPU(s):", "data": "2"}, {"field": "Thread(s) per core:", "data": "1"},
+                                 {"field": "Core(s) per socket:", "data": "2"}, {"field": "Socket(s):", "data": "1"}]})
+    assert node_hw.parse_lscpu(flat) == {"cpus": 2, "sockets": 1, "cores": 2, "threads": 1}
+    # util-linux 2.39 (Ubuntu 24.04): the topology rows are children of "Model name:"
+    nested = json.dumps({"lscpu": [{"field": "CPU(s):", "data": "64"}, {"field": "Vendor ID:", "data": "AuthenticAMD",
+        "children": [{"field": "Model name:", "data": "AMD EPYC 7543", "children": [
+            {"field": "Thread(s) per core:", "data": "2"}, {"field": "Core(s) per socket:", "data": "16"},
+            {"field": "Socket(s):", "data": "2"}]}]}]})
+    assert node_hw.parse_lscpu(nested) == {"cpus": 64, "sockets": 2, "cores": 16, "threads": 2}
+    assert node_hw.parse_lscpu("lscpu: command not found") is None
+    # MiB rounded down, as slurmd -C computes RealMemory
+    assert node_hw.parse_mem_mib("MemTotal:       24683524 kB\nMemFree: 1 kB\n") == 24105
+    assert node_hw.parse_mem_mib("") is None

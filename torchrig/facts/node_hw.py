@@ -13,8 +13,12 @@ def parse_lscpu(text: str) -> dict[str, int] | None:
     """{"cpus", "sockets", "cores", "threads"} (cores per socket, threads per core), or None
     when the output is not lscpu's JSON or lacks a field."""
     try:
-        rows = json.loads(text)["lscpu"]
-        fields = {r["field"].rstrip(":"): r.get("data") for r in rows}
+        fields: dict[str, str] = {}
+        rows = list(json.loads(text)["lscpu"])
+        while rows:  # util-linux >= 2.39 nests rows under "children" (Ubuntu 24.04)
+            r = rows.pop()
+            fields.setdefault(r["field"].rstrip(":"), r.get("data"))
+            rows += r.get("children", [])
         return {"cpus": int(fields["CPU(s)"]), "sockets": int(fields["Socket(s)"]),
                 "cores": int(fields["Core(s) per socket"]),
                 "threads": int(fields["Thread(s) per core"])}

@@ -60,7 +60,7 @@ class Node:
     threads: int
     mem_mib: int
     gpus: tuple[dict, ...]       # [{"type", "count", "files"}] by model
-    gres_mode: str               # nvml | files | count
+    gres_mode: str               # nvml | files
 
     @property
     def gres(self) -> str:
@@ -80,9 +80,12 @@ def node_of(name: str, node: dict, smi: dict) -> Node | str:
     for idx, model in gpus:
         by_type.setdefault(gpu_type(model), []).append(idx)
     have = set(node.get("dev-nvidia") or [])
-    files = all(f"/dev/nvidia{i}" in have for i, _ in gpus) and bool(gpus)
-    mode = ("nvml" if node.get("libnvidia-ml") and node.get("slurm-gpu-nvml")
-            else "files" if files else "count")
+    files = all(f"/dev/nvidia{i}" in have for i, _ in gpus)
+    mode = "nvml" if node.get("libnvidia-ml") and node.get("slurm-gpu-nvml") else "files"
+    if mode == "files" and not files:
+        # slurmd counts no GPU without its device file (a Count-only line registers 0)
+        return (f"{name}: its GPU device files (/dev/nvidia0..) are missing while nvidia-smi "
+                "answers; rerun provision once the driver has created them")
     return Node(name, (node.get("hostname") or name).split(".")[0], cpu["cpus"], cpu["sockets"],
                 cpu["cores"], cpu["threads"], mem,
                 tuple({"type": t, "count": len(ix), "files": device_files(ix)}
@@ -125,7 +128,8 @@ def plan_cluster(spec: Slurm, facts: dict[str, object], new_key: Callable[[], st
     controller = facts[spec.controller].node().get("hostname") or spec.controller
     values = dict(cluster_name=spec.cluster_name, controller_hostname=controller.split(".")[0],
                   state_dir=STATE_DIR, spool_dir=SPOOL_DIR, cgroup=spec.cgroup,
-                  partition=spec.partition, nodes=nodes, kill_wait=_kill_wait())
+                  partition=spec.partition, nodes=nodes, kill_wait=_kill_wait(),
+                  def_mem_per_cpu=min(n.mem_mib // n.cpus for n in nodes))
     files = {f.template: f.render(**values) for f in (managed.SLURM_CONF, managed.GRES_CONF)}
     if spec.cgroup:
         files[managed.CGROUP_CONF.template] = managed.CGROUP_CONF.render()

@@ -368,7 +368,9 @@ def _slurm_pins(c: Ctx) -> dict[str, str]:
 
 
 def _in_cluster(c: Ctx) -> str | None:
-    if not (c.cluster and c.cluster.roles(c.host)):
+    if c.cluster is None:
+        return "no slurm: cluster in the inventory"
+    if not c.cluster.roles(c.host):
         return "not a host of the inventory's slurm: cluster"
     return None
 
