@@ -266,6 +266,8 @@ def launch(fleet: Fleet, hosts: list[Host], o, nnodes: int | None, partition: st
         raise TorchrigError(f"nothing submitted: job {o.job!r} is already slurm job {running}; "
                             f"`invoke stop --job {o.job}` first, or pick another --job")
     interfaces = _gate(fleet, candidates)
+    _same_ids(fleet, [ctl] + [h for h in candidates if h is not ctl],
+              candidates[0].settings.service_user)
     prefix = candidates[0].settings.prefix
     pushed = fleet.fan_out(lambda h: push(fleet.conn(h), PAYLOAD, prefix), candidates)
     bad = [f"{r.host}: {r.error}" for r in pushed if not r.ok]
@@ -303,6 +305,19 @@ def launch(fleet: Fleet, hosts: list[Host], o, nnodes: int | None, partition: st
     write_record(fleet, ctl, job.name, {"job_id": job_id, "launch_id": job.launch_id,
                                         "nnodes": n, "nodes": sj.nodes})
     return SlurmLaunched(job, sj, started, round(time.monotonic() - t0, 2))
+
+
+def _same_ids(fleet: Fleet, hosts: list[Host], user: str) -> None:
+    """Slurm runs the job under the submitter's numeric uid/gid on every node: the service
+    user must have the same ones everywhere, or the job would run as someone else there."""
+    got = fleet.fan_out(lambda h: fleet.run(h, f"id -u -- {sh(user)} && id -g -- {sh(user)}",
+                                            timeout=30).stdout.split(), hosts)
+    ids = {r.host: " ".join(r.value) if r.ok and len(r.value) == 2 else None for r in got}
+    if None in ids.values() or len(set(ids.values())) > 1:
+        raise TorchrigError(f"nothing submitted: the service user {user!r} must exist with the "
+                            "same uid and gid on the controller and every compute host "
+                            "(uid gid: " + ", ".join(f"{h} {v or 'missing'}" for h, v in ids.items())
+                            + "); create it with one uid everywhere (or from a directory service)")
 
 
 def _confirm(fleet: Fleet, ctl: Host, job: Job, sj: SlurmJob, timeout: float) -> bool:
