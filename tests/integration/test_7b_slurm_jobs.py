@@ -49,22 +49,23 @@ def test_stop_checkpoints_and_cancels_then_relaunch_resumes_and_completes(slurm_
     for h in c.compute:
         assert sh(c.inv, h, f"pgrep -f {WORKER} || true") == ""
     out = logs(c.inv, "sl-ddp", hosts="gpu1").stdout
-    stopped = int(re.search(r"^\[gpu1/r0\] signal SIGTERM received: stopping after step (\d+)",
+    stopped = int(re.search(r"^\[gpu\d/r0\] signal SIGTERM received: stopping after step (\d+)",
                             out, re.M).group(1))
-    assert re.search(rf"^\[gpu1/r0\] ckpt step={stopped} ", out, re.M), out[-2000:]
-    first_loss = float(re.search(r"^\[gpu1/r0\] step=\d+ loss=([\d.]+)", out, re.M).group(1))
+    assert re.search(rf"^\[gpu\d/r0\] ckpt step={stopped} ", out, re.M), out[-2000:]
+    first_loss = float(re.search(r"^\[gpu\d/r0\] step=\d+ loss=([\d.]+)", out, re.M).group(1))
 
     # the same job again: resumes from that checkpoint and runs to the end
     r = slurm_launch(c, "sl-ddp", "--args", f"--max-steps {stopped + 30} --log-every 10")
     assert r.returncode == 0, r.stdout + r.stderr
     job2 = re.search(r"slurm job (\d+)", r.stdout).group(1)
     out = logs(c.inv, "sl-ddp", "-f", hosts="gpu1", timeout=300).stdout
-    assert re.search(rf"^\[gpu1/r0\] resume step={stopped} ", out, re.M), out[-2000:]
-    assert re.search(rf"^\[gpu1/r0\] done step={stopped + 30} ", out, re.M), out[-2000:]
+    assert re.search(rf"^\[gpu\d/r0\] resume step={stopped} ", out, re.M), out[-2000:]
+    assert re.search(rf"^\[gpu\d/r0\] done step={stopped + 30} ", out, re.M), out[-2000:]
     # every rank of the second run, prefixed with its node and global rank
-    assert {m for m in re.findall(r"^\[(gpu\d/r\d)\] start rank=", out, re.M)} >= \
-        {"gpu1/r0", "gpu1/r1", "gpu4/r2", "gpu4/r3"}, out[-3000:]
-    last_loss = float(re.findall(r"^\[gpu1/r0\] done step=\d+ loss=([\d.]+)", out, re.M)[-1])
+    # (which node gets ranks 0-1 is the c10d rendezvous' choice)
+    seen = set(re.findall(r"^\[(gpu[14])/r(\d)\] start rank=", out, re.M))
+    assert {r for _, r in seen} == {"0", "1", "2", "3"} and {h for h, _ in seen} == {"gpu1", "gpu4"}, out[-3000:]
+    last_loss = float(re.findall(r"^\[gpu\d/r0\] done step=\d+ loss=([\d.]+)", out, re.M)[-1])
     assert last_loss < first_loss
     r, st = status(c.inv, "sl-ddp")
     assert st["slurm"]["job_id"] == job2 and st["slurm"]["state"] == "COMPLETED", r.stdout
