@@ -149,7 +149,8 @@ def exec_(c, command, inventory=None, host=None, sudo=False, timeout=None, paral
                           "a host that changed since, or whose plan now differs, is refused"})
 def provision(c, inventory=None, host=None, dry_run=False, yes=False, reboot=False, json_=False,
               save_plan=None, plan=None, accept_new_host_keys=False):
-    """Install the NVIDIA driver, CUDA, NCCL, a torch venv and nccl-tests; plan first, idempotent."""
+    """Install the NVIDIA driver, CUDA, NCCL, a torch venv and nccl-tests (and Slurm with the
+    inventory's slurm: section); plan first, idempotent."""
     saved = None
     if plan and save_plan:
         raise Exit("error: --plan applies a saved plan and --save-plan makes one: pass only "
@@ -246,10 +247,16 @@ def _latest_job(fleet) -> str:
     from torchrig.remote import sh
     from torchrig.settings import JOBS_DIR
     first = fleet.hosts[0]
-    r = fleet.run(first, f"ls -t {sh(JOBS_DIR + '/')} 2>/dev/null | sed -n 's/\\.env$//p' | head -1")
-    if not r.stdout.strip():
+    newest = f"cd {sh(JOBS_DIR)} 2>/dev/null && stat -c '%Y %n' -- *{{ext}} 2>/dev/null | sort -n | tail -1"
+    found = []  # (mtime, job): systemd jobs on the first host, Slurm jobs on the controller
+    for h, ext in ((first, ".env"),) + (((fleet.inv.host(fleet.inv.slurm.controller), ".slurm"),)
+                                          if getattr(fleet.inv, "slurm", None) else ()):
+        out = fleet.run(h, newest.format(ext=ext)).stdout.split()
+        if len(out) == 2 and out[0].isdigit():
+            found.append((int(out[0]), out[1][:-len(ext)]))
+    if not found:
         raise Exit(f"error: no torchrig job found on {first.name}; pass --job NAME", code=1)
-    return r.stdout.strip()
+    return max(found)[1]
 
 
 @fleet_task(iterable=["env"],
@@ -268,12 +275,18 @@ def _latest_job(fleet) -> str:
             "rdzv_timeout": "seconds nodes wait for each other at (re)start; after a node is lost "
                             "the survivors end after this (default 300)",
             "exit_barrier_timeout": "seconds a node whose workers finished waits for the other "
-                                    "nodes to finish (torchrun's exit barrier; default 120)"})
+                                    "nodes to finish (torchrun's exit barrier; default 120)",
+            "backend": "systemd (torchrig's units) or slurm (sbatch on the inventory's `slurm:` "
+                       "cluster; Slurm picks --nodes N of the selected compute hosts); "
+                       "default: the `backend` var",
+            "partition": "slurm: the partition (default: the cluster's default one)",
+            "time": "slurm: the job's time limit (e.g. 2:00:00); the payload gets SIGTERM "
+                    "2 minutes before it, to checkpoint"})
 def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", script="train.py",
            args="", job=None, max_restarts=None, env=None, dry_run=False, follow=False,
            start_timeout=None, rdzv_timeout=None, exit_barrier_timeout=None,
-           accept_new_host_keys=False):
-    """Run a torchrun DDP job under systemd on the nodes: everywhere or nowhere."""
+           backend=None, partition=None, time=None, accept_new_host_keys=False):
+    """Run a torchrun DDP job under systemd (or Slurm) on the nodes: everywhere or nowhere."""
     import time as _time
     from torchrig.launch.run import LaunchOptions, launch as run_launch
     numbers = {k: _number(k, v, m) for k, v, m in (
@@ -289,6 +302,14 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", scrip
                       start_timeout=numbers["start_timeout"], rdzv_timeout=numbers["rdzv_timeout"],
                       exit_barrier_timeout=numbers["exit_barrier_timeout"])
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
+        chosen = backend or (fleet.hosts[0].settings.backend if fleet.hosts else "systemd")
+        if chosen not in ("systemd", "slurm"):
+            raise Exit(f"error: --backend {backend!r}: systemd or slurm", code=1)
+        if chosen == "slurm":
+            return _launch_slurm(c, fleet, o, nodes, partition, time, inventory, follow,
+                                 accept_new_host_keys)
+        if partition is not None or time is not None:
+            raise Exit("error: --partition and --time are Slurm's: add --backend slurm", code=1)
         fleet.hosts = _nodes(fleet.hosts, nodes)
         res = run_launch(fleet, fleet.hosts, o, log=lambda m: print(m, file=sys.stderr))
     if dry_run:
@@ -310,6 +331,43 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", scrip
     if follow:
         logs(c, inventory=inventory, host=sel, job=j.name, follow=True,
              accept_new_host_keys=accept_new_host_keys)
+
+
+def _launch_slurm(c, fleet, o, nodes, partition, time_limit, inventory, follow,
+                  accept_new_host_keys):
+    from torchrig.errors import TorchrigError
+    from torchrig.launch import slurm
+    if o.dry_run:
+        raise TorchrigError("--dry-run with --backend slurm: not supported (nothing is written "
+                            "on the nodes but the job's folders; the batch script goes to sbatch)")
+    res = slurm.launch(fleet, fleet.hosts, o, None if nodes is None else int(nodes), partition,
+                       time_limit, log=lambda m: print(m, file=sys.stderr))
+    j, sj = res.job, res.slurm
+    sel = ",".join(sj.nodes) or ",".join(n.host for n in j.nodes)
+    inv_flag = f" -i {inventory}" if inventory else ""
+    if res.started:
+        print(f"job {j.name} started as slurm job {sj.job_id} on {sel} "
+              f"({len(sj.nodes)} node(s) x {j.nodes[0].nproc} process(es)) in {res.seconds:.1f}s")
+    else:
+        st = sj.state
+        print(f"job {j.name} queued as slurm job {sj.job_id} "
+              f"({st.state if st else '?'}: {st.reason if st else '?'})")
+    print(f"  follow:  invoke logs{inv_flag} --job {j.name} -f")
+    print(f"  status:  invoke status{inv_flag} --job {j.name}")
+    print(f"  stop:    invoke stop{inv_flag} --job {j.name}")
+    if follow and res.started:
+        logs(c, inventory=inventory, job=j.name, follow=True,
+             accept_new_host_keys=accept_new_host_keys)
+
+
+def _slurm_job(fleet, job):
+    """The job's Slurm record when the inventory has a cluster and Slurm runs it, with the
+    fleet narrowed to its nodes in Slurm's order; else None (a systemd job)."""
+    from torchrig.launch import slurm
+    sj = slurm.find(fleet, job)
+    if sj is not None and sj.nodes:
+        fleet.hosts = slurm.hosts_of(fleet, sj)
+    return sj
 
 
 @fleet_task(help={"job": "job name (default: the newest job on the first host)",
@@ -334,8 +392,14 @@ def _status(fleet, job, json_, watch):
     red = _redactor(fleet.inv)  # the inventory's secrets do not change between --watch rounds
     trend = Trend() if watch else None  # the watch's samples: a sparkline per node
     while True:
-        res = run_status(fleet, fleet.hosts, job)  # one probe per node, journal included
-        diag = red.data(_diagnosis(res.journals, len(fleet.hosts), job))
+        sj = _slurm_job(fleet, job)
+        if sj is not None and not sj.nodes:
+            raise Exit(f"error: job {job}: slurm job {sj.job_id} {sj.as_dict()['state']} "
+                       f"({sj.as_dict()['reason']}), on no node yet", code=1)
+        # one probe per node, journal included
+        res = run_status(fleet, fleet.hosts, job, sj.as_dict()["state"] if sj else None,
+                         _ident(job, sj))
+        diag = red.data(_diagnosis(fleet, res.journals, job, sj))
         res = red.data(res)
         if trend is not None:
             for r in res:
@@ -343,11 +407,18 @@ def _status(fleet, job, json_, watch):
                     trend.add(r.host, _time.monotonic(), r.value.get("progress"), r.value["gpus"])
         if json_:
             print(json.dumps({"job": job, "nodes": res.as_dict(), **diag,
+                              **({"slurm": sj.as_dict()} if sj else {}),
                               **({"trend": trend.as_dict()} if trend is not None else {})}, indent=2))
         else:
+            if sj is not None:
+                d = sj.as_dict()
+                print(f"slurm job {d['job_id']}: {d['state']} on {','.join(d['nodes'])}"
+                      + (f" ({d['reason']})" if d["reason"] not in ("", "None") else ""))
             report.status_table(job, res, trend)
             for h, what in diag["waiting"].items():
                 print(f"{h}: {what}")
+            for h in diag.get("lost_nodes", []):
+                print(f"{h}: lost (unreachable; Slurm: {sj.as_dict()['state']})")
             if diag["failure"]:
                 f = diag["failure"]
                 print(f"first failure: rank {f['rank']} on {f['host']} (local rank "
@@ -361,13 +432,28 @@ def _status(fleet, job, json_, watch):
         raise Exit(f"error: job {job}: " + "; ".join(res.failures), code=1)
 
 
-def _diagnosis(journals, nnodes: int, job) -> dict:
-    """From the nodes' journals: the job's first failed rank and what each node waits for."""
+def _diagnosis(fleet, journals, job, sj=None) -> dict:
+    """From the nodes' journals: the job's first failed rank and what each node waits for;
+    for a Slurm job, also its nodes whose journal could not be read (lost)."""
     from torchrig.launch.plan import unit_name
     from torchrig.logs import diagnose
     found = diagnose.failures(journals, unit_name(job))
     return {"failure": found[0].as_dict() if found else None,
-            "waiting": diagnose.waiting(journals, nnodes)}
+            "waiting": diagnose.waiting(journals, len(fleet.hosts)),
+            **({"lost_nodes": _lost_nodes(fleet, journals, sj)} if sj is not None else {})}
+
+
+def _ident(job, sj):
+    from torchrig.launch import slurm
+    return slurm.identifier(job) if sj is not None else None
+
+
+def _lost_nodes(fleet, nodes, sj) -> list[str]:
+    """A Slurm job's nodes whose journal could not be read (powered off, unreachable)."""
+    if sj is None:
+        return []
+    read = {n.host for n in nodes}
+    return [h.name for h in fleet.hosts if h.name not in read]
 
 
 @fleet_task(help={"job": "job name (default: the newest job on the first host)",
@@ -393,6 +479,8 @@ def tensorboard(c, inventory=None, host=None, job=None, port=None, accept_new_ho
     if board.ended_by_itself:
         raise Exit(f"error: TensorBoard for job {job} ended on {board.host} by itself "
                    f"(see: invoke exec -h {board.host} --sudo 'journalctl -u {board.unit}')", code=1)
+
+
 @fleet_task(name="report",
             help={"job": "job name (default: the newest job on the first host)",
                   "out": "folder to write <job>-report.html in (default: the current folder)"})
@@ -419,6 +507,14 @@ def stop(c, inventory=None, host=None, job=None, accept_new_host_keys=False):
     from torchrig.launch.run import stop as run_stop
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
         job = job or _latest_job(fleet)
+        if getattr(fleet.inv, "slurm", None) is not None:
+            from torchrig.launch import slurm
+            if slurm.find(fleet, job) is not None:
+                sj = slurm.stop(fleet, job)
+                print(f"job {job} (slurm job {sj.job_id}) {sj.as_dict()['state']} on "
+                      f"{','.join(sj.nodes) or 'no node'}: no process of it left; "
+                      "logs and checkpoints are kept")
+                return
         res = run_stop(fleet, fleet.hosts, job)
     for r in res:
         print(f"{r.host}: {'stopped' if r.ok else 'FAILED: ' + r.error}")
@@ -481,21 +577,27 @@ def logs(c, inventory=None, host=None, job=None, follow=False, rank=None, since=
 def _logs(fleet, job, follow, rank, grep, when, failures, color):
     from torchrig.launch.plan import check_job_name, unit_name
     from torchrig.logs.stream import Options, failure_report, follow as run_follow
-    inv, chosen = fleet.inv, fleet.hosts
     job = check_job_name(job or _latest_job(fleet))
+    sj = _slurm_job(fleet, job)
+    inv, chosen = fleet.inv, fleet.hosts
     o = Options(job, {h.name: h.settings.job_log_dir(job) for h in chosen},
                 unit_name(job), follow=follow and not failures,
                 rank=rank, grep=grep, since=when,
-                color=sys.stdout.isatty() if color is None else color)
+                color=sys.stdout.isatty() if color is None else color,
+                slurm_job=sj.job_id if sj else None)
     red = _redactor(inv)
     if failures:
         from torchrig.logs import diagnose
         res = run_follow(fleet, chosen, o, printer=_NullPrinter())
         # torchrun's agent saw every exit (a signal leaves no error.json); error.json alone
         # when no journal could be read
-        found = diagnose.failures(diagnose.fetch(fleet, chosen, unit_name(job)), unit_name(job),
-                                  res.errors)
+        journals = diagnose.fetch(fleet, chosen, unit_name(job), ident=_ident(job, sj))
+        found = diagnose.failures(journals, unit_name(job), res.errors)
         text = diagnose.report(found) or failure_report(res.errors)
+        lost = _lost_nodes(fleet, journals, sj)
+        if lost:  # a powered-off node leaves no agent line: say which it was
+            text = (f"slurm job {sj.job_id} {sj.as_dict()['state']}: node(s) "
+                    f"{', '.join(lost)} lost (unreachable)" + ("\n" + text if text else ""))
         print(red.text(text) if text else f"job {job}: no failed rank (no error.json, no failed "
                                           "worker in torchrun's log)")
     else:

@@ -69,12 +69,45 @@ class HostSpec(_Strict):
         return v
 
 
+SLURM_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$"
+
+
+class SlurmSpec(_Strict):
+    """The inventory's `slurm:` section: which hosts form a Slurm cluster."""
+
+    controller: str                      # the host running slurmctld (may also compute)
+    compute: list[str] | str             # hosts or groups running slurmd
+    partition: str = Field("gpu", pattern=SLURM_NAME)
+    cluster_name: str = Field("torchrig", pattern=r"^[a-z0-9][a-z0-9_-]{0,39}$")
+    # Slurm's cgroup plugins (proctrack/task/jobacct_gather cgroup, cgroup.conf constraining
+    # devices and memory). false: proctrack/linuxproc, no constraints, for hosts without a
+    # delegated cgroup tree (containers).
+    cgroup: bool = True
+
+
+class Slurm(BaseModel):
+    """The resolved `slurm:` section: host names (inventory names are Slurm's NodeNames)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    controller: str
+    compute: tuple[str, ...]
+    partition: str
+    cluster_name: str
+    cgroup: bool
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return (self.controller, *[h for h in self.compute if h != self.controller])
+
+
 class InventorySpec(_Strict):
     known_hosts: str | None = None
     defaults: Defaults = Field(default_factory=Defaults)
     vars: dict[str, Any] = Field(default_factory=dict)
     groups: dict[str, GroupSpec] = Field(default_factory=dict)
     hosts: list[HostSpec] = Field(min_length=1)
+    slurm: SlurmSpec | None = None
 
 
 class Host(BaseModel):
@@ -106,6 +139,7 @@ class Inventory(BaseModel):
     known_hosts: str
     hosts: tuple[Host, ...]
     groups: dict[str, GroupSpec]
+    slurm: Slurm | None = None
 
     def host(self, name: str) -> Host:
         for h in self.hosts:
@@ -342,4 +376,40 @@ def _resolve(spec: InventorySpec, base: Path, path: str) -> Inventory:
                              "rename one so --host is unambiguous")
     _check_jumps(hosts, inherited, path)
     known = _resolve_path(spec.known_hosts, base) or os.path.expanduser("~/.ssh/known_hosts")
-    return Inventory(path=path, known_hosts=known, hosts=tuple(hosts), groups=spec.groups)
+    slurm = _slurm(spec.slurm, hosts, spec.groups, path) if spec.slurm else None
+    return Inventory(path=path, known_hosts=known, hosts=tuple(hosts), groups=spec.groups,
+                     slurm=slurm)
+
+
+def _slurm(spec: SlurmSpec, hosts: list[Host], groups: dict[str, GroupSpec], path: str) -> Slurm:
+    """Resolve `slurm:` to host names; one message naming the field and what to do."""
+    names = [h.name for h in hosts]
+    where = f"{path}: slurm"
+    if spec.controller not in names:
+        raise InventoryError(f"{where}.controller: {spec.controller!r} is not a host of the "
+                             f"inventory (hosts: {', '.join(names)}); name the host that runs "
+                             "slurmctld")
+    items = [spec.compute] if isinstance(spec.compute, str) else spec.compute
+    compute: list[str] = []
+    for item in items:
+        if item in groups:
+            found = [h.name for h in hosts if item in h.groups]
+        elif item in names:
+            found = [item]
+        else:
+            raise InventoryError(f"{where}.compute: {item!r} is neither a host nor a group "
+                                 f"(hosts: {', '.join(names)}; groups: {', '.join(groups) or 'none'})")
+        compute += [n for n in found if n not in compute]
+    if not compute:
+        raise InventoryError(f"{where}.compute: no hosts (the group(s) {', '.join(items) or '[]'} "
+                             "have none); name the hosts that run slurmd")
+    slurm = Slurm(controller=spec.controller, compute=tuple(compute), partition=spec.partition,
+                  cluster_name=spec.cluster_name, cgroup=spec.cgroup)
+    by_name = {h.name: h for h in hosts}
+    for var in ("slurm_version", "munge_version"):
+        versions = {by_name[n].settings.model_dump()[var] for n in slurm.hosts}
+        if len(versions) > 1:
+            raise InventoryError(f"{where}: var {var!r} differs between the cluster's hosts "
+                                 f"({', '.join(sorted(versions))}); slurmctld and every slurmd "
+                                 "must run the same version: set it once for all of them")
+    return slurm

@@ -149,6 +149,13 @@ def verify_report(rep) -> None:
         for b in rep.bandwidth:
             t.add_row(b["scope"], ",".join(b["hosts"]), _v(b["check"].status), escape(b["check"].detail))
         console.print(t)
+    if rep.slurm:
+        t = Table(title="slurm cluster")
+        for col in ("check", "status", "detail"):
+            t.add_column(col, overflow="fold")
+        for c in rep.slurm:
+            t.add_row(c.name, _v(c.status), escape(c.detail))
+        console.print(t)
     console.print(f"verify: {_v(rep.status)}")
 
 

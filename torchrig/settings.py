@@ -70,6 +70,10 @@ class Settings(BaseModel):
     cuda_package_version: str = _var("12.8.93-1", "provision", "its package version")
     nccl_version: str = _var("2.26.2-1+cuda12.8", "provision", "libnccl2/libnccl-dev package version")
     torch_version: str = _var("2.13.0", "provision", "torch in the venv")
+    # Slurm as the distribution packages it (controller and daemons must match: pinned, held).
+    slurm_version: str = _var("22.05.8-4+deb12u3", "provision",
+                              "slurmctld/slurmd/slurm-client package version (inventory `slurm:`)")
+    munge_version: str = _var("0.5.15-2+deb12u1", "provision", "munge package version")
     cuda_repo_url: str = _var("https://developer.download.nvidia.com/compute/cuda/repos",
                               "provision", "CUDA apt repository (credentials in the URL go to a "
                               "0600 apt auth file, never shown)", shown="NVIDIA's CUDA repos")
@@ -97,6 +101,9 @@ class Settings(BaseModel):
     accelerator: Literal["cuda", "cpu"] = _var(
         "cuda", "verify, launch", f"`cpu`: gloo and CPU torch, {CPU_PROCS} processes per node "
         "(a CPU-only cluster, or the testbed)")
+    backend: Literal["systemd", "slurm"] = _var(
+        "systemd", "launch", "what runs a job: `systemd` (torchrig's own units) or `slurm` "
+        "(sbatch on the inventory's `slurm:` cluster); `launch --backend` overrides it")
     rdzv_port: int = _var(29400, "verify, launch",
                           "c10d rendezvous port; each job gets its own above it (+0..499)",
                           ge=1, le=65000)

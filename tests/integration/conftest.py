@@ -235,3 +235,70 @@ def _provisioned_hosts(request):
 @pytest.fixture
 def inventory_doc(testbed):
     return yaml.safe_load(testbed.read_text())
+
+
+# ---- a Slurm cluster (inventory `slurm:`), provisioned once per session -----------------------
+
+# Controller gpu3 and the two V100S pairs the launch tests train on as compute nodes; the
+# testbed's containers have no delegated cgroup tree, so Slurm tracks processes by parent
+# (slurm.cgroup: false; real hosts keep the cgroup plugins). GRES on the testbed is backed by
+# the stand-in device files the testbed creates for each simulated GPU (/dev/nvidiaN).
+SLURM = {"controller": "gpu3", "compute": ["gpu1", "gpu4"], "partition": "gpu", "cgroup": False}
+
+
+class SlurmCluster:
+    """The session's Slurm cluster: `inv` (the testbed inventory plus its slurm: section),
+    `controller`, `compute` (host names = Slurm node names), `partition`; `first` is the
+    provision that set it up ((result, JSON)) and `argv` the process command lines sampled
+    on this machine (the hosts share its kernel) while it ran."""
+
+    def __init__(self, inv, first, argv, seconds):
+        self.inv, self.first, self.argv, self.seconds = inv, first, argv, seconds
+        self.controller, self.compute, self.partition = SLURM["controller"], SLURM["compute"], SLURM["partition"]
+        self.hosts = ",".join([self.controller, *self.compute])
+
+    def run(self, cmd, host=None, **kw) -> str:
+        """A command on the controller (or `host`), e.g. sinfo/squeue/scontrol."""
+        return sh(self.inv, host or self.controller, cmd, **kw)
+
+
+def sample_argv(stop, seen: set):
+    """Every process's command line on this machine until `stop` is set (testbed hosts' too)."""
+    while not stop.is_set():
+        for p in Path("/proc").glob("[0-9]*"):
+            try:
+                seen.add((p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                continue
+        time.sleep(0.05)
+
+
+def wait_slurm_idle(cluster, timeout=120) -> str:
+    """Until sinfo lists every compute node idle; returns its `node state gres` lines."""
+    def probe():
+        out = cluster.run("sinfo -N -h -o '%N %t %G'", check=False)
+        rows = {ln.split()[0]: ln for ln in out.splitlines() if ln.split()}
+        return out if all(n in rows and rows[n].split()[1] == "idle" for n in cluster.compute) else None
+    return wait_until("every Slurm compute node idle in sinfo", probe, timeout)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(fleet, tmp_path_factory) -> SlurmCluster:
+    import threading
+    fleet.provisioned(SLURM["controller"], *SLURM["compute"])
+    doc = yaml.safe_load(fleet.inv.read_text())
+    doc["slurm"] = SLURM
+    inv = write_inventory(tmp_path_factory.mktemp("slurm"), doc, "slurm.yml")
+    stop, seen = threading.Event(), set()
+    sampler = threading.Thread(target=sample_argv, args=(stop, seen), daemon=True)
+    sampler.start()
+    t0 = time.monotonic()
+    try:
+        first = provision(inv, ",".join([SLURM["controller"], *SLURM["compute"]]), "--yes")
+    finally:
+        stop.set()
+        sampler.join()
+    cluster = SlurmCluster(inv, first, seen, time.monotonic() - t0)
+    assert first[0].returncode == 0, f"provisioning the Slurm cluster failed:\n{first[0].stdout}\n{first[0].stderr}"
+    wait_slurm_idle(cluster)
+    return cluster

@@ -154,11 +154,15 @@ def test_apply_refuses_a_plan_the_host_no_longer_matches(testbed):
     """The plan carries a fingerprint of the facts it was built from: a host that changed
     between plan and apply is refused with what changed, nothing applied; re-planning works."""
     from torchrig.inventory import load
-    from torchrig.provision.apply import apply_host, plan_host
+    from torchrig.provision.apply import apply_host, plan_hosts
     from torchrig.session import Fleet
     inv = load(str(testbed))
-    fl = Fleet(inv)
-    h = next(x for x in inv.hosts if x.name == "gpu2")
+    fl = Fleet(inv, [x for x in inv.hosts if x.name == "gpu2"])
+
+    def plan_host(fl, h):
+        (r,) = plan_hosts(fl)
+        return r.value
+    h = fl.hosts[0]
     sh(testbed, "gpu2", "rm /etc/modprobe.d/blacklist-nouveau.conf")
     p = plan_host(fl, h)
     assert [c for st in p.report.steps for c in st.changes][:1] == [

@@ -40,7 +40,22 @@ def not_ssh():
 
 
 # (id, task args with {inv}/{kh} placeholders, inventory text (bytes allowed), expected error)
+SLURM_INV = HOST + "slurm:\n  controller: gpu1\n  compute: [gpu1]\n"
 ROWS = [
+    ("backend-unknown", ["launch", "-i", "{inv}", "--backend", "pbs"], HOST,
+     r"--backend 'pbs': systemd or slurm"),
+    ("partition-without-slurm", ["launch", "-i", "{inv}", "--partition", "gpu"], HOST,
+     r"--partition and --time are Slurm's: add --backend slurm"),
+    ("slurm-without-cluster", ["launch", "-i", "{inv}", "--backend", "slurm"], HOST,
+     r"{inv}: no `slurm:` section, so no Slurm cluster to launch on"),
+    ("backend-var-slurm", ["launch", "-i", "{inv}"], "vars: {backend: slurm}\n" + HOST,
+     r"{inv}: no `slurm:` section"),
+    ("backend-var-bad", ["launch", "-i", "{inv}"], "vars: {backend: pbs}\n" + HOST,
+     r"{inv}: host 'gpu1': var 'backend': expected 'systemd' or 'slurm'"),
+    ("slurm-time-word", ["launch", "-i", "{inv}", "--backend", "slurm", "--time", "1h"], SLURM_INV,
+     r"--time '1h': a Slurm time limit"),
+    ("slurm-partition-option", ["launch", "-i", "{inv}", "--backend", "slurm", "--partition",
+                                "--wrap=id"], SLURM_INV, r"--partition '--wrap=id': a Slurm partition name"),
     ("rank-not-a-number", ["logs", "-i", "{inv}", "--job", "j", "--rank", "abc"], HOST,
      r"--rank 'abc': expected a whole number >= 0"),
     ("timeout-with-unit", ["exec", "-i", "{inv}", "--timeout", "5s", "true"], HOST,

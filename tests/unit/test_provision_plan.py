@@ -90,7 +90,8 @@ def test_converged_host_plans_nothing():
         assert {s.name: describe(s.plan(done)) for s in on} == {s.name: [] for s in on}
         rep = make_plan(done)
         assert {st.name: st.status for st in rep.steps} == {
-            "preflight": "ok", **{s.name: "ok" for s in on}, "nccl-tests": "skipped"}
+            "preflight": "ok", **{s.name: "ok" for s in on}, "nccl-tests": "skipped",
+            **{n: "skipped" for n in ("slurm-packages", "munge", "slurm-config")}}
 
 
 def drifted() -> dict:
@@ -169,7 +170,7 @@ def test_fact_request_covers_every_managed_file():
     req = steps.fact_request(tb_ctx(fresh()).s)
     asked = set(req["files"]) | set(req["secret_files"])
     assert {f.path() for f in managed.PROVISION_FILES} | set(managed.PROVISION_ABSENT) == asked
-    assert set(req["secret_files"]) == {steps.AUTH_FILE}
+    assert set(req["secret_files"]) == {steps.AUTH_FILE, managed.MUNGE_KEY.path()}
 
 
 def test_open_modules_for_turing_and_newer_with_fabricmanager_on_nvswitch():
@@ -483,7 +484,8 @@ def test_plan_walk_runs_each_planner_once_and_carries_its_fingerprint(monkeypatc
     facts = fresh()
     plan = engine.build_plan(ctx(facts))
     assert plan.fingerprint == fingerprint(facts) and plan.changes_anything
-    assert len(calls) == len(steps.STEPS)  # nccl-tests is on by default: every planner once
+    # nccl-tests is on by default: every planner once, but the Slurm ones (no slurm: section)
+    assert len(calls) == len([s for s in steps.STEPS if not s.name.startswith(("slurm", "munge"))])
     reasons = {sp.step.name: sp.reason for sp in plan.steps}
     assert reasons["nccl-tests"] == "needs the driver loaded (now: not-installed); a reboot may be needed"
     assert [s.name for s in steps.STEPS if s.upload(ctx(fresh(), nccl_tests_source="/x.tgz").s)] \

@@ -104,8 +104,8 @@ def test_version_gate_table_says_unknown_and_where_each_version_comes_from(monke
     from torchrig import report
     v = evaluate.host_verdict("h200", facts(cuda_toolkit=None), 8, "cuda")
     out = io.StringIO()
-    rep = type("Rep", (), {"hosts": [v], "unreachable": {}, "gate": evaluate.version_gate([v]),
-                           "bandwidth": [], "status": "PASS"})()
+    from torchrig.verify.run import Report
+    rep = Report(hosts=[v], gate=evaluate.version_gate([v]))
     monkeypatch.setattr(report, "console", Console(file=out, width=200))
     report.verify_report(rep)
     text = out.getvalue()

@@ -18,8 +18,9 @@ never in a command line. Keys, each optional:
            -> {name: {"dirs": [[relpath, mtime]], "files": {relpath: {...} | None}}}: the folders
               matching `walk` one level per regex; in the newest of them, the folders matching
               `then`, and the file `read.name` in each
-  journal  {"unit", "keep", "lines"} -> {"year", "utc_offset", "journal", "kernel"}: the unit's
-           newest `lines` journal lines since its last start, keeping systemd's and torchrun's
+  journal  {"unit", "keep", "lines", "ident"?} -> {"year", "utc_offset", "journal", "kernel"}: the
+           unit's newest `lines` journal lines since its last start (with "ident": the lines of
+           that journal identifier instead: a Slurm job's, which belong to no unit of theirs), keeping systemd's and torchrun's
            agent lines (the newest 5000) and each rank's last `keep` lines (--tee: the ranks'
            output can be millions of lines), plus kernel OOM lines since the unit started
   connect  {"address", "port", "probe": bool} -> {"resolved" | "resolve_error", "route": run result,
@@ -182,7 +183,8 @@ TEE = re.compile(r"^\[default(\d+)\]:")
 
 def journal(spec):
     import collections
-    p = subprocess.Popen(["journalctl", "-u", spec["unit"], "-o", "cat", "--no-pager",
+    match = ["-t", spec["ident"]] if spec.get("ident") else ["-u", spec["unit"]]
+    p = subprocess.Popen(["journalctl", *match, "-o", "cat", "--no-pager",
                           "-n", str(spec["lines"])], stdout=subprocess.PIPE, text=True, errors="replace")
     other = collections.deque(maxlen=5000)
     ranks = {}

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 
-from . import dpkg, os_release, python_env, systemd
+from . import dpkg, node_hw, os_release, python_env, systemd
 
 UNIT_PROPS = ["LoadState", "UnitFileState", "ActiveState"]
 EFI_SECURE_BOOT = "/sys/firmware/efi/efivars/SecureBoot-*"
 DPKG_UPDATES = "/var/lib/dpkg/updates/[0-9]*"  # dpkg left half-done by an interrupted install
+# What a Slurm node's gres.conf can use: GPU device files, and NVML with Slurm's NVML plugin.
+NODE_GLOBS = {"dev-nvidia": "/dev/nvidia[0-9]*", "libnvidia-ml": "/usr/lib/*/libnvidia-ml.so.1",
+              "slurm-gpu-nvml": "/usr/lib/*/slurm-wlm/gpu_nvml.so"}
 
 
 def files_request(want: dict) -> dict:
@@ -37,6 +40,10 @@ def probe_request(want: dict) -> dict:
     # a deleted file bind-mounted in place (0 links): the hardened reader would refuse both
     read = {"os-release": {"path": os_release.PATH, "follow": True},
             "boot-id": {"path": "/proc/sys/kernel/random/boot_id", "limit": 4096, "follow": True}}
+    if want.get("node"):  # CPU topology, memory and GPU access, for slurm.conf/gres.conf
+        run["lscpu"] = node_hw.LSCPU_ARGV
+        read["meminfo"] = {"path": node_hw.MEMINFO, "limit": 65536, "follow": True}
+        glob.update({k: {"pattern": v, "limit": 0} for k, v in NODE_GLOBS.items()})
     exists = list(want.get("paths", []))
     venv = want.get("venv")
     if venv:
@@ -88,6 +95,11 @@ def facts(want: dict, raw: dict) -> dict:
     }
     units = systemd.parse_show(run.get("units", none)["out"], want.get("units", []))
     out["units"] = {u: systemd.unit_state(p) for u, p in units.items()}
+    if want.get("node"):
+        out["node"] = {"hostname": host["hostname"],
+                       "cpu": node_hw.parse_lscpu(run["lscpu"]["out"]),
+                       "mem_mib": node_hw.parse_mem_mib((read["meminfo"] or {}).get("text", "")),
+                       **{k: sorted(raw["glob"][k]) for k in NODE_GLOBS}}
     venv, pyver, dists = want.get("venv"), None, {}
     if venv and raw["exists"][os.path.join(venv, "bin", "python")]:
         pyver = python_env.pyvenv_version((read["pyvenv.cfg"] or {}).get("text", "")) or "unknown"

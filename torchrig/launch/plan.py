@@ -119,10 +119,14 @@ class Job:
         return self.nodes[0]
 
 
-def torchrun_argv(job: Job, n: Node) -> list[str]:
+def torchrun_argv(job: Job, n: Node, endpoint: str | None = None,
+                  is_host: bool | None = None) -> list[str]:
+    """Node n's torchrun command line. endpoint/is_host: given where the rendezvous host is
+    known only when the job runs (Slurm's allocation), else the job's first node."""
     first = job.rdzv_host
-    rdzv = torchrun.rendezvous(job.nnodes, f"{first.address}:{job.rdzv_port}", job.name,
-                               n is first, n.address, join_timeout=job.rdzv_timeout)
+    rdzv = torchrun.rendezvous(job.nnodes, endpoint or f"{first.address}:{job.rdzv_port}",
+                               job.name, n is first if is_host is None else is_host, n.address,
+                               join_timeout=job.rdzv_timeout)
     return torchrun.command(n.venv, rdzv, n.nproc, torchrun.BOUNDED_TORCHRUN) + [
         "--max-restarts", str(job.max_restarts), "--log-dir", job_folder(n.log_dir, job.name),
         "--redirects", "3", "--tee", "3", job.script, *job.args]

@@ -247,9 +247,13 @@ def install_script(job: Job, n: Node) -> str:
     files = "\n".join(ch.script for _, ch in job_changes(job, n, GPU_SAMPLE_S))
     return INSTALL.format(
         files=files, jobs=sh(JOBS_DIR), dirs_script=JOBDIRS_SCRIPT.read_text(),
-        dirs_args=sh(json.dumps({"user": n.user, "dirs": [[n.log_dir, job.name],
-                                                           [n.checkpoint_dir, job.name]]})),
-        name=sh(unit_name(job.name)), job=job.name)
+        dirs_args=jobdirs_args(job, n), name=sh(unit_name(job.name)), job=job.name)
+
+
+def jobdirs_args(job: Job, n: Node) -> str:
+    """jobdirs_remote.py's argument: the job's log and checkpoint folders, the user's."""
+    return sh(json.dumps({"user": n.user, "dirs": [[n.log_dir, job.name],
+                                                   [n.checkpoint_dir, job.name]]}))
 
 
 def _install(fleet: Fleet, h: Host, job: Job, n: Node) -> None:
@@ -390,9 +394,12 @@ class JobStatus(Outcome):
 STATUS_JOURNAL_LINES = 20000
 
 
-def status(fleet: Fleet, hosts: list[Host], job: str) -> JobStatus:
+def status(fleet: Fleet, hosts: list[Host], job: str, slurm_state: str | None = None,
+           ident: str | None = None) -> JobStatus:
     """Per node: unit state, restarts, attempt, uptime, latest progress, GPUs, util samples,
-    and its journal: one probe round trip per node."""
+    and its journal: one probe round trip per node. slurm_state: Slurm runs the job (no unit
+    on the nodes): its state stands in the unit's, and the journal is read by the job's
+    identifier `ident`."""
     from ..logs import diagnose
     check_job_name(job)
     unit = unit_name(job)
@@ -403,20 +410,26 @@ def status(fleet: Fleet, hosts: list[Host], job: str) -> JobStatus:
         s = h.settings
         window = s.low_util_minutes * 60
         req = job_state.probe_request(unit, s.job_log_dir(job), s.util_file(job))
-        req["journal"] = diagnose.journal_request(unit, keep=0, lines=STATUS_JOURNAL_LINES)
+        req["journal"] = diagnose.journal_request(unit, keep=0, lines=STATUS_JOURNAL_LINES,
+                                                  ident=ident)
         r = fleet.run(h, probe.COMMAND, root=True, timeout=60, data=probe.stdin(req))
         raw = probe.reply(r.exited, r.stdout, r.stderr, "status")
         journals[h.name] = diagnose.node_from(h.name, ranks[h.name], raw["journal"])
         d = job_state.state(unit, raw, window)
-        if d["unit"].get("LoadState") == "not-found":
+        if slurm_state is not None:
+            d["unit"] = {"ActiveState": slurm_state.lower(), "SubState": "slurm"}
+        elif d["unit"].get("LoadState") == "not-found":
             raise TorchrigError(f"no job {job!r} on this host")
         d["low_util"] = low_utilisation(d["util_samples"], window,
                                         s.low_util_percent)
         return d
     res = fleet.fan_out(one, hosts)
     return JobStatus(f"job {job}", res, [f"{r.host}: unit failed" for r in res
-                                         if r.ok and r.value["unit"].get("ActiveState") == "failed"],
+                                         if r.ok and r.value["unit"].get("ActiveState") in FAILED],
                      [journals[h.name] for h in hosts if h.name in journals])
+
+
+FAILED = ("failed", "node_fail", "timeout", "out_of_memory", "boot_fail", "deadline")  # unit, Slurm
 
 
 def low_utilisation(samples: list, window_s: int, threshold: float) -> str | None:

@@ -128,13 +128,14 @@ def _gives_up(since: str, timeout: float | None) -> str:
     return f", gives up at {t // 3600:02d}:{t // 60 % 60:02d}:{t % 60:02d}"
 
 
-def journal_request(unit: str, keep=agent.LAST_LINES, lines=500000) -> dict:
+def journal_request(unit: str, keep=agent.LAST_LINES, lines=500000, ident=None) -> dict:
     """The probe's request for the unit's journal (its newest `lines` lines: the ranks' output
-    is in it too, of which each rank's last `keep` lines are kept)."""
-    return {"unit": unit, "keep": keep, "lines": lines}
+    is in it too, of which each rank's last `keep` lines are kept). ident: read the lines of
+    this journal identifier instead (a Slurm job's)."""
+    return {"unit": unit, "keep": keep, "lines": lines, **({"ident": ident} if ident else {})}
 
 
-def fetch(fleet, hosts: list, unit: str, keep=agent.LAST_LINES, lines=500000):
+def fetch(fleet, hosts: list, unit: str, keep=agent.LAST_LINES, lines=500000, ident=None):
     """Every node's journal for the unit -> [NodeJournal] (node rank = position in hosts);
     nodes that could not be read are left out."""
     from ..facts import probe
@@ -142,7 +143,7 @@ def fetch(fleet, hosts: list, unit: str, keep=agent.LAST_LINES, lines=500000):
 
     def one(h):
         r = fleet.run(h, probe.COMMAND, root=True, timeout=60,
-                      data=probe.stdin({"journal": journal_request(unit, keep, lines)}))
+                      data=probe.stdin({"journal": journal_request(unit, keep, lines, ident)}))
         return node_from(h.name, ranks[h.name],
                          probe.reply(r.exited, r.stdout, r.stderr, "reading the journal")["journal"])
     return [r.value for r in fleet.fan_out(one, hosts) if r.ok]

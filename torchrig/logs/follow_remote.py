@@ -17,6 +17,8 @@ Arguments (one JSON object, the ARGS string):
     unit          systemd unit of the job, or null. With follow: exit once
                   `systemctl is-active UNIT` is no longer active/activating/reloading/deactivating
                   and one more scan found nothing new (drain)
+    slurm_job     the job's Slurm id when Slurm runs it (then `unit` only names it): its
+                  state comes from `squeue` instead
     poll          seconds between scans in follow mode (default 0.2)
     idle_exit     with follow: exit after this many seconds without new data (null: never)
     heartbeat     seconds between heartbeat records in follow mode (default 5)
@@ -435,8 +437,27 @@ class Follower:
         self.out.flush()
 
 
-def unit_state(unit):
-    """'active', 'inactive', ... or None when systemd cannot be asked."""
+SLURM_LIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
+              "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED")
+
+
+def slurm_state(job_id):
+    """'active' while Slurm holds the job, 'inactive' once it ended, None: cannot ask."""
+    try:
+        p = subprocess.run(["squeue", "--noheader", "--states", "all", "--jobs", str(job_id),
+                            "--format", "%T"], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, universal_newlines=True, timeout=15)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if p.returncode != 0:
+        return None
+    return "active" if p.stdout.strip() in SLURM_LIVE else "inactive"
+
+
+def unit_state(unit, slurm_job=None):
+    """'active', 'inactive', ... or None when systemd (Slurm) cannot be asked."""
+    if slurm_job:
+        return slurm_state(slurm_job)
     try:
         p = subprocess.run(["systemctl", "is-active", unit], stdout=subprocess.PIPE,
                            stderr=subprocess.DEVNULL, universal_newlines=True, timeout=15)
@@ -464,7 +485,7 @@ def main(text):
     over = False  # the unit is known to have stopped
     if not follow:
         if unit:
-            state = unit_state(unit)
+            state = unit_state(unit, args.get("slurm_job"))
             over = state is not None and state not in RUNNING
         fol.one_pass(final=True)
     else:
@@ -477,7 +498,7 @@ def main(text):
             now = time.time()
             if unit and now - last_unit_check >= max(poll, 1.0):
                 last_unit_check = now
-                state = unit_state(unit)
+                state = unit_state(unit, args.get("slurm_job"))
                 stopped = state is not None and state not in RUNNING
             # unit state first, then scan: whatever was written before it stopped is read now
             got = fol.one_pass(final=stopped)

@@ -41,6 +41,7 @@ class Options:
     since: float | None = None            # unix time: skip files last written before it
     reconnect_for: float = 120.0          # give up on a node after this long unreachable (per drop)
     color: bool = False
+    slurm_job: str | None = None          # Slurm runs the job: its state from squeue, not systemd
 
 
 @dataclass
@@ -186,6 +187,7 @@ def follow(fleet: Fleet, hosts: list[Host], o: Options, printer: Printer | None 
                 offsets = tracker.offsets_for(h.name)
             args = {"dir": o.log_dir[h.name], "offsets": offsets, "follow": o.follow,
                     "unit": o.unit if o.follow else None, "heartbeat": HEARTBEAT_S,
+                    "slurm_job": o.slurm_job,
                     "since": o.since}
             heard = [0]  # events of this connection, the opening heartbeat not counted
 

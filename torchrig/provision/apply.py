@@ -12,7 +12,9 @@ from ..facts import probe, provision_facts
 from ..inventory import Host
 from ..remote import login_user, privileged, sh
 from ..resources import PAYLOAD
+from ..remote import Result, describe_error
 from ..session import Fleet
+from . import slurm
 from .changes import b64, preamble
 from .desired import Settings
 from .engine import Plan, build_plan
@@ -88,11 +90,25 @@ class Planned:
         return plan_report(self.plan)
 
 
-def plan_host(fleet: Fleet, host: Host) -> Planned:
-    s = host.settings
-    facts = gather(fleet.conn(host), s)
-    ctx = Ctx(facts, s, host.name, payload_requirements(), host.address)
-    return Planned(host, s, ctx, build_plan(ctx))
+def plan_hosts(fleet: Fleet) -> list[Result]:
+    """Phase 1 for the selected hosts: each one's facts (one round trip per host); with an
+    inventory `slurm:` cluster among them, the cluster planned over all its hosts' facts
+    (slurm.conf lists every node); then each host's plan. A Result per host (value: Planned)."""
+    got = fleet.fan_out(lambda h: Ctx(gather(fleet.conn(h), h.settings), h.settings, h.name,
+                                      payload_requirements(), address=h.address))
+    spec = fleet.inv.slurm
+    cluster = None
+    if spec and any(h.name in spec.hosts for h in fleet.hosts):
+        cluster = slurm.plan_cluster(spec, {r.host: r.value.facts for r in got if r.ok})
+    for r in got:
+        if r.ok:
+            ctx, host = r.value, fleet.inv.host(r.host)
+            ctx.cluster = cluster
+            try:
+                r.value = Planned(host, host.settings, ctx, build_plan(ctx))
+            except Exception as e:  # noqa: BLE001 - as fan_out does: that host fails, not all
+                r.ok, r.value, r.error = False, None, describe_error(e)
+    return got
 
 
 def plan_report(plan: Plan) -> HostReport:
@@ -161,7 +177,8 @@ def apply_host(fleet: Fleet, p: Planned, reboot: bool,
             rep.rebooted = True
             cxn = fleet.conn(host)
             # the host as it came back: only what is still to do runs
-            ctx = Ctx(gather(cxn, s), s, host.name, ctx.payload_requirements, host.address)
+            ctx = Ctx(gather(cxn, s), s, host.name, ctx.payload_requirements,
+                      address=host.address, cluster=ctx.cluster)
             plan = build_plan(ctx, check_preflight=False)
     except TorchrigError as e:
         rep.error = str(e)

@@ -34,6 +34,7 @@ class Facts:
         for key, fact in KEYED.items():
             self._asked.setdefault(fact, set()).update(request.get(key) or [])
         self._venv = request.get("venv")
+        self._node = bool(request.get("node"))
 
     def __getitem__(self, name: str) -> Any:
         if name not in ALWAYS:
@@ -70,6 +71,12 @@ class Facts:
 
     def unit(self, name: str) -> dict:
         return self._keyed("units", name) or {}
+
+    def node(self) -> dict:
+        """CPU topology, memory, hostname and GPU access (Slurm's node description)."""
+        if not self._node:
+            raise FactNotRequested("fact node was read but not requested (request 'node')")
+        return self.raw.get("node") or {}
 
     def venv(self, path: str) -> dict:
         if path != self._venv:

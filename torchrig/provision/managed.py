@@ -44,8 +44,15 @@ NOUVEAU_BLACKLIST = ManagedFile("etc/modprobe.d/blacklist-nouveau.conf.j2")
 UNATTENDED_HOLD = ManagedFile("etc/apt/apt.conf.d/51torchrig-nvidia-hold.j2")
 CUDA_ENV = ManagedFile("etc/torchrig/cuda.env.j2")
 NODE_EXPORTER_ARGS = ManagedFile("etc/default/prometheus-node-exporter.j2")
+# Slurm (inventory `slurm:`): one munge key shared by the cluster (munge reads it as munge,
+# refuses a key others can read), and Slurm's configs, the same on every host.
+MUNGE_KEY = ManagedFile("etc/munge/munge.key.j2", mode=0o400, owner="munge", secret=True)
+SLURM_CONF = ManagedFile("etc/slurm/slurm.conf.j2")
+GRES_CONF = ManagedFile("etc/slurm/gres.conf.j2")
+CGROUP_CONF = ManagedFile("etc/slurm/cgroup.conf.j2")
+SLURM_FILES = (MUNGE_KEY, SLURM_CONF, GRES_CONF, CGROUP_CONF)
 PROVISION_FILES = (CUDA_SOURCES, CUDA_AUTH, NOUVEAU_BLACKLIST, UNATTENDED_HOLD, CUDA_ENV,
-                   NODE_EXPORTER_ARGS)
+                   NODE_EXPORTER_ARGS, *SLURM_FILES)
 
 # Files that must not exist: cuda-keyring's own one-line source duplicates ours (apt then
 # warns or refuses). One per distro and repo arch it may have been installed for.

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from ..secrets import Redactor
 from ..session import Fleet
 from . import planfile
-from .apply import HostReport, Planned, apply_host, plan_host
+from .apply import HostReport, Planned, apply_host, plan_hosts
 from .factview import what_changed
 
 
@@ -64,7 +64,7 @@ class ProvisionResult:
 def plan(fleet: Fleet, red: Redactor, saved: planfile.SavedPlan | None = None) -> FleetPlan:
     """Gather every selected host's facts (one round trip each, in parallel) and plan; with a
     saved plan, keep only the hosts whose plan is still exactly the saved one."""
-    gathered = fleet.fan_out(lambda h: plan_host(fleet, h))
+    gathered = plan_hosts(fleet)
     planned = [r.value for r in gathered if r.ok and r.value.report.ok]
     failed = [HostReport(r.host, ok=False, error=r.error) for r in gathered if not r.ok]
     failed += [r.value.report for r in gathered if r.ok and not r.value.report.ok]

@@ -13,7 +13,7 @@ from ..facts import os_release, smi_query
 from ..remote import sh
 from ..settings import ETC_DIR
 from .factview import Facts
-from . import managed
+from . import managed, slurm
 from .changes import Cmd, FileChange, b64
 from .desired import (DISTROS, DRIVER_PACKAGE, Credentialed, Settings, driver_flavor, repo_source,
                       split_credentials)
@@ -41,6 +41,7 @@ class Ctx:
     host: str
     payload_requirements: list[str] = field(default_factory=list)
     address: str = ""   # the inventory's address of the host (its cluster address)
+    cluster: slurm.Cluster | None = None   # the inventory's Slurm cluster, planned over all its hosts
 
     def __post_init__(self):
         if not isinstance(self.facts, Facts):  # the dict gather returned
@@ -141,7 +142,7 @@ def _pinned(c: Ctx) -> dict[str, str]:
         pins[s.fabricmanager_pkg] = s.driver_deb
     if node_exporter_skip(c) is None:
         pins[NODE_EXPORTER] = s.node_exporter_version
-    return pins
+    return pins | _slurm_pins(c)
 
 
 def cuda_repo(c: Ctx) -> list[Change]:
@@ -419,6 +420,93 @@ def dirs(s: Settings) -> list[tuple[str, int, str]]:
     return out
 
 
+# --- Slurm (inventory `slurm:`) ------------------------------------------------------------------
+
+SLURM_UNITS = {"controller": "slurmctld.service", "compute": "slurmd.service"}
+MUNGE_UNIT = "munge.service"
+
+
+def _slurm_pins(c: Ctx) -> dict[str, str]:
+    """munge and the Slurm client everywhere in the cluster, each daemon where it runs."""
+    roles = c.cluster.roles(c.host) if c.cluster else set()
+    if not roles:
+        return {}
+    pins = {"munge": c.s.munge_version, "slurm-client": c.s.slurm_version}
+    pins |= {"slurmctld": c.s.slurm_version} if "controller" in roles else {}
+    pins |= {"slurmd": c.s.slurm_version} if "compute" in roles else {}
+    return pins
+
+
+def _in_cluster(c: Ctx) -> str | None:
+    if c.cluster is None:
+        return "no slurm: cluster in the inventory"
+    if not c.cluster.roles(c.host):
+        return "not a host of the inventory's slurm: cluster"
+    return None
+
+
+def _cluster_ready(c: Ctx) -> str | None:
+    return _in_cluster(c) or (f"Slurm waits: {c.cluster.blocked}" if c.cluster.blocked else None)
+
+
+def slurm_packages(c: Ctx) -> list[Change]:
+    if _in_cluster(c):
+        return []
+    return _install(c, _slurm_pins(c), f"Slurm {c.s.slurm_version} and munge {c.s.munge_version}")
+
+
+def _restart(unit: str, why: str) -> Cmd:
+    return Cmd(f"restart {unit} ({why})", f"systemctl enable --quiet {sh(unit)}\n"
+                                         f"systemctl restart {sh(unit)}")
+
+
+def munge(c: Ctx) -> list[Change]:
+    """The cluster's one key (new: written to every host, munged restarted), munged running."""
+    if _in_cluster(c) or c.cluster.missing:
+        return []
+    key = c.cluster.munge_key
+    out: list[Change] = managed.MUNGE_KEY.change(c.facts, key=key) if key else []
+    u = c.facts.unit(MUNGE_UNIT)
+    if out:
+        out.append(_restart(MUNGE_UNIT, "new cluster key"))
+    elif u.get("active") != "active" or u.get("enabled") != "enabled":
+        out.append(_restart(MUNGE_UNIT, "not running"))
+    return out
+
+
+def slurm_config(c: Ctx) -> list[Change]:
+    """Slurm's state and log folders, its configs, and each daemon restarted only when its
+    config changed in a way `scontrol reconfigure` does not apply (partitions alone)."""
+    if _cluster_ready(c):
+        return []
+    cl, roles = c.cluster, c.cluster.roles(c.host)
+    out: list[Change] = []
+    for path, mode in ((slurm.LOG_DIR, 0o755), *([(slurm.STATE_DIR, 0o700)] if "controller" in roles else [])):
+        cur = c.facts.dir(path)
+        if not cur or cur.get("mode") != mode or cur.get("owner") != "slurm" or cur.get("group") != "slurm":
+            out.append(Cmd(f"directory {path} ({mode:04o} slurm:slurm)",
+                           f"install -d -m {mode:04o} -o slurm -g slurm {sh(path)}"))
+    conf = managed.SLURM_CONF
+    conf_change = conf.change(c.facts, cl.files[conf.template])
+    others: list[FileChange] = []
+    for f in (managed.GRES_CONF, managed.CGROUP_CONF):
+        body = cl.files.get(f.template)
+        others += f.change(c.facts, body) if body is not None else managed.absent(c.facts, f.path())
+    out += conf_change + others
+    old = (c.facts.file(conf.path()) or {}).get("content")
+    restart = bool(others) or (bool(conf_change) and not slurm.reconfigure_only(old, cl.files[conf.template]))
+    for role in sorted(roles):
+        unit = SLURM_UNITS[role]
+        u = c.facts.unit(unit)
+        if restart:
+            out.append(_restart(unit, "its config changed"))
+        elif u.get("active") != "active" or u.get("enabled") != "enabled":
+            out.append(_restart(unit, "not running"))
+        elif conf_change and role == "controller":
+            out.append(Cmd("scontrol reconfigure (partitions changed)", "scontrol reconfigure"))
+    return out
+
+
 @dataclass(frozen=True)
 class Upload:
     """A file on the operator's machine a step's script needs on the host: it travels inside
@@ -457,6 +545,10 @@ STEPS = [
     Step("service-user", service_user),
     Step("node-exporter", node_exporter,  # after service-user: its textfile folder is that user's
          enabled=lambda c: node_exporter_skip(c)),
+    Step("slurm-packages", slurm_packages, enabled=_in_cluster),
+    Step("munge", munge, enabled=lambda c: _in_cluster(c) or (
+        f"Slurm waits: {c.cluster.missing}" if c.cluster.missing else None)),
+    Step("slurm-config", slurm_config, enabled=_cluster_ready),
 ]
 
 
@@ -469,12 +561,18 @@ def fact_request(s: Settings, flavor_pkgs: list[str] | None = None) -> dict:
     versions = {p: s.driver_deb for p in (*DRIVER_PACKAGE.values(), s.fabricmanager_pkg)}
     versions.update({s.cuda_pkg: s.cuda_package_version, "libnccl2": s.nccl_version,
                      "libnccl-dev": s.nccl_version, NODE_EXPORTER: s.node_exporter_version})
+    slurm_pkgs = {"munge": s.munge_version, "slurm-client": s.slurm_version,
+                  "slurmctld": s.slurm_version, "slurmd": s.slurm_version}
+    pkgs = sorted({*pkgs, *slurm_pkgs})
+    versions.update(slurm_pkgs)
     return {
         "packages": pkgs,
         "available": [f"{p}={v}" for p, v in sorted(versions.items())],
         **managed.provision_request(),
-        "dirs": [d for d, _, _ in dirs(s)],
-        "units": ["nvidia-persistenced.service", "nvidia-fabricmanager.service", NODE_EXPORTER_UNIT],
+        "dirs": [d for d, _, _ in dirs(s)] + [slurm.LOG_DIR, slurm.STATE_DIR],
+        "units": ["nvidia-persistenced.service", "nvidia-fabricmanager.service", NODE_EXPORTER_UNIT,
+                  MUNGE_UNIT, *SLURM_UNITS.values()],
+        "node": True,
         "users": [s.service_user],
         "venv": s.venv,
         "paths": [f"{s.prefix}/nccl-tests/build/all_reduce_perf"],

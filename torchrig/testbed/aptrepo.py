@@ -279,7 +279,6 @@ def ensure_repo() -> Path:
     (tmp / KEYRING_NAME).write_bytes(keyring)
     shutil.rmtree(repo, ignore_errors=True)
     tmp.rename(repo)
-    for old in CACHE.glob("apt-*"):
-        if old != repo:
-            shutil.rmtree(old, ignore_errors=True)
+    # Other recipes' repos stay: another testbed on this machine (another checkout) may be
+    # serving one, and removing it broke that testbed's provision mid-run (seen: curl 404).
     return repo

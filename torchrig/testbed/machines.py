@@ -73,6 +73,35 @@ def configure(name: str, ip: str, peers: dict[str, str], pubkey: str, profile: s
         subprocess.run(["chroot", str(root), "chown", "-R", f"{owner}:{owner}", f"/{home}/.ssh"],
                        check=True, capture_output=True)
     install_profile(name, profile)
+    install_gpu_devices(root)
+
+
+# Hardware simulation, like lspci: once the stand-in driver has "loaded its module" at boot,
+# the GPUs' device files appear (/dev/nvidiaN, NVIDIA's char major 195, nothing behind them),
+# so software that looks for them (Slurm's gres.conf File=) finds one per simulated GPU.
+GPU_DEVICES_UNIT = """[Unit]
+Description=torchrig testbed: device files of the simulated GPUs (stand-ins, no driver behind them)
+After=nvidia-standin-module.service
+ConditionPathExists=/run/nvidia-standin/module-version
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/bin/python3 -c 'import json, os; n = len(json.load(open("/etc/torchrig-testbed/gpu-profile.json"))["gpus"]); [os.path.exists(f"/dev/nvidia{i}") or os.mknod(f"/dev/nvidia{i}", 0o20666, os.makedev(195, i)) for i in range(n)]'
+
+[Install]
+WantedBy=multi-user.target
+"""
+GPU_DEVICES = "torchrig-testbed-gpu-devices.service"
+
+
+def install_gpu_devices(root: Path) -> None:
+    unit = root / "etc/systemd/system" / GPU_DEVICES
+    unit.write_text(GPU_DEVICES_UNIT)
+    wants = root / "etc/systemd/system/multi-user.target.wants"
+    wants.mkdir(parents=True, exist_ok=True)
+    if not (wants / GPU_DEVICES).is_symlink():
+        (wants / GPU_DEVICES).symlink_to(f"/etc/systemd/system/{GPU_DEVICES}")
 
 
 def install_profile(name: str, profile: str) -> None:

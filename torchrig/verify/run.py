@@ -58,11 +58,12 @@ class Report:
     gate: tuple = ("PASS", {}, [])
     bandwidth: list[dict] = field(default_factory=list)  # {"scope", "hosts", "check", "result"}
     also: dict[str, dict] = field(default_factory=dict)  # host -> verify(also=...)'s results
+    slurm: list = field(default_factory=list)  # Checks of the inventory's Slurm cluster
 
     @property
     def status(self) -> str:
         st = [v.status for v in self.hosts] + [self.gate[0]]
-        st += [b["check"].status for b in self.bandwidth]
+        st += [b["check"].status for b in self.bandwidth] + [c.status for c in self.slurm]
         st += ["FAIL"] * len(self.unreachable)
         return evaluate.overall(st)
 
@@ -81,6 +82,7 @@ class Report:
         bad += self.gate[2]
         bad += [f"{b['scope']} bandwidth {b['check'].status}: {b['check'].detail}"
                 for b in self.bandwidth if b["check"].status != "PASS"]
+        bad += [f"{c.name}: {c.detail}" for c in self.slurm if c.status != "PASS"]
         return bad
 
     def redact(self, red) -> None:
@@ -92,6 +94,8 @@ class Report:
             v.advice = [red.text(a) for a in v.advice]
         for b in self.bandwidth:
             b["check"].detail = red.text(b["check"].detail)
+        for c in self.slurm:
+            c.detail = red.text(c.detail)
         self.unreachable = {h: red.text(e) for h, e in self.unreachable.items()}
 
     def as_dict(self) -> dict:
@@ -100,7 +104,9 @@ class Report:
                 "version_gate": {"status": self.gate[0], "table": self.gate[1], "reasons": self.gate[2]},
                 "bandwidth": [{"scope": b["scope"], "hosts": b["hosts"], "status": b["check"].status,
                                "detail": b["check"].detail, "result": b.get("result")}
-                              for b in self.bandwidth]}
+                              for b in self.bandwidth],
+                "slurm": [{"check": c.name, "status": c.status, "detail": c.detail}
+                          for c in self.slurm]}
 
 
 def verify(fleet: Fleet, hosts: list[Host], *, bandwidth: bool = False, full: bool = True,
@@ -127,6 +133,9 @@ def verify(fleet: Fleet, hosts: list[Host], *, bandwidth: bool = False, full: bo
         facts, rep.also[h.name] = r.value
         rep.hosts.append(evaluate.host_verdict(h.name, facts, h.gpus, opts[h.name].accelerator))
     rep.gate = evaluate.version_gate(rep.hosts)
+    if full and getattr(inv, "slurm", None) is not None:
+        from .slurm_checks import cluster_checks
+        rep.slurm = cluster_checks(fleet, hosts, {v.host: len(v.gpus) for v in rep.hosts})
     if bandwidth and not rep.unreachable:
         _bandwidth(fleet, hosts, opts, rep)
     return rep

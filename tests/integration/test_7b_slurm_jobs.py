@@ -1,0 +1,104 @@
+"""Jobs through Slurm on the session's Slurm cluster (conftest's slurm_cluster: controller
+gpu3, compute gpu1 and gpu4): `launch --backend slurm`, then the same logs/status/stop as the
+systemd launcher, and verify's cluster checks. About 4 minutes on an idle 2-core machine."""
+
+import json
+import re
+import time
+
+import pytest
+
+from conftest import WORKER, invoke, launch, logs, sh, status, stop, wait_slurm_idle, wait_step, wait_until
+
+pytestmark = pytest.mark.provisioned("gpu1", "gpu3", "gpu4")
+
+
+def slurm_launch(c, job, *args, timeout=400):
+    return launch(c.inv, job, "--backend", "slurm", "--nodes", "2", "--nproc-per-node", "2",
+                  *args, hosts=",".join(c.compute), timeout=timeout)
+
+
+def slurm_state(c, job) -> str:
+    return c.run(f"squeue -h -t all -n torchrig-{job} -o %T", sudo=False, check=False).strip()
+
+
+def test_verify_checks_the_slurm_cluster(slurm_cluster):
+    c = slurm_cluster
+    r = invoke("verify", "-i", str(c.inv), "-h", ",".join(c.compute), "--json", timeout=400)
+    checks = {ch["check"]: ch for ch in json.loads(r.stdout)["slurm"]}
+    assert set(checks) == {"slurm node gpu1", "slurm node gpu4", "munge", "slurm srun"}, checks
+    assert all(ch["status"] == "PASS" for ch in checks.values()), checks
+    assert checks["slurm srun"]["detail"] == "ran on gpu1, gpu4"
+    assert "4 credential(s) decoded" in checks["munge"]["detail"]
+
+
+def test_stop_checkpoints_and_cancels_then_relaunch_resumes_and_completes(slurm_cluster):
+    c = slurm_cluster
+    r = slurm_launch(c, "sl-ddp", "--args", "--max-steps 100000 --log-every 5 --ckpt-every 100000")
+    assert r.returncode == 0, r.stdout + r.stderr
+    job_id = re.search(r"started as slurm job (\d+) on gpu1,gpu4 \(2 node\(s\) x 2", r.stdout).group(1)
+    wait_step(c.inv, "sl-ddp", 5, hosts=",".join(c.compute))
+    r, st = status(c.inv, "sl-ddp", hosts="gpu1")  # the job's own nodes, whatever is selected
+    assert r.returncode == 0 and st["slurm"] == {"job_id": job_id, "state": "RUNNING",
+                                                 "nodes": ["gpu1", "gpu4"], "reason": "None"}, r.stdout
+    assert sorted(st["nodes"]) == ["gpu1", "gpu4"]
+    r = stop(c.inv, "sl-ddp", hosts="gpu1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"slurm job {job_id}) CANCELLED on gpu1,gpu4: no process of it left" in r.stdout
+    assert slurm_state(c, "sl-ddp") == "CANCELLED"
+    for h in c.compute:
+        assert sh(c.inv, h, f"pgrep -f {WORKER} || true") == ""
+    out = logs(c.inv, "sl-ddp", hosts="gpu1").stdout
+    stopped = int(re.search(r"^\[gpu\d/r0\] signal SIGTERM received: stopping after step (\d+)",
+                            out, re.M).group(1))
+    assert re.search(rf"^\[gpu\d/r0\] ckpt step={stopped} ", out, re.M), out[-2000:]
+    first_loss = float(re.search(r"^\[gpu\d/r0\] step=\d+ loss=([\d.]+)", out, re.M).group(1))
+
+    # the same job again: resumes from that checkpoint and runs to the end
+    r = slurm_launch(c, "sl-ddp", "--args", f"--max-steps {stopped + 30} --log-every 10")
+    assert r.returncode == 0, r.stdout + r.stderr
+    job2 = re.search(r"slurm job (\d+)", r.stdout).group(1)
+    out = logs(c.inv, "sl-ddp", "-f", hosts="gpu1", timeout=300).stdout
+    assert re.search(rf"^\[gpu\d/r0\] resume step={stopped} ", out, re.M), out[-2000:]
+    assert re.search(rf"^\[gpu\d/r0\] done step={stopped + 30} ", out, re.M), out[-2000:]
+    # every rank of the second run, prefixed with its node and global rank
+    # (which node gets ranks 0-1 is the c10d rendezvous' choice)
+    seen = set(re.findall(r"^\[(gpu[14])/r(\d)\] start rank=", out, re.M))
+    assert {r for _, r in seen} == {"0", "1", "2", "3"} and {h for h, _ in seen} == {"gpu1", "gpu4"}, out[-3000:]
+    last_loss = float(re.findall(r"^\[gpu\d/r0\] done step=\d+ loss=([\d.]+)", out, re.M)[-1])
+    assert last_loss < first_loss
+    r, st = status(c.inv, "sl-ddp")
+    assert st["slurm"]["job_id"] == job2 and st["slurm"]["state"] == "COMPLETED", r.stdout
+
+
+def test_compute_node_powered_off_fails_the_job_in_bounded_time_and_is_named(slurm_cluster):
+    from torchrig.testbed import machines
+    from conftest import ip_of
+    c = slurm_cluster
+    r = slurm_launch(c, "sl-power", "--max-restarts", "1", "--rdzv-timeout", "30",
+                     "--args", "--max-steps 100000 --log-every 5 --init-timeout 60")
+    assert r.returncode == 0, r.stdout + r.stderr
+    wait_step(c.inv, "sl-power", 5, hosts=",".join(c.compute))
+    machines.power_off("gpu4")
+    t0 = time.monotonic()
+    try:
+        # slurmctld: the node stops answering (SlurmdTimeout=60), the job fails (no requeue)
+        state = wait_until("the Slurm job to end", lambda: (
+            s if (s := slurm_state(c, "sl-power")) not in ("RUNNING", "COMPLETING", "") else None),
+            timeout=300, interval=3)
+        took = time.monotonic() - t0
+        assert state == "NODE_FAIL", state
+        r, st = status(c.inv, "sl-power")
+        assert r.returncode == 1 and st["slurm"]["state"] == "NODE_FAIL"
+        assert st["lost_nodes"] == ["gpu4"] and "error" in st["nodes"]["gpu4"]
+        r = logs(c.inv, "sl-power", "--failures")
+        assert "node(s) gpu4 lost" in r.stdout, r.stdout + r.stderr
+        print(f"the Slurm job ended {took:.0f}s after the power-off")
+        # the survivor's ranks are gone too (slurmd ends the failed job's steps)
+        wait_until("no rank left on gpu1", lambda: sh(c.inv, "gpu1", f"pgrep -f {WORKER} || true") == "",
+                   timeout=60)
+    finally:
+        machines.stop("gpu4")
+        machines.start("gpu4")
+        machines.wait_ssh(ip_of(c.inv, "gpu4"), timeout=120)
+        wait_slurm_idle(c, timeout=180)

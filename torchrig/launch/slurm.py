@@ -1,0 +1,351 @@
+"""launch / status / stop through Slurm: the same payload, env and torchrun command lines as
+the systemd launcher (plan.py), one torchrun per node started by srun inside an sbatch job
+submitted on the controller as the job's user. The job's record (its Slurm id) is a root file
+on the controller; everything else Slurm knows (squeue, sacct)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+
+from ..errors import TorchrigError
+from ..facts import slurm as facts
+from ..inventory import Host
+from ..remote import sh
+from ..render import render
+from ..session import Fleet
+from ..settings import JOBS_DIR, job_folder
+from .plan import FINAL_CHECKPOINT_S, TORCHRUN_GRACE, Job, launch_marker, node_env, torchrun_argv
+
+# `--time` as sbatch takes it: minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or UNLIMITED
+TIME_RE = re.compile(r"(\d+)(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED|unlimited|infinite")
+PARTITION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
+ENDPOINT = "\0endpoint"  # stands for "$TORCHRIG_RDZV_ENDPOINT" in a rendered command line
+GRACE_S = TORCHRUN_GRACE + FINAL_CHECKPOINT_S  # as the systemd unit's TimeoutStopSec
+# the stop's bound: Slurm's KillWait (provision sets it to GRACE_S) plus room to see the end
+STOP_BOUND_S = GRACE_S + 60
+# the batch script's output (srun's messages) on the first node, hidden from `logs` (a dot
+# name is no torchrun run folder)
+BATCH_OUT = ".slurm-%j.out"
+
+
+def cluster(inv):
+    """The inventory's `slurm:` section, or one line saying how to add one."""
+    s = getattr(inv, "slurm", None)
+    if s is None:
+        raise TorchrigError(f"{inv.path}: no `slurm:` section, so no Slurm cluster to launch on; "
+                            "add one (see inventory/example.yml) and run `invoke provision`, or "
+                            "use --backend systemd")
+    return s
+
+
+def check_slurm_options(partition: str | None, time_limit: str | None) -> None:
+    if partition is not None and not PARTITION_RE.fullmatch(partition):
+        raise TorchrigError(f"--partition {partition!r}: a Slurm partition name (letters, "
+                            "digits, '_', '.', '-')")
+    if time_limit is not None and not TIME_RE.fullmatch(time_limit):
+        raise TorchrigError(f"--time {time_limit!r}: a Slurm time limit (minutes, H:M:S, "
+                            "D-H:M:S or UNLIMITED)")
+
+
+def record_path(job: str) -> str:
+    """The job's Slurm id, on the controller (root's folder: nothing a job can write)."""
+    return f"{JOBS_DIR}/{job}.slurm"
+
+
+def identifier(job: str) -> str:
+    """The journal identifier of the job's agent lines: the systemd unit's SyslogIdentifier."""
+    return f"torchrig-{job}"
+
+
+def _words(argv: list[str]) -> str:
+    return " ".join('"$TORCHRIG_RDZV_ENDPOINT"' if a == ENDPOINT else sh(a) for a in argv)
+
+
+def render_step(job: Job) -> str:
+    """The per-node script srun runs: each candidate node's env and torchrun (host or peer
+    variant, chosen by SLURM_NODEID), exec'ed with its output in the journal."""
+    nodes = []
+    for n in job.nodes:
+        env = [f"{k}={sh(v)}" for k, v in node_env(job, n).items()]
+        nodes.append({"host": sh(n.host), "env": env,
+                      "host_argv": _words(torchrun_argv(job, n, ENDPOINT, True)),
+                      "peer_argv": _words(torchrun_argv(job, n, ENDPOINT, False))})
+    return render("slurm/JOB.step.j2", job=job.name, nodes=nodes,
+                  identifier=sh(identifier(job.name)))
+
+
+def render_sbatch(job: Job, nnodes: int, partition: str | None, time_limit: str | None,
+                  gpus: int, exclude: list[str]) -> str:
+    """The batch script for `nnodes` of the job's candidate nodes (job.nodes: every node the
+    payload and folders were prepared on; Slurm picks which)."""
+    first = job.nodes[0]
+    return render("slurm/JOB.sbatch.j2", job=job.name, marker=launch_marker(job), nnodes=nnodes,
+                  release=job.release, partition=partition, time=time_limit, grace=GRACE_S,
+                  gpus=gpus, exclude=",".join(exclude),
+                  output=f"{job_folder(first.log_dir, job.name)}/{BATCH_OUT}",
+                  endpoints=[(sh(n.host), sh(f"{n.address}:{job.rdzv_port}")) for n in job.nodes],
+                  step=sh(render_step(job)))
+
+
+# as the job's user: sbatch reads the script on stdin; cwd / (root's cwd is not the user's)
+def submit_command(user: str) -> str:
+    return f"cd / && runuser -u {sh(user)} -- sbatch --parsable"
+
+
+# the record, written by root into root's folder; read back by status, logs and stop
+RECORD = """set -eu
+install -d -m 0755 {jobs}
+tmp=$(mktemp {path}.XXXXXX)
+cat > "$tmp"
+chmod 0644 "$tmp"
+mv -f "$tmp" {path}
+"""
+
+
+@dataclass
+class SlurmJob:
+    name: str
+    job_id: str
+    state: facts.JobState | None = None       # None: Slurm no longer knows the job
+    record: dict = field(default_factory=dict)
+
+    @property
+    def nodes(self) -> list[str]:
+        if self.state and self.state.nodes:
+            return self.state.nodes
+        return list(self.record.get("nodes", []))
+
+    def as_dict(self) -> dict:
+        return {"job_id": self.job_id, "state": self.state.state if self.state else "UNKNOWN",
+                "nodes": self.nodes, "reason": self.state.reason if self.state else ""}
+
+
+def query(fleet: Fleet, controller: Host, job_id: str) -> facts.JobState | None:
+    """squeue (live and recently ended jobs), else sacct (where accounting keeps them)."""
+    r = fleet.run(controller, sh(*facts.squeue_argv(job_id)), timeout=30)
+    got = facts.parse_squeue(r.stdout, job_id) if r.exited == 0 else None
+    if got is None:
+        r = fleet.run(controller, sh(*facts.sacct_argv(job_id)), timeout=30)
+        got = facts.parse_sacct(r.stdout, job_id) if r.exited == 0 else None
+    return got
+
+
+def find(fleet: Fleet, job: str) -> SlurmJob | None:
+    """The job's record on the controller, with Slurm's state of it; None: not a Slurm job."""
+    s = getattr(fleet.inv, "slurm", None)
+    if s is None:
+        return None
+    ctl = fleet.inv.host(s.controller)
+    r = fleet.run(ctl, f"cat {sh(record_path(job))} 2>/dev/null || true", timeout=30)
+    try:
+        rec = json.loads(r.stdout) if r.stdout.strip() else None
+    except ValueError:
+        rec = None
+    if not isinstance(rec, dict) or not re.fullmatch(r"\d+", str(rec.get("job_id", ""))):
+        return None
+    return SlurmJob(job, str(rec["job_id"]), query(fleet, ctl, str(rec["job_id"])), rec)
+
+
+def write_record(fleet: Fleet, controller: Host, job: str, rec: dict) -> None:
+    r = fleet.run(controller, "bash -c " + sh(RECORD.format(jobs=sh(JOBS_DIR),
+                                                            path=sh(record_path(job)))),
+                  root=True, timeout=30, data=json.dumps(rec))
+    if r.exited != 0:
+        raise TorchrigError(f"{controller.name}: writing {record_path(job)} failed: "
+                            f"{r.stderr.strip()[-300:]}")
+
+
+def live_job_named(fleet: Fleet, controller: Host, job: str) -> str | None:
+    """The id of a pending or running Slurm job of this name, if any."""
+    r = fleet.run(controller, sh("squeue", "--noheader", "--name", identifier(job),
+                                 "--format", facts.SQUEUE_FORMAT), timeout=30)
+    for ln in r.stdout.splitlines():
+        jid = ln.split("|")[0]
+        st = facts.parse_squeue(ln, jid)
+        if st and st.live:
+            return jid
+    return None
+
+
+def hosts_of(fleet: Fleet, sj: SlurmJob) -> list[Host]:
+    """The job's nodes as inventory hosts, in Slurm's order (node rank order)."""
+    return [fleet.inv.host(n) for n in sj.nodes]
+
+
+# stop: SIGTERM to every step (scancel's default cancel: SIGCONT+SIGTERM, SIGKILL after
+# KillWait); then every node checked for a process of the job (SLURM_JOB_ID in its environ)
+LEFT = """import os, sys
+want = b"SLURM_JOB_ID=" + sys.argv[1].encode() + b"\\0"
+n = 0
+for p in os.listdir("/proc"):
+    if p.isdigit():
+        try:
+            env = open(f"/proc/{p}/environ", "rb").read() + b"\\0"
+        except OSError:
+            continue
+        if b"\\0" + want in b"\\0" + env:
+            n += 1
+print(n)
+"""
+
+
+def processes_left(fleet: Fleet, h: Host, job_id: str) -> int:
+    r = fleet.run(h, "python3 -I - " + sh(job_id), root=True, timeout=30, data=LEFT)
+    return int(r.stdout.strip() or 0) if r.exited == 0 else -1
+
+
+def stop(fleet: Fleet, job: str, log=print) -> SlurmJob:
+    """scancel the job (every step gets SIGTERM and has KillWait to checkpoint), wait until
+    Slurm says it ended, then check no process of it is left on any of its nodes."""
+    sj = find(fleet, job)
+    if sj is None:
+        raise TorchrigError(f"job {job!r} is not a Slurm job torchrig launched")
+    ctl = fleet.inv.host(cluster(fleet.inv).controller)
+    if sj.state and sj.state.live:
+        r = fleet.run(ctl, sh("scancel", sj.job_id), root=True, timeout=60)
+        if r.exited != 0:
+            raise TorchrigError(f"scancel {sj.job_id} failed: {r.stderr.strip()[-300:]}")
+    deadline = time.monotonic() + STOP_BOUND_S
+    while time.monotonic() < deadline:
+        sj.state = query(fleet, ctl, sj.job_id)
+        if sj.state is None or not sj.state.live:
+            break
+        time.sleep(1)
+    else:
+        raise TorchrigError(f"slurm job {sj.job_id} still {sj.state.state} after {STOP_BOUND_S}s")
+    left = {h.name: processes_left(fleet, h, sj.job_id) for h in hosts_of(fleet, sj)}
+    bad = {h: n for h, n in left.items() if n}
+    if bad:
+        raise TorchrigError("processes of slurm job " + sj.job_id + " left: " +
+                            ", ".join(f"{h}: {n}" for h, n in bad.items()))
+    return sj
+
+
+# the job's folders on a node, made by root as for the systemd launcher (jobdirs_remote.py)
+JOBDIRS = """python3 -I - {args} <<'TORCHRIG_PY'
+{script}
+TORCHRIG_PY
+"""
+
+# workers spawned on a node: torchrun makes <log dir>/<run>/attempt_N/<local rank> per worker
+WORKERS = "ls -d {logdir}/*/attempt_*/[0-9]* 2>/dev/null | wc -l"
+
+
+@dataclass
+class SlurmLaunched:
+    job: Job
+    slurm: SlurmJob
+    started: bool          # False: still queued when launch stopped waiting
+    seconds: float = 0.0
+
+
+def launch(fleet: Fleet, hosts: list[Host], o, nnodes: int | None, partition: str | None,
+           time_limit: str | None, log=print) -> SlurmLaunched:
+    """Prepare every selected compute host (payload, folders), submit one sbatch job for
+    `nnodes` of them on the controller as the job's user, and wait until every allocated
+    node's workers run (or the job is still queued at --start-timeout: then it stays queued)."""
+    from .push import push
+    from .run import PAYLOAD, JOBDIRS_SCRIPT, _gate, check_options, jobdirs_args, plan_job
+    t0 = time.monotonic()
+    s = cluster(fleet.inv)
+    check_options(o)
+    check_slurm_options(partition, time_limit)
+    candidates = [h for h in hosts if h.name in s.compute]
+    if not candidates:
+        raise TorchrigError(f"no Slurm compute host selected (compute: {', '.join(s.compute)})")
+    n = len(candidates) if nnodes is None else nnodes
+    if n > len(candidates):
+        raise TorchrigError(f"--nodes {n}: only {len(candidates)} Slurm compute host(s) selected "
+                            f"({', '.join(h.name for h in candidates)})")
+    ctl = fleet.inv.host(s.controller)
+    running = live_job_named(fleet, ctl, o.job)
+    if running:
+        raise TorchrigError(f"nothing submitted: job {o.job!r} is already slurm job {running}; "
+                            f"`invoke stop --job {o.job}` first, or pick another --job")
+    interfaces = _gate(fleet, candidates)
+    _same_ids(fleet, [ctl] + [h for h in candidates if h is not ctl],
+              candidates[0].settings.service_user)
+    prefix = candidates[0].settings.prefix
+    pushed = fleet.fan_out(lambda h: push(fleet.conn(h), PAYLOAD, prefix), candidates)
+    bad = [f"{r.host}: {r.error}" for r in pushed if not r.ok]
+    if bad:
+        raise TorchrigError("nothing submitted: payload push failed: " + "; ".join(bad))
+    release = pushed[0].value[0]
+    log(f"payload {release} on {len(candidates)} node(s) "
+        f"({sum(r.value[1] for r in pushed)} file(s) sent)")
+    job = plan_job(fleet.inv, candidates, o, release, interfaces)
+    by_name = {h.name: h for h in candidates}
+    script = JOBDIRS_SCRIPT.read_text()
+
+    def dirs(nd):
+        r = fleet.run(by_name[nd.host], "bash -s", root=True, timeout=60,
+                      data=JOBDIRS.format(args=jobdirs_args(job, nd), script=script))
+        if r.exited != 0:
+            raise TorchrigError(r.stderr.strip()[-300:])
+    made = fleet.fan_out(dirs, job.nodes, name=lambda nd: nd.host)
+    bad = [f"{r.host}: {r.error}" for r in made if not r.ok]
+    if bad:
+        raise TorchrigError("nothing submitted: making the job's folders failed: " + "; ".join(bad))
+    gpus = job.nodes[0].nproc if candidates[0].settings.accelerator == "cuda" else 0
+    exclude = [c for c in s.compute if c not in by_name]
+    batch = render_sbatch(job, n, partition, time_limit, gpus, exclude)
+    r = fleet.run(ctl, submit_command(job.nodes[0].user), root=True, timeout=60, data=batch)
+    job_id = facts.parse_sbatch(r.stdout) if r.exited == 0 else None
+    if job_id is None:
+        raise TorchrigError(f"sbatch on {ctl.name} refused job {job.name}: "
+                            f"{(r.stderr or r.stdout).strip()[-300:]}")
+    write_record(fleet, ctl, job.name, {"job_id": job_id, "launch_id": job.launch_id,
+                                        "nnodes": n, "submitted": time.time()})
+    sj = SlurmJob(job.name, job_id, None, {"job_id": job_id})
+    log(f"slurm job {job_id} submitted on {ctl.name}")
+    started = _confirm(fleet, ctl, job, sj, o.start_timeout)
+    write_record(fleet, ctl, job.name, {"job_id": job_id, "launch_id": job.launch_id,
+                                        "nnodes": n, "nodes": sj.nodes})
+    return SlurmLaunched(job, sj, started, round(time.monotonic() - t0, 2))
+
+
+def _same_ids(fleet: Fleet, hosts: list[Host], user: str) -> None:
+    """Slurm runs the job under the submitter's numeric uid/gid on every node: the service
+    user must have the same ones everywhere, or the job would run as someone else there."""
+    got = fleet.fan_out(lambda h: fleet.run(h, f"id -u -- {sh(user)} && id -g -- {sh(user)}",
+                                            timeout=30).stdout.split(), hosts)
+    ids = {r.host: " ".join(r.value) if r.ok and len(r.value) == 2 else None for r in got}
+    if None in ids.values() or len(set(ids.values())) > 1:
+        raise TorchrigError(f"nothing submitted: the service user {user!r} must exist with the "
+                            "same uid and gid on the controller and every compute host "
+                            "(uid gid: " + ", ".join(f"{h} {v or 'missing'}" for h, v in ids.items())
+                            + "); create it with one uid everywhere (or from a directory service)")
+
+
+def _confirm(fleet: Fleet, ctl: Host, job: Job, sj: SlurmJob, timeout: float) -> bool:
+    """True once every allocated node spawned its workers (torchrun does so after the
+    rendezvous); False if still pending at the timeout. A job that ended or did not spawn
+    its workers in time is cancelled: one error line with Slurm's state and reason."""
+    deadline = time.monotonic() + timeout
+    nproc = {nd.host: nd.nproc for nd in job.nodes}
+    logdir = {nd.host: job_folder(nd.log_dir, job.name) for nd in job.nodes}
+    while True:
+        sj.state = query(fleet, ctl, sj.job_id)
+        st = sj.state
+        if st is None or (not st.live and st.state != "COMPLETED"):
+            raise TorchrigError(f"slurm job {sj.job_id} ended before it started: "
+                                f"{st.state + ' (' + st.reason + ')' if st else 'unknown to Slurm'}"
+                                f"; its batch output: {logdir[job.nodes[0].host]}/{BATCH_OUT.replace('%j', sj.job_id)} "
+                                "on its first node")
+        if st.state in ("RUNNING", "COMPLETING", "COMPLETED") and st.nodes:
+            hosts = hosts_of(fleet, sj)
+            got = fleet.fan_out(lambda h: int(fleet.run(h, WORKERS.format(
+                logdir=sh(logdir[h.name])), root=True, timeout=30).stdout.strip() or 0), hosts)
+            if all(r.ok and r.value >= nproc[r.host] for r in got) or st.state == "COMPLETED":
+                return True
+        if time.monotonic() >= deadline:
+            if st.state == "PENDING":
+                return False
+            fleet.run(ctl, sh("scancel", sj.job_id), root=True, timeout=60)
+            raise TorchrigError(f"slurm job {sj.job_id}: workers not started on every node within "
+                                f"{timeout:.0f}s ({st.state} on {','.join(st.nodes)}), so it was "
+                                f"cancelled; see `invoke logs --failures --job {job.name}`")
+        time.sleep(1)
