@@ -1,7 +1,8 @@
 """TensorBoard through SSH and the end of a job in `status`, on one testbed node (gpu1): var
-tensorboard installs TensorBoard (from the testbed's wheel index), a train.py job writes events,
+tensorboard installs TensorBoard (from the testbed's wheel index), a train.py job writes events
+(stopped once `status --watch` saw it train),
 `invoke tensorboard` serves them through a forwarded port, Ctrl-C (or the operator vanishing)
-leaves nothing running on the node. One short job serves every test here."""
+leaves nothing running on the node. One job serves every test here."""
 
 import json
 import re
@@ -14,7 +15,7 @@ import urllib.request
 import pytest
 import yaml
 
-from conftest import invoke, invoke_bg, launch, logs, provision, sh, status, wait_until, write_inventory
+from conftest import invoke, invoke_bg, launch, provision, sh, status, wait_until, write_inventory
 
 pytestmark = pytest.mark.provisioned("gpu1")
 HOST = "gpu1"
@@ -27,8 +28,8 @@ LEFT = ("systemctl list-units --all --plain --no-legend 'torchrig.tensorboard*';
 
 @pytest.fixture(scope="module")
 def tb_inv(fleet, tmp_path_factory):
-    """gpu1 with var tensorboard (provision converges: only the venv step changes) and a short
-    job that ran to its end on it."""
+    """gpu1 with var tensorboard (provision converges: only the venv step changes) and a job
+    that trained, was watched by status --watch, and was stopped."""
     testbed = fleet.provisioned(HOST)  # before the file's mark would: this fixture comes first
     doc = yaml.safe_load(testbed.read_text())
     doc["vars"]["tensorboard"] = True
@@ -37,15 +38,36 @@ def tb_inv(fleet, tmp_path_factory):
     assert r.returncode == 0, r.stdout + r.stderr
     venv = next(s for s in data[0]["steps"] if s["name"] == "python-venv")
     assert any("tensorboard==2.21.0" in c for c in venv["changes"]), venv
-    r = launch(inv, JOB, "--args", "--max-steps 30 --log-every 5", hosts=HOST)
+    # a job that trains until stopped: status --watch samples it while it trains (its trend,
+    # for the test below), however fast this machine trains
+    r = launch(inv, JOB, "--args", "--max-steps 100000 --log-every 5", hosts=HOST)
     assert r.returncode == 0, r.stderr
-    # status --watch samples the job while it trains (its trend, for the test below)
     watch = invoke_bg("status", "-i", str(inv), "-h", HOST, "--job", JOB, "--json", "--watch", "1")
-    out = logs(inv, JOB, "-f", hosts=HOST, timeout=300)  # returns when the job has ended
-    assert re.search(r"^\[gpu1/r0\] done step=30 ", out.stdout, re.M), out.stdout[-2000:]
+    out: list[str] = []
+    threading.Thread(target=lambda: out.extend(iter(watch.stdout.readline, "")), daemon=True).start()
+    wait_until("status --watch to see the job train in 3 rounds",
+               lambda: sum(" step=" in (d["nodes"][HOST].get("progress") or "")
+                           for d in _docs("".join(out))) >= 3, 300, 1)
     watch.send_signal(signal.SIGINT)
-    WATCHED.append(watch.communicate(timeout=60)[0])
+    watch.wait(timeout=60)
+    WATCHED.append("".join(out))
+    invoke("stop", "-i", str(inv), "-h", HOST, "--job", JOB, check=True)  # it ends: SIGTERM
     return inv
+
+
+def _docs(text: str) -> list[dict]:
+    """The JSON documents `status --json --watch` printed, one per round (a round Ctrl-C cut
+    short is left out)."""
+    dec, docs = json.JSONDecoder(), []
+    i = text.find("{")
+    while i != -1:
+        try:
+            doc, end = dec.raw_decode(text, i)
+        except ValueError:
+            break
+        docs.append(doc)
+        i = text.find("{", end)
+    return docs
 
 
 def _free_port() -> int:
@@ -81,16 +103,8 @@ def test_status_of_an_ended_job_says_when_it_ended_and_how_long_it_ran(tb_inv):
 
 
 def test_status_watch_keeps_a_trend_of_tokens_per_s_and_gpu_use(tb_inv):
-    dec, text, docs = json.JSONDecoder(), WATCHED[0], []
-    i = text.find("{")
-    while i != -1:
-        try:
-            doc, end = dec.raw_decode(text, i)
-        except ValueError:  # the round Ctrl-C cut short
-            break
-        docs.append(doc)
-        i = text.find("{", end)
-    assert len(docs) >= 3, text[-2000:]
+    docs = _docs(WATCHED[0])
+    assert len(docs) >= 3, WATCHED[0][-2000:]
     trend = docs[-1]["trend"][HOST]
     assert len(trend["gpu_util"]) == len(docs)  # one sample per round
     assert len(trend["tokens_per_s"]) == len(docs)

@@ -92,7 +92,7 @@ ExecStart=/usr/bin/python3 -c 'import json, os; n = len(json.load(open("/etc/tor
 [Install]
 WantedBy=multi-user.target
 """
-GPU_DEVICES = "torchrig-testbed-gpu-devices.service"
+GPU_DEVICES = "nvidia-standin-devices.service"  # never torchrig-<name>.service: that is a job's unit name
 
 
 def install_gpu_devices(root: Path) -> None:
