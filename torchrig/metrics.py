@@ -5,21 +5,15 @@ torchrig/progress.py loads the progress protocol: one definition, no copy."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import dataclass, field
 
 from .errors import TorchrigError
 from .inventory import Host
 from .remote import sh
-from .resources import PAYLOAD
+from .resources import payload_module
 from .session import Fleet, Outcome
 
-SOURCE = PAYLOAD / "metrics.py"
-_spec = importlib.util.spec_from_file_location("torchrig._payload_metrics", SOURCE)
-defs = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = defs
-_spec.loader.exec_module(defs)
+defs = payload_module("metrics")
 
 METRICS = defs.METRICS
 KEY = {name: spec[3] for name, spec in METRICS.items()}  # short names for the table and JSON

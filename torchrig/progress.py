@@ -4,17 +4,9 @@ torchrig holds no copy of the format. Node-side readers (status) send raw text b
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+from .resources import payload_module
 
-from .resources import PAYLOAD
-
-SOURCE = PAYLOAD / "progress.py"
-
-_spec = importlib.util.spec_from_file_location("torchrig._payload_progress", SOURCE)
-protocol = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = protocol
-_spec.loader.exec_module(protocol)
+protocol = payload_module("progress")
 
 Line = protocol.Line
 format_line = protocol.format_line

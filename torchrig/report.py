@@ -12,6 +12,7 @@ from rich.table import Table
 from .inventory import Host, Inventory
 from .logs.merge import printable
 from .secrets import Redactor
+from .verify import evaluate
 
 # Not a terminal (CI logs, pipes): wide enough that tables do not wrap every cell.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -135,7 +136,7 @@ def verify_report(rep) -> None:
         for h in hosts:
             t.add_column(h)
         for key, by_host in table.items():
-            shown = {h: "unknown" if val is None else str(val) for h, val in by_host.items()}
+            shown = {h: evaluate.shown(val) for h, val in by_host.items()}
             common = max(set(shown.values()), key=list(shown.values()).count)
             t.add_row(GATE_LABELS.get(key, key), *[(shown[h] if shown[h] == common
                                                     else f"[red]{shown[h]}[/]") for h in hosts])

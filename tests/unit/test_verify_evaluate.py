@@ -96,6 +96,15 @@ def test_version_gate_compares_the_nccl_torch_bundles():
     assert status == FAIL and reasons == ["torch_nccl differs: most hosts have 2.26.2; b has 2.27.3"]
 
 
+def test_version_gate_reason_says_unknown_for_a_host_that_could_not_tell():
+    a = evaluate.host_verdict("a", facts(), 8, "cuda")
+    b = evaluate.host_verdict("b", facts(cuda_toolkit=None), 8, "cuda")
+    status, _, reasons = evaluate.version_gate([a, b, evaluate.host_verdict("c", facts(), 8, "cuda")])
+    assert status == FAIL
+    assert [r for r in reasons if r.startswith("cuda ")] == [
+        f"cuda differs: most hosts have {a.versions['cuda']}; b has unknown"]
+
+
 def test_version_gate_table_says_unknown_and_where_each_version_comes_from(monkeypatch):
     import io
 

@@ -193,16 +193,21 @@ def _network(v: HostVerdict, facts: dict) -> None:
                               "map IPv4-mapped addresses)"))
 
 
+def shown(value) -> str:
+    """A gate value as people read it: a version, or "unknown" where a host could not say."""
+    return "unknown" if value is None else str(value)
+
+
 def version_gate(verdicts: list[HostVerdict]) -> tuple[str, dict[str, dict[str, object]], list[str]]:
     """Driver, CUDA, NCCL, Python, torch and GPU count must agree on every host.
     Returns (status, {key: {host: value}}, reasons naming the odd ones out)."""
     table = {k: {v.host: v.versions.get(k) for v in verdicts} for k in GATE_KEYS}
     reasons = []
     for k, by_host in table.items():
-        counts = Counter(map(str, by_host.values()))
+        counts = Counter(map(shown, by_host.values()))
         if len(counts) > 1:
             common = counts.most_common(1)[0][0]
-            odd = [f"{h} has {val}" for h, val in by_host.items() if str(val) != common]
+            odd = [f"{h} has {shown(val)}" for h, val in by_host.items() if shown(val) != common]
             reasons.append(f"{k} differs: most hosts have {common}; " + ", ".join(odd))
     return (FAIL if reasons else PASS), table, reasons
 
