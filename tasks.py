@@ -408,7 +408,8 @@ def _status(fleet, job, json_, watch):
         if json_:
             print(json.dumps({"job": job, "nodes": res.as_dict(), **diag,
                               **({"slurm": sj.as_dict()} if sj else {}),
-                              **({"trend": trend.as_dict()} if trend is not None else {})}, indent=2))
+                              **({"trend": trend.as_dict()} if trend is not None else {})}, indent=2),
+                  flush=True)  # each --watch round as it comes, also through a pipe
         else:
             if sj is not None:
                 d = sj.as_dict()

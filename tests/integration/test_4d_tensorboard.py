@@ -42,16 +42,20 @@ def tb_inv(fleet, tmp_path_factory):
     # for the test below), however fast this machine trains
     r = launch(inv, JOB, "--args", "--max-steps 100000 --log-every 5", hosts=HOST)
     assert r.returncode == 0, r.stderr
-    watch = invoke_bg("status", "-i", str(inv), "-h", HOST, "--job", JOB, "--json", "--watch", "1")
-    out: list[str] = []
-    threading.Thread(target=lambda: out.extend(iter(watch.stdout.readline, "")), daemon=True).start()
-    wait_until("status --watch to see the job train in 3 rounds",
-               lambda: sum(" step=" in (d["nodes"][HOST].get("progress") or "")
-                           for d in _docs("".join(out))) >= 3, 300, 1)
-    watch.send_signal(signal.SIGINT)
-    watch.wait(timeout=60)
-    WATCHED.append("".join(out))
-    invoke("stop", "-i", str(inv), "-h", HOST, "--job", JOB, check=True)  # it ends: SIGTERM
+    try:
+        watch = invoke_bg("status", "-i", str(inv), "-h", HOST, "--job", JOB, "--json", "--watch", "1")
+        out: list[str] = []
+        threading.Thread(target=lambda: out.extend(iter(watch.stdout.readline, "")), daemon=True).start()
+        try:
+            wait_until("status --watch to see the job train in 3 rounds",
+                       lambda: sum(" step=" in (d["nodes"][HOST].get("progress") or "")
+                                   for d in _docs("".join(out))) >= 3, 300, 1)
+        finally:
+            watch.send_signal(signal.SIGINT)
+            watch.wait(timeout=60)
+        WATCHED.append("".join(out))
+    finally:
+        invoke("stop", "-i", str(inv), "-h", HOST, "--job", JOB, check=True)  # it ends: SIGTERM
     return inv
 
 
