@@ -48,7 +48,7 @@ def tb_inv(fleet, tmp_path_factory):
         threading.Thread(target=lambda: out.extend(iter(watch.stdout.readline, "")), daemon=True).start()
         try:
             wait_until("status --watch to see the job train in 3 rounds",
-                       lambda: sum(" step=" in (d["nodes"][HOST].get("progress") or "")
+                       lambda: sum("step=" in (d["nodes"][HOST].get("progress") or "")
                                    for d in _docs("".join(out))) >= 3, 300, 1)
         finally:
             watch.send_signal(signal.SIGINT)
