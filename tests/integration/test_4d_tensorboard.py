@@ -15,7 +15,8 @@ import urllib.request
 import pytest
 import yaml
 
-from conftest import invoke, invoke_bg, launch, provision, sh, status, wait_until, write_inventory
+from conftest import (invoke, invoke_bg, launch, provision, sh, status, wait_unit_ended, wait_until,
+                      write_inventory)
 
 pytestmark = pytest.mark.provisioned("gpu1")
 HOST = "gpu1"
@@ -96,12 +97,18 @@ def _start(inv, port):
 
 
 def test_status_of_an_ended_job_says_when_it_ended_and_how_long_it_ran(tb_inv):
+    # a job of its own that runs to its end (the fixture's job was stopped: `stop` resets its
+    # failed state, and systemd then forgets the unit's timestamps: see the README's limits)
+    job = "t-tb-end"
+    r = launch(tb_inv, job, "--args", "--max-steps 10 --log-every 5", hosts=HOST)
+    assert r.returncode == 0, r.stderr
+    wait_unit_ended(tb_inv, HOST, f"torchrig-{job}", 240)
     before = time.time()
-    r, st = status(tb_inv, JOB, hosts=HOST)
+    r, st = status(tb_inv, job, hosts=HOST)
     node = st["nodes"][HOST]
     assert node["unit"]["ActiveState"] == "inactive" and node["uptime_s"] is None
     assert 1 < node["ran_s"] < 300 and before - 600 < node["ended_at"] <= before + 5
-    text = invoke("status", "-i", str(tb_inv), "-h", HOST, "--job", JOB, check=True).stdout
+    text = invoke("status", "-i", str(tb_inv), "-h", HOST, "--job", job, check=True).stdout
     when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(node["ended_at"]))
     assert re.search(rf"ran \d+s, ended {when}:\d\d UTC", text), text
 
