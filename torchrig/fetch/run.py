@@ -24,6 +24,7 @@ from ..errors import TorchrigError
 from ..facts import probe
 from ..inventory import Host
 from ..launch.plan import check_job_name
+from ..localfiles import fsync_dir, write_atomic
 from ..remote import ConnectionLost, login_user, privileged, sh
 from ..settings import job_folder
 from ..session import Fleet
@@ -114,7 +115,7 @@ def fetch(fleet: Fleet, o: Options, log: Callable[[str], None]) -> FetchResult:
                    for f in files]
         new = plan.merge_manifest(doc, entries)
         if files and (new != doc or not manifest.exists()):
-            _write_atomic(manifest, (json.dumps(new, indent=2) + "\n").encode())
+            write_atomic(manifest, (json.dumps(new, indent=2) + "\n").encode(), 0o644)
     return FetchResult(job, host.name, folder, str(to), files, refused, left_out)
 
 
@@ -248,25 +249,7 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
                             f"({h.hexdigest()[:16]}...) is not the node's ({digest[:16]}...); "
                             "the partial file was removed: run fetch again")
     os.replace(part, final)
-    _fsync_dir(to)
+    fsync_dir(to)
     return got
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -5,12 +5,11 @@ per node); data.py and html.py are pure."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from pathlib import Path
 
 from ..errors import TorchrigError
+from ..localfiles import write_atomic
 
 
 def make(fleet, job: str, out_dir: str, red) -> tuple[Path, "data.Report"]:
@@ -33,13 +32,5 @@ def make(fleet, job: str, out_dir: str, red) -> tuple[Path, "data.Report"]:
         raise TorchrigError(f"--out {out_dir}: cannot make that folder ({e.strerror}); "
                             "pass another") from None
     target = folder / f"{job}-report.html"
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{job}-report.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(html.page(rep, js))
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_atomic(target, html.page(rep, js).encode("utf-8"), 0o644)
     return target, rep

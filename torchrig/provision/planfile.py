@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TorchrigError
+from ..localfiles import write_atomic
 
 KIND = "torchrig-provision-plan"
 VERSION = 1
@@ -97,20 +97,8 @@ def read(path: str) -> SavedPlan:
 
 
 def write(path: str, text: str) -> None:
-    """Atomically, mode 0600 from its first byte: a temp file beside the target (O_EXCL, so
-    nothing already there is followed or reused), synced, then renamed over it."""
-    p = Path(path)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    made = False
+    """Atomically, mode 0600 from its first byte (localfiles.write_atomic)."""
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        made = True
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
+        write_atomic(Path(path), text.encode(), 0o600)
     except OSError as e:
-        if made:
-            tmp.unlink(missing_ok=True)
         raise TorchrigError(f"--save-plan {path}: cannot write it ({e.strerror})") from None

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
 from ..facts import busbw as busbw_math
+from ..localfiles import write_atomic
 
 
 def state_dir() -> Path:
@@ -62,10 +62,7 @@ def save(bandwidth: list[dict], addresses: dict[str, str], folder: Path | None =
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     written = []
     for host, rec in records(bandwidth, addresses, time.time()).items():
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{host}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(rec, f)
-        os.replace(tmp, folder / f"{host}.json")
+        write_atomic(folder / f"{host}.json", json.dumps(rec).encode(), 0o600)
         written.append(folder / f"{host}.json")
     return written
 
