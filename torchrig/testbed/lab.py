@@ -7,6 +7,8 @@ everything that differs (mirror and index URLs, known_hosts) is in the inventory
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import platform
@@ -113,10 +115,11 @@ def up(n: int, profile: str | None, inventory_path: str, log=print) -> dict:
         raise TorchrigError(f"a testbed with {len(previous)} hosts is up; run `invoke "
                             "testbed.down` first to change the number of hosts")
     t0 = time.monotonic()
-    base = image.ensure_base(log)
-    repo = aptrepo.ensure_repo()
-    mirror = debmirror.ensure_mirror(base, log)
-    wheels = pyindex.ensure_wheels()
+    with _cache_lock(log):
+        base = image.ensure_base(log)
+        repo = aptrepo.ensure_repo()
+        mirror = debmirror.ensure_mirror(base, log)
+        wheels = pyindex.ensure_wheels()
     STATE.mkdir(parents=True, exist_ok=True)
     os.chmod(STATE, 0o700)
     pubkey = _operator_key()
@@ -144,6 +147,20 @@ def up(n: int, profile: str | None, inventory_path: str, log=print) -> dict:
     write_inventory(inventory_path, names, peers, profiles)
     state["seconds"] = round(time.monotonic() - t0, 1)
     return state
+
+
+@contextlib.contextmanager
+def _cache_lock(log):
+    """The cache is shared by every testbed on this machine (parallel test runs): one builder
+    at a time, or a second `up` would delete the first one's half-built image under it."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another testbed to finish building the cache in {CACHE}")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def _link(link: Path, target: Path) -> None:

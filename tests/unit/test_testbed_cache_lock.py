@@ -1,0 +1,35 @@
+"""Two testbeds starting at once share one cache: the second waits for the first builder."""
+
+import fcntl
+import threading
+
+from torchrig.testbed import lab
+
+
+def test_a_second_builder_waits_for_the_first(tmp_path, monkeypatch):
+    monkeypatch.setattr(lab, "CACHE", tmp_path)
+    said, order = [], []
+    holder = open(tmp_path / ".lock", "a+")
+    fcntl.flock(holder, fcntl.LOCK_EX)  # another testbed is building
+
+    def second():
+        with lab._cache_lock(said.append):
+            order.append("second built")
+
+    t = threading.Thread(target=second)
+    t.start()
+    t.join(0.5)
+    assert t.is_alive() and order == []  # still waiting
+    assert said and "waiting for another testbed" in said[0]
+    order.append("first done")
+    fcntl.flock(holder, fcntl.LOCK_UN)
+    t.join(5)
+    assert order == ["first done", "second built"]
+
+
+def test_no_wait_and_no_message_when_nobody_builds(tmp_path, monkeypatch):
+    monkeypatch.setattr(lab, "CACHE", tmp_path / "cache")
+    said = []
+    with lab._cache_lock(said.append):
+        pass
+    assert said == []
