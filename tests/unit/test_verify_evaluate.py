@@ -352,3 +352,13 @@ def test_in_place_no_ops_at_small_sizes_are_flagged():
     chk = evaluate.nccl_tests_check(res, "pcie-switch", "NVIDIA GeForce RTX 2080 Ti", 2, None)
     assert chk.status == WARN and "in-place 0.2 us at 8 B" in chk.detail, chk
     assert "invalid, left out" in chk.detail
+
+
+def test_a_mangled_topo_row_fails_the_topology_check_instead_of_a_wrong_class():
+    """A lost separator in GPU4's row (affinity and NUMA run together): the old parser read the
+    box as nvswitch with GPU4 on no NUMA node and passed."""
+    mangled = TOPO_H100.replace("52-103,156-207  1", "52-103,156-2071", 1)
+    v = evaluate.host_verdict("a", facts(topo=mangled), 8, "cuda")
+    topo = {c.name: c for c in v.checks}["topology"]
+    assert topo.status == FAIL and "row GPU4" in topo.detail and "lost separator" in topo.detail
+    assert v.advice == []
