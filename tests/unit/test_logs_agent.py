@@ -211,3 +211,17 @@ def test_closing_lines_of_newer_torch():
             "api.py:874] failed (exitcode: -11) local_rank: 1 (pid: 293867) of binary: /usr/bin/python3\n")
     e = agent.parse(text).first_failure()
     assert (e.pid, e.exitcode, e.when) == (293867, -11, "0227 17:39:41.936000")
+
+
+def test_journal_read_with_its_default_prefix_gives_what_o_cat_gives():
+    """One unit's journal as `journalctl -u` prints it by default (`Dec 02 00:05:04 gpu1
+    torchrig-t-power[974]: E1202 ...`) and with `-o cat` (captured together on the testbed:
+    node 0 of a job whose peer lost power). The old parser found nothing in the first."""
+    short = agent.parse(fixture("torchrun_17_journal_short_prefix_power_off_peer_node0of2.txt"))
+    cat = agent.parse(fixture("torchrun_18_journal_cat_same_unit_as_17.txt"))
+    e = short.first_failure()
+    assert (e.local_rank, e.pid, e.exitcode, e.when) == (0, 1032, 1, "1202 00:05:03.857000")
+    assert short.exits == cat.exits and short.restarts == cat.restarts == 1
+    assert (short.nnodes, short.nproc, short.join_timeout) == (cat.nnodes, cat.nproc, cat.join_timeout) == (2, 2, 30)
+    assert short.rdzv_timed_out and short.ended and short.state is None
+    assert short.rank_lines == cat.rank_lines and short.rank_lines[0]
