@@ -259,3 +259,47 @@ def test_mpirun_tag_output_prefix():
     tagged = "".join(f"[1,0]<stdout>:{ln}\n" for ln in fixture(N03).splitlines())
     r = nccl_tests.parse(tagged)
     assert r.nranks == 8 and len(r.rows) == 1 and r.avg_busbw_gbs == 231.793
+
+
+# ------------------------------------------------- outputs cut short, failed, or named only at the end
+
+N05 = "nccl_05_all_reduce_perf_g4_4xRTX4090_test_nccl_failure_3_devices_shown.txt"
+N06 = "nccl_06_all_reduce_perf_multinode_test_nccl_failure_after_17G.txt"
+N08 = "nccl_08_all_reduce_perf_mpirun_2nodes_nccl_warn_connection_closed.txt"
+N09 = "nccl_09_rccl_all_reduce_perf_tail_collective_concluded.txt"
+N10 = "nccl_10_all_reduce_perf_2x8xH100_device_list_cut_short.txt"
+
+
+def test_rank_count_from_the_highest_rank_when_the_device_list_is_cut_short():
+    """The highest `Rank N` line says there are at least N+1 ranks, whatever number of
+    device lines survived. Derived from a real 2x8 H100 list (nccl_10, itself cut off at
+    rank 12): the view starts at rank 8, as a paste or a scrollback does. The old count was
+    one per device line: 5."""
+    text = fixture(N10)
+    assert nccl_tests.parse(text).nranks == 13
+    cut = "\n".join(ln for ln in text.splitlines()
+                    if not any(f"Rank  {i} " in ln for i in range(8)))
+    r = nccl_tests.parse(cut)
+    assert len(r.devices) == 5 and r.nranks == 13
+
+
+def test_collective_named_only_in_the_closing_line():
+    """nccl-tests (and rccl-tests) close with '# Collective test concluded: all_reduce_perf';
+    a capture that lost its head names the collective only there."""
+    r = nccl_tests.parse(fixture(N09))
+    assert r.collective == "all_reduce_perf"
+    assert len(r.rows) == 4 and r.avg_busbw_gbs == pytest.approx(142.652)
+
+
+def test_test_failure_and_nccl_warn_lines_are_read():
+    assert nccl_tests.parse(fixture(N03)).failures == ()
+    r = nccl_tests.parse(fixture(N05))
+    assert r.failures[0] == "c2211f46f318: Test NCCL failure common.cu:1005 'unhandled CUDA error'"
+    assert ".. c2211f46f318 pid 3288: Test failure common.cu:891" in r.failures
+    r = nccl_tests.parse(fixture(N06))
+    assert len(r.rows) == 5 and len(r.failures) == 8
+    r = nccl_tests.parse(fixture(N08))
+    assert r.failures == ("server1:6601:6625 [0] include/socket.h:385 NCCL WARN Net : Connection "
+                          "closed by remote peer", "NCCL failure common.cu:921 'unhandled system error'")
+    cuda = "gpu1: Test CUDA failure common.cu:892 'out of memory'\n"
+    assert nccl_tests.parse(fixture(N04) + cuda).failures == (cuda.strip(),)

@@ -148,14 +148,20 @@ def test_the_request_travels_inert_on_stdin():
 
 
 # each command marks itself present, waits (up to `wait` s) until `k` are present at once,
-# and prints the most it saw: a count, not a timing, so machine speed does not matter
+# and prints the most it saw: a count, not a timing, so machine speed does not matter. The
+# first to see `k` leaves a flag that ends every other's wait: a command that polled just
+# before the last one arrived cannot miss the moment all were there (the first leaves at
+# once) and wait out `wait`. `wait` stays well inside the command's kill timeout.
 OVERLAP = """import os, sys, time
 d, me, k, wait = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+flag = d + ".all-seen"
 open(os.path.join(d, me), "w").close()
 seen, end = 0, time.monotonic() + wait
-while seen < k and time.monotonic() < end:
+while seen < k and not os.path.exists(flag) and time.monotonic() < end:
     seen = max(seen, len(os.listdir(d)))
     time.sleep(0.05)
+if seen >= k:
+    open(flag, "w").close()
 os.remove(os.path.join(d, me))
 print(seen)
 """
@@ -165,8 +171,12 @@ def test_commands_run_concurrently_within_the_bound(tmp_path):
     def most_at_once(jobs, k, wait):
         d = tmp_path / f"j{jobs}"
         d.mkdir()
-        got = run_probe({"run": {str(i): ["python3", "-c", OVERLAP, str(d), str(i), str(k), str(wait)]
-                                 for i in range(4)}, "jobs": jobs}, timeout=120)["run"]
+        # the probe kills a command only long after its wait ends (a loaded machine can take
+        # seconds to start python), and this test waits for the probe longer still
+        kill = wait + 120
+        got = run_probe({"run": {str(i): {"argv": ["python3", "-c", OVERLAP, str(d), str(i), str(k),
+                                                    str(wait)], "timeout": kill}
+                                 for i in range(4)}, "jobs": jobs}, timeout=int(4 * kill))["run"]
         assert all(r["rc"] == 0 for r in got.values()), got
         return max(int(r["out"]) for r in got.values())
     assert most_at_once(4, 4, 60) == 4     # all four at once (each waits for the others)

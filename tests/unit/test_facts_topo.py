@@ -395,3 +395,56 @@ def test_topo14_single_h200_with_underline_escapes():
     assert t.cpu_affinity == {"GPU0": "0-15"} and t.numa_affinity == {"GPU0": 0}
     assert t.gpu_numa_id == {"GPU0": None}
     assert topo.classify(t) == "single"
+
+
+# ------------------------------------------------- mangled matrices are refused, not misread
+
+def _mangle_row(text: str, label: str, old: str, new: str) -> str:
+    lines = text.split("\n")
+    i = next(i for i, ln in enumerate(lines) if ln.split()[:1] == [label])
+    assert old in lines[i]
+    lines[i] = lines[i].replace(old, new, 1)
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("label,old,new", [
+    ("GPU3", " X      NV18", " XNV18"),                                            # two links merged
+    ("GPU5", "NV18    NV18    NV18    NV18", "NV18    NV18NV18    NV18"),           # a link lost
+    ("GPU4", "52-103,156-207  1", "52-103,156-2071"),                             # affinity + NUMA merged
+])
+def test_a_row_whose_cells_do_not_match_the_header_is_refused(label, old, new):
+    """A separator lost in a paste shifts every later cell of that row: the old parser read
+    them into the wrong columns (a CPU list as a link, NUMA node missing) without a word."""
+    mangled = _mangle_row(fixture(T08), label, old, new)
+    with pytest.raises(ValueError, match=rf"row {label} of nvidia-smi topo -m .*mangled|"
+                                         rf"row {label} of nvidia-smi topo -m .*shifted"):
+        topo.parse(mangled)
+
+
+def test_a_nic_row_with_a_lost_separator_is_refused_too():
+    mangled = _mangle_row(fixture(T02), "NIC0", "PXB     PXB     SYS", "PXB     PXBSYS")
+    with pytest.raises(ValueError, match="row NIC0"):
+        topo.parse(mangled)
+
+
+def test_every_real_capture_and_testbed_profile_still_parses():
+    """The row check refuses none of the real layouts (NIC rows without affinity cells,
+    inline mlx5 columns, N/A cells, tabs)."""
+    from torchrig.testbed import gpu_profiles
+    for name in (T01, T02, T04, T08, T13, T14):
+        topo.parse(fixture(name))
+    topo.parse(OLD_INLINE_MLX5)
+    for name in gpu_profiles.names():
+        topo.parse(gpu_profiles.load(name)["topo"])
+
+
+def test_all_sys_in_a_vm_still_says_all_reduce_will_be_slow():
+    """Every pair SYS on one NUMA node: the VM note alone left out that all-reduce crosses
+    the CPU (the advice a two-socket box with the same links gets)."""
+    from torchrig.testbed import gpu_profiles
+    text = gpu_profiles.load("pcie-nic-8")["topo"]
+    vm = re.sub(r"56-111,168-223  1", "0-55,112-167    0", text)
+    adv = topo.advice(topo.parse(vm))
+    assert any("VM or container" in a for a in adv)
+    assert any(a.startswith("all GPU pairs communicate across the CPU interconnect (SYS): "
+                            "all-reduce will be slow") for a in adv), adv

@@ -170,3 +170,58 @@ def test_sigkilled_rank_beats_the_local_peer_torchrun_names_as_root_cause():
     assert log.root_cause["pid"] == 1095                     # torchrun's pick
     e = log.first_failure()
     assert (e.pid, e.local_rank, e.global_rank, e.exitcode) == (1096, 1, 3, -9)
+
+
+# ------------------------------------------- the agent lines older torch releases print
+
+def test_python_logging_prefix_of_older_torch():
+    """torch 1.x-2.0 logged through Python's logging with its default format
+    (`ERROR:torch.distributed.elastic.multiprocessing.api:failed ...`): a real SIGKILL of
+    local rank 3 (the other three were sent SIGTERM). The old parser found no failure at all."""
+    log = agent.parse(fixture("torchrun_14_pylogging_sigkill_rank3_colossalai.txt"))
+    e = log.first_failure()
+    assert (e.local_rank, e.pid, e.exitcode, e.terminated) == (3, 812917, -9, False)
+    assert log.nproc == 4 and agent.describe_exit(e.exitcode) == "killed by SIGKILL"
+
+
+def test_bracketed_timestamp_prefix_of_torch_2_1_to_2_3():
+    """`[2025-08-07 22:38:53,831] torch.distributed.elastic.multiprocessing.api: [ERROR] failed
+    ...` (real; the paste lost the first line's `[`): the rank, its signal and when the agent
+    noticed (its first closing-signal line), as glog lines give them."""
+    log = agent.parse(fixture("torchrun_15_bracketed_sigfpe_rank1_codetr.txt"))
+    e = log.first_failure()
+    assert (e.local_rank, e.pid, e.exitcode) == (1, 2235249, -8)
+    assert agent.describe_exit(e.exitcode) == "killed by SIGFPE (arithmetic error)"
+    assert e.when == "0807 22:38:53.659"
+    assert agent.to_unix(e.when, 2025, "+0000") == 1754606333.659
+    assert sum(x.terminated for x in log.exits) == 0 and len(log.exits) == 1
+    e = agent.parse(fixture("torchrun_16_bracketed_exit1_rank2_salience_detr.txt")).first_failure()
+    assert (e.local_rank, e.pid, e.exitcode, e.when) == (2, 5939, 1, "0508 08:47:31.261")
+
+
+def test_closing_lines_of_newer_torch():
+    """torch 2.6+ says `Closing process P via signal SIGTERM` (the first line is real, from
+    NVIDIA/nvidia-resiliency-ext#18; the two `failed` lines are made in glog's shape): the
+    worker it closed is a consequence, not the cause."""
+    text = ("W0227 17:39:41.936000 293814 site-packages/torch/distributed/elastic/multiprocessing/"
+            "api.py:766] Closing process 293866 via signal SIGTERM\n"
+            "E0227 17:39:42.100000 293814 site-packages/torch/distributed/elastic/multiprocessing/"
+            "api.py:874] failed (exitcode: 1) local_rank: 0 (pid: 293866) of binary: /usr/bin/python3\n"
+            "E0227 17:39:42.100000 293814 site-packages/torch/distributed/elastic/multiprocessing/"
+            "api.py:874] failed (exitcode: -11) local_rank: 1 (pid: 293867) of binary: /usr/bin/python3\n")
+    e = agent.parse(text).first_failure()
+    assert (e.pid, e.exitcode, e.when) == (293867, -11, "0227 17:39:41.936000")
+
+
+def test_journal_read_with_its_default_prefix_gives_what_o_cat_gives():
+    """One unit's journal as `journalctl -u` prints it by default (`Dec 02 00:05:04 gpu1
+    torchrig-t-power[974]: E1202 ...`) and with `-o cat` (captured together on the testbed:
+    node 0 of a job whose peer lost power). The old parser found nothing in the first."""
+    short = agent.parse(fixture("torchrun_17_journal_short_prefix_power_off_peer_node0of2.txt"))
+    cat = agent.parse(fixture("torchrun_18_journal_cat_same_unit_as_17.txt"))
+    e = short.first_failure()
+    assert (e.local_rank, e.pid, e.exitcode, e.when) == (0, 1032, 1, "1202 00:05:03.857000")
+    assert short.exits == cat.exits and short.restarts == cat.restarts == 1
+    assert (short.nnodes, short.nproc, short.join_timeout) == (cat.nnodes, cat.nproc, cat.join_timeout) == (2, 2, 30)
+    assert short.rdzv_timed_out and short.ended and short.state is None
+    assert short.rank_lines == cat.rank_lines and short.rank_lines[0]

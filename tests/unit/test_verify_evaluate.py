@@ -1,5 +1,6 @@
 """verify's judgement from fact tables: real nvidia-smi/topo outputs in, PASS/FAIL out."""
 
+import re
 from pathlib import Path
 
 from torchrig.verify import evaluate
@@ -298,3 +299,66 @@ def test_peer_address_without_a_name_warns_with_the_fix():
     assert "::ffff:10.0.0.1 NAME" in detail and "cannot be retrieved" in detail
     named = {k: x for k, x in net.items() if k != "reverse_error"}
     assert "name-resolution" not in statuses(evaluate.host_verdict("a", facts(network=named), 8, "cuda"))
+
+
+# ------------------------------------------------- nccl-tests runs that failed, or measured a no-op
+
+def _fx(name):
+    return (FIX / name).read_text()
+
+
+def test_nccl_tests_failure_lines_fail_the_run_not_leave_it_not_run():
+    """all_reduce_perf printing `Test NCCL failure` / `Test CUDA failure` / `NCCL WARN` (and
+    exiting non-zero) is a broken box, not a check that could not run."""
+    n05 = _fx("nccl_05_all_reduce_perf_g4_4xRTX4090_test_nccl_failure_3_devices_shown.txt")
+    chk = evaluate.nccl_tests_run_check(1, n05, "", "pcie-switch", "NVIDIA GeForce RTX 4090", 4, None)
+    assert chk.status == FAIL and "Test NCCL failure common.cu:1005 'unhandled CUDA error'" in chk.detail
+    # the rows measured before the failure do not make it pass (a real multi-node run)
+    n06 = _fx("nccl_06_all_reduce_perf_multinode_test_nccl_failure_after_17G.txt")
+    chk = evaluate.nccl_tests_run_check(1, n06, "", "nvswitch", "NVIDIA H100 80GB HBM3", 8, None)
+    assert chk.status == FAIL and "Test NCCL failure common.cu:1204" in chk.detail
+    n08 = _fx("nccl_08_all_reduce_perf_mpirun_2nodes_nccl_warn_connection_closed.txt")
+    chk = evaluate.nccl_tests_run_check(1, "", n08, "nvlink", "Tesla V100-SXM2-32GB", 8, None)
+    assert chk.status == FAIL and "NCCL WARN Net : Connection closed by remote peer" in chk.detail
+    # a CUDA failure with exit 0 still fails; a non-zero exit saying nothing is NOT RUN
+    n04 = _fx("nccl_04_all_reduce_perf_g2_2xRTX2080Ti_pcie_pix_autodl.txt")
+    chk = evaluate.nccl_tests_run_check(0, n04 + "box: Test CUDA failure common.cu:892 'out of memory'\n",
+                                        "", "pcie-switch", "NVIDIA GeForce RTX 2080 Ti", 2, None)
+    assert chk.status == FAIL and "Test CUDA failure" in chk.detail
+    chk = evaluate.nccl_tests_run_check(127, "", "all_reduce_perf: not found", "pcie-switch", "", 2, None)
+    assert chk.status == NOT_RUN and "not found" in chk.detail
+    chk = evaluate.nccl_tests_run_check(0, n04, "", "pcie-switch", "NVIDIA GeForce RTX 2080 Ti", 2, None)
+    assert chk.status == PASS
+
+
+def test_in_place_no_ops_at_small_sizes_are_flagged():
+    """In-place halves of ~0.2 us against ~5 us out-of-place at small sizes: real (nccl_07, one
+    RTX 5090, where one rank makes in-place a no-op); here put into the real 2-rank 2080 Ti
+    sweep (nccl_04, derived). Such a half moved nothing; the old 100x screen let a 50x one
+    through and the run PASSed unflagged."""
+    n07 = nccl_tests.parse(_fx("nccl_07_all_reduce_perf_g1_1xRTX5090_inplace_noop_small_sizes.txt"))
+    assert [r.in_place.time_us for r in n07.rows] == [0.20, 0.19, 0.18, 0.15]
+    text = _fx("nccl_04_all_reduce_perf_g2_2xRTX2080Ti_pcie_pix_autodl.txt").splitlines(True)
+    noop = []
+    for ln in text:
+        toks = ln.split()
+        if toks and toks[0].isdigit() and int(toks[0]) <= 64:  # 8..64 B rows: in-place 0.2 us
+            parts = re.split(r"(\S+)", ln)   # cells at odd indexes, spacing kept
+            parts[2 * 9 + 1] = "0.20"          # the in-place time, 10th cell
+            ln = "".join(parts)
+        noop.append(ln)
+    res = nccl_tests.parse("".join(noop))
+    assert [r.in_place.time_us for r in res.rows if r.size <= 64] == [0.20] * 4
+    chk = evaluate.nccl_tests_check(res, "pcie-switch", "NVIDIA GeForce RTX 2080 Ti", 2, None)
+    assert chk.status == WARN and "in-place 0.2 us at 8 B" in chk.detail, chk
+    assert "invalid, left out" in chk.detail
+
+
+def test_a_mangled_topo_row_fails_the_topology_check_instead_of_a_wrong_class():
+    """A lost separator in GPU4's row (affinity and NUMA run together): the old parser read the
+    box as nvswitch with GPU4 on no NUMA node and passed."""
+    mangled = TOPO_H100.replace("52-103,156-207  1", "52-103,156-2071", 1)
+    v = evaluate.host_verdict("a", facts(topo=mangled), 8, "cuda")
+    topo = {c.name: c for c in v.checks}["topology"]
+    assert topo.status == FAIL and "row GPU4" in topo.detail and "lost separator" in topo.detail
+    assert v.advice == []

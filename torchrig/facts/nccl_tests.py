@@ -10,8 +10,12 @@ Layouts handled:
 * older: no ``root`` column and an ``error`` column holding a max error float
   (``1e-06``) instead of ``#wrong``;
 * device lines with or without ``Group``, bus ids as ``[0000:0f:00]`` or ``[0x07]``;
-* NCCL INFO/WARN lines interleaved with the table (ignored, except NCCL's init line, which
+* NCCL INFO lines interleaved with the table (ignored, except NCCL's init line, which
   gives the rank count when no device lines are printed);
+* failure lines: nccl-tests' ``Test NCCL failure``/``Test CUDA failure``/``Test failure``
+  (older: ``NCCL failure``) and NCCL's own ``NCCL WARN`` lines, kept in ``failures``;
+* a capture cut short: device lines missing (the highest ``Rank N`` still says N+1 ranks),
+  the head missing (the collective is named again in ``# Collective test concluded:``);
 * lines prefixed by ``mpirun --tag-output`` (``[1,0]<stdout>:``).
 """
 
@@ -105,14 +109,16 @@ class Result:
     out_of_bounds_ok: bool | None
     collective: str | None  # from "# Collective test starting: all_reduce_perf" when present
     nccl_nranks: int | None = None  # from NCCL's own init line (NCCL_DEBUG=INFO), when printed
+    failures: tuple[str, ...] = ()  # "Test NCCL failure ...", "... NCCL WARN ...", as printed
 
     @property
     def nranks(self) -> int | None:
-        """Ranks in the communicator, from what the output shows: one device line per rank,
-        else the rank count NCCL logged at init; else None (unknown). Never nThread x nGpus:
-        that is one process's share, and under mpirun there are as many processes as slots."""
+        """Ranks in the communicator, from what the output shows: one device line per rank
+        (the highest rank + 1 when lines are missing), else the rank count NCCL logged at
+        init; else None (unknown). Never nThread x nGpus: that is one process's share, and
+        under mpirun there are as many processes as slots."""
         if self.devices:
-            return len(self.devices)
+            return max(len(self.devices), max(d.rank for d in self.devices) + 1)
         return self.nccl_nranks
 
     def samples(self) -> list[Sample]:
@@ -155,6 +161,10 @@ _MPI_TAG = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")
 # NCCL's init line: "... NCCL INFO comm 0x55d0 rank 0 nranks 16 cudaDev 0 busId 18000 - Init
 # COMPLETE" (older), "... NCCL INFO comm 0x55d0 rank 0 nRanks 16 nNodes 2 localRanks 8 ..." (2.19+)
 _NCCL_NRANKS = re.compile(r"NCCL INFO\b.*\bcomm 0x[0-9a-fA-F]+ rank \d+ n[Rr]anks (\d+)")
+# nccl-tests' own failure lines ("host: Test NCCL failure common.cu:1005 '...'", " .. host pid
+# 3288: Test failure common.cu:891", before 2.x "NCCL failure all_reduce.cu:95 '...'") and
+# NCCL's warnings ("host:pid:tid [0] include/socket.h:385 NCCL WARN Net : Connection closed")
+_FAILURE = re.compile(r"\b(?:Test (?:CUDA |NCCL )?failure|NCCL failure|NCCL WARN)\b")
 _NUM = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$")
 
 
@@ -214,9 +224,13 @@ def parse(text: str) -> Result:
     collective = None
     layout: str | None = None  # "new" (root + #wrong) / "old" (no root, error) from the header
     nccl_nranks: int | None = None
+    failures: list[str] = []
     for line in _lines(text):
         s = _MPI_TAG.sub("", line.strip(), count=1).strip()
         if not s:
+            continue
+        if _FAILURE.search(s):
+            failures.append(s)
             continue
         if m := _NCCL_NRANKS.search(s):
             nccl_nranks = max(nccl_nranks or 0, int(m.group(1)))
@@ -246,8 +260,8 @@ def parse(text: str) -> Result:
             elif m := re.search(r"Out of bounds values\s*:\s*(\d+)\s*(\w+)?", s):
                 oob = int(m.group(1))
                 oob_ok = (m.group(2) == "OK") if m.group(2) else None
-            elif m := re.search(r"Collective test starting:\s*(\S+)", s):
-                collective = m.group(1)
+            elif m := re.search(r"Collective test (?:starting|concluded):\s*(\S+)", s):
+                collective = collective or m.group(1)
             continue
         row = _parse_row(s.split(), layout)
         if row is not None:
@@ -261,4 +275,5 @@ def parse(text: str) -> Result:
         out_of_bounds_ok=oob_ok,
         collective=collective,
         nccl_nranks=nccl_nranks,
+        failures=tuple(failures),
     )

@@ -125,6 +125,28 @@ def _opt_int(value: str | None) -> int | None:
     return int(value) if re.fullmatch(r"-?\d+", value) else None
 
 
+def _check_row(toks: list[str], devices: list[str], extra_names: list[str]) -> None:
+    """A row holds one link per device column (X on its own column), then either every other
+    column the header names (a GPU row) or none (a NIC row). Anything else is a mangled
+    matrix, e.g. a separator lost in a paste ("NV12SYS", "0-231"): reading it would shift
+    every cell after the loss into the wrong column, so it is refused."""
+    label, cells, rest = toks[0], toks[1 : 1 + len(devices)], toks[1 + len(devices) :]
+    where = f"row {label} of nvidia-smi topo -m"
+    bad = [c for c in cells if not _LINK_RE.match(c)]
+    if len(cells) < len(devices) or bad:
+        raise ValueError(f"{where} has {len(toks) - 1} cells where the header names {len(devices)} "
+                         f"device columns{' and ' + str(len(extra_names)) + ' more' if extra_names else ''}"
+                         f"{f' (not a link: {bad[0][:20]!r})' if bad else ''}: the output looks "
+                         "mangled (a lost separator?); capture it again with `nvidia-smi topo -m`")
+    if cells[devices.index(label)] != "X":
+        raise ValueError(f"{where} does not have X on its own column: the cells are shifted "
+                         "(a lost separator?); capture it again with `nvidia-smi topo -m`")
+    if rest and len(rest) != len(extra_names):
+        raise ValueError(f"{where} has {len(rest)} cells after the links where the header names "
+                         f"{len(extra_names)} ({', '.join(extra_names)}): the output looks mangled "
+                         "(a lost separator?); capture it again with `nvidia-smi topo -m`")
+
+
 def parse(text: str) -> Topo:
     """Parse ``nvidia-smi topo -m`` output. Raises ValueError if no matrix is found."""
     all_lines = _lines(text)
@@ -170,6 +192,7 @@ def parse(text: str) -> Topo:
         label = toks[0]
         if label not in device_set:
             continue
+        _check_row(toks, devices, extra_names)
         cells = toks[1 : 1 + len(devices)]
         for col, cell in zip(devices, cells):
             links[(label, col)] = cell
@@ -374,7 +397,7 @@ def advice(topo: Topo, nvswitch_hint: bool | None = None) -> list[str]:
             "`nvidia-smi topo -p2p r` and ask for the GPUs to be passed through with their "
             "PCIe topology"
         )
-    elif sys_pairs:
+    if sys_pairs:  # VM or not, the GPUs' traffic crosses the CPU as far as NCCL can tell
         which = ("all GPU pairs" if len(sys_pairs) == len(pairs)
                  else f"GPU pairs ({_fmt_pairs(sys_pairs)})")
         if cls == "cpu":

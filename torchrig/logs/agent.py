@@ -14,6 +14,14 @@ not the earliest line. When the agent gives up it prints a ChildFailedError summ
 launch sets it) the agent also logs every rendezvous result (group_rank, global_ranks), its
 restarts, and when it waits at the exit barrier or for nodes to rejoin.
 
+Older torch releases print the same messages with other prefixes, and an operator may hand
+over a journal read without `-o cat`; each line is reduced to its message first (see
+`_message`, `_agent_line`):
+
+    ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) ...        (<= 2.0)
+    [2023-10-13 17:40:02,544] torch.distributed.elastic.multiprocessing.api: [ERROR] failed ...
+    Nov 30 18:35:24 gpu2 torchrun[3103]: E1130 18:35:24.614000 3103 torch/...] failed ...
+
 The unit's journal (`journalctl -u <unit> -o cat`) carries, besides the agent's lines, each
 worker's output prefixed `[default<local rank>]:` (torchrun's --tee) and systemd's own lines
 about the unit (`... has been killed by the OOM killer.`). Kernel lines (`journalctl -k`) name
@@ -26,10 +34,24 @@ import re
 import signal
 from dataclasses import dataclass, field
 
-# glog prefix: level, MMDD, time, thread/pid, file:line]
+# glog prefix (torch >= 2.4): level, MMDD, time, thread/pid, file:line]
 _GLOG = re.compile(r"^\[?([IWEF])(\d{4}) (\d\d:\d\d:\d\d(?:\.\d+)?)\s+\d+ \S+:\d+\] ?(.*)$")
+# torch 2.1-2.3: "[2023-10-13 17:40:02,544] torch.distributed...: [ERROR] msg" (a paste may
+# lose the first "[")
+_BRACKETED = re.compile(r"^\[?\d{4}-(\d\d)-(\d\d) (\d\d:\d\d:\d\d)(?:,(\d+))?\] torch\.[\w.]+: "
+                        r"\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\] ?(.*)$")
+# torch <= 2.0: Python logging's default format, no time: "ERROR:torch.distributed...:msg"
+_PYLOG = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):torch\.[\w.]+:(.*)$")
+# journalctl's own prefix, when read without -o cat (short, short-precise, short-iso):
+# "Nov 30 18:35:24[.123456] gpu2 torchrun[3103]: msg", "2026-11-30T18:35:24+0000 gpu2 ..."
+_JOURNAL = re.compile(r"^(?:([A-Z][a-z]{2}) +(\d{1,2}) (\d\d:\d\d:\d\d(?:\.\d+)?)"
+                      r"|\d{4}-(\d\d)-(\d\d)T(\d\d:\d\d:\d\d(?:[.,]\d+)?)(?:Z|[+-]\d\d:?\d\d)?)"
+                      r" \S+ [^\s\[\]:]+(?:\[\d+\])?: ?(.*)$")
+_MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug",
+                                       "Sep", "Oct", "Nov", "Dec"), 1)}
 _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\) of binary")
-_CLOSING = re.compile(r"Sending process (\d+) closing signal (\w+)")
+# "Sending process P closing signal SIGTERM"; torch 2.6+: "Closing process P via signal SIGTERM"
+_CLOSING = re.compile(r"(?:Sending|Closing) process (\d+) (?:closing|via) signal (\w+)")
 _RESTART = re.compile(r"Worker group (\w+)\. (\d+)/(\d+) attempts left; will restart worker group")
 _RDZV_START = re.compile(r"\] Rendezvous'ing worker group")
 _RDZV_DONE = re.compile(r"Rendezvous complete for workers")
@@ -133,16 +155,38 @@ class AgentLog:
         return own[0] if own else None
 
 
-def _when(m: re.Match) -> str:
-    return f"{m.group(2)} {m.group(3)}"
+def _message(raw: str) -> tuple[str, str]:
+    """(message, the journal's 'MMDD HH:MM:SS' or ''): the line without journalctl's prefix."""
+    j = _JOURNAL.match(raw)
+    if not j:
+        return raw, ""
+    if j.group(1):
+        mon = _MONTHS.get(j.group(1))
+        return j.group(7), (f"{mon:02d}{int(j.group(2)):02d} {j.group(3)}" if mon else "")
+    return j.group(7), f"{j.group(4)}{j.group(5)} {j.group(6).replace(',', '.')}"
+
+
+def _agent_line(msg: str, journal_when: str) -> tuple[str, str] | None:
+    """(when 'MMDD HH:MM:SS[.fff]', message) of a line torchrun's agent logged, in any of the
+    prefixes torch has used; None for any other line. Python logging's default format has no
+    time: the journal's, when there is one."""
+    if g := _GLOG.match(msg):
+        return f"{g.group(2)} {g.group(3)}", g.group(4)
+    if b := _BRACKETED.match(msg):
+        frac = f".{b.group(4)}" if b.group(4) else ""
+        return f"{b.group(1)}{b.group(2)} {b.group(3)}{frac}", b.group(5)
+    if p := _PYLOG.match(msg):
+        return journal_when, p.group(1)
+    return None
 
 
 def parse(text: str) -> AgentLog:
     """One run of the unit (from its last `Started torchrig-...` line, when present)."""
-    lines = text.splitlines()
+    msgs = [_message(raw) for raw in text.splitlines()]
+    lines = [m for m, _ in msgs]
     for i in range(len(lines) - 1, -1, -1):
         if _SYSTEMD_STARTED.match(lines[i]):
-            lines = lines[i:]
+            lines, msgs = lines[i:], msgs[i:]
             break
     log = AgentLog()
     closing: set[int] = set()
@@ -171,54 +215,55 @@ def parse(text: str) -> AgentLog:
             log.ended = True
         if _RDZV_TIMEOUT.search(raw):
             log.rdzv_timed_out = True
-        g = _GLOG.match(raw)
-        body = g.group(4) if g else raw
+        g = _agent_line(raw, msgs[i][1])
+        body, when = (g[1], g[0]) if g else (raw, "")
         if in_result:
             kv = _RESULT_KV.match(body)
             if kv:
                 result[kv.group(1)] = kv.group(2)
                 continue
-            if g and body.strip() == "":
+            if body.strip() == "":
                 continue
             in_result = False
             _apply_result(result, ranks)
+        # the launch config block: glog prefixes each of its lines, Python logging only the first
+        c = _CONF_JOIN.search(body)
+        if c:
+            log.join_timeout = int(c.group(1))
+        n = _CONF_NODES.match(body)
+        if n:
+            log.nnodes = int(n.group(1))
+        n = _CONF_NPROC.match(body)
+        if n:
+            nproc = int(n.group(1))
         if g:
-            c = _CONF_JOIN.search(body)
-            if c:
-                log.join_timeout = int(c.group(1))
-            n = _CONF_NODES.match(body)
-            if n:
-                log.nnodes = int(n.group(1))
-            n = _CONF_NPROC.match(body)
-            if n:
-                nproc = int(n.group(1))
             m = _FAILED.search(body)
             if m:
                 pid = int(m.group(3))
-                log.exits.append(Exit(int(m.group(2)), pid, int(m.group(1)), noticed or _when(g), i,
+                log.exits.append(Exit(int(m.group(2)), pid, int(m.group(1)), noticed or when, i,
                                       terminated=pid in closing, episode=log.restarts))
                 continue
             m = _CLOSING.search(body)
             if m:
                 closing.add(int(m.group(1)))
-                noticed = noticed or _when(g)
+                noticed = noticed or when
                 continue
             if _RESTART.search(body):
                 log.restarts += 1
-                log.state, log.state_since = "rejoining", _when(g)
+                log.state, log.state_since = "rejoining", when
                 closing, noticed = set(), ""
                 continue
             if _RDZV_START.search(body):
                 if log.state != "rejoining":
-                    log.state, log.state_since = "rendezvous", _when(g)
+                    log.state, log.state_since = "rendezvous", when
                 continue
             if _RDZV_DONE.search(body):
                 in_result, result = True, {}
-                log.state, log.state_since = "running", _when(g)
+                log.state, log.state_since = "running", when
                 continue
             m = _BARRIER.search(body)
             if m:
-                log.state, log.state_since = "exit-barrier", _when(g)
+                log.state, log.state_since = "exit-barrier", when
                 log.barrier_timeout = float(m.group(1))
                 continue
             if _BARRIER_END.search(body):

@@ -236,7 +236,8 @@ def busbw_check(name: str, samples: list[busbw_math.Sample], nranks: int | None,
     if nranks is None and bw == 0:  # 1 rank gives busbw 0 (factor 2(n-1)/n); unknown count
         return Check(name, NOT_RUN, f"busbw 0 and no rank count in the output (one rank?){flagged}")
     ranks = f"{nranks} ranks" if nranks is not None else "rank count unknown (no per-device lines)"
-    status = PASS if bw >= th.minimum else FAIL
+    # a half that moved nothing says the collective misbehaves even where the rest is fast
+    status = (WARN if invalid else PASS) if bw >= th.minimum else FAIL
     return Check(name, status, f"{what}busbw {bw:.3f} GB/s at {size} B over {ranks} "
                                f"(min {th.minimum:g} for {cls}; {th.source}){flagged}")
 
@@ -258,9 +259,22 @@ def bandwidth_check(name: str, result: dict | None, cls: str, gpu_name: str,
     return busbw_check(name, samples, n, cls, gpu_name, gpu_count, overrides, "")
 
 
+def nccl_tests_run_check(exit_code: int, stdout: str, stderr: str, cls: str, gpu_name: str,
+                         gpu_count: int | None, overrides: dict | None) -> Check:
+    """One all_reduce_perf run: a failure it printed FAILs it (whatever rows came before);
+    a non-zero exit that names none is NOT RUN; else its table is judged."""
+    res = nccl_tests.parse(stdout + "\n" + stderr)
+    if exit_code != 0 and not res.failures:
+        return Check("nccl-tests", NOT_RUN, f"all_reduce_perf failed: {stderr.strip()[-300:]}")
+    return nccl_tests_check(res, cls, gpu_name, gpu_count, overrides)
+
+
 def nccl_tests_check(res: nccl_tests.Result, cls: str, gpu_name: str, gpu_count: int | None,
                      overrides: dict | None) -> Check:
     """nccl-tests' all_reduce_perf output: its own busbw (scaled with its real rank count)."""
+    if res.failures:
+        more = f" (and {len(res.failures) - 1} more failure line(s))" if len(res.failures) > 1 else ""
+        return Check("nccl-tests", FAIL, f"all_reduce_perf: {res.failures[0][:300]}{more}")
     if res.any_wrong:
         return Check("nccl-tests", FAIL, "all_reduce_perf counted wrong values (#wrong > 0)")
     return busbw_check("nccl-tests", res.samples(), res.nranks, cls, gpu_name, gpu_count,

@@ -17,7 +17,7 @@ from ..resources import PAYLOAD
 from ..session import Fleet
 from ..settings import procs_per_node
 from . import evaluate
-from .evaluate import Check, HostVerdict
+from .evaluate import HostVerdict
 
 BENCH = PAYLOAD / "allreduce_bench.py"
 LISTENER = ("import socket,sys\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
@@ -238,11 +238,8 @@ def _nccl_tests(fleet: Fleet, h: Host, o: HostOpts, v: HostVerdict | None, rep: 
     r = fleet.run(h, sh(*nccl_tests.command(min_bytes="8M", max_bytes="1G", gpus=n,
                                             binary_dir=f"{o.prefix}/nccl-tests/build")),
                   timeout=600)
-    if r.exited != 0:
-        chk = Check("nccl-tests", evaluate.NOT_RUN, f"all_reduce_perf failed: {r.stderr.strip()[-300:]}")
-        rep.bandwidth.append({"scope": "node-nccl-tests", "hosts": [h.name], "check": chk})
-        return
-    chk = evaluate.nccl_tests_check(nccl_tests.parse(r.stdout), v.topology if v and v.topology
-                                    else "unknown", v.gpus[0]["name"] if v and v.gpus else "",
-                                    len(v.gpus) if v else None, o.busbw_min_gbs)
+    chk = evaluate.nccl_tests_run_check(r.exited, r.stdout, r.stderr,
+                                        v.topology if v and v.topology else "unknown",
+                                        v.gpus[0]["name"] if v and v.gpus else "",
+                                        len(v.gpus) if v else None, o.busbw_min_gbs)
     rep.bandwidth.append({"scope": "node-nccl-tests", "hosts": [h.name], "check": chk})
