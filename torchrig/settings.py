@@ -28,6 +28,7 @@ UTIL_FILE = "gpu_util.csv"                           # its samples, in the job's
 TENSORBOARD_DIR = "tensorboard"                      # its events, in the job's log folder
 MEM_FILE = "gpu_mem.csv"                             # its memory samples (invoke report), there too
 
+RDZV_PORTS = 500  # each job's rendezvous port is one of rdzv_port .. rdzv_port + RDZV_PORTS - 1
 CPU_PROCS = 2  # processes per node where accelerator is cpu: two gloo ranks make a real all-reduce
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # full match: a trailing newline is not a name
 FORMS = {  # settings that must match a form: (full-match pattern, what it is)
@@ -105,7 +106,7 @@ class Settings(BaseModel):
         "systemd", "launch", "what runs a job: `systemd` (torchrig's own units) or `slurm` "
         "(sbatch on the inventory's `slurm:` cluster); `launch --backend` overrides it")
     rdzv_port: int = _var(29400, "verify, launch",
-                          "c10d rendezvous port; each job gets its own above it (+0..499)",
+                          f"c10d rendezvous port; each job gets its own above it (+0..{RDZV_PORTS - 1})",
                           ge=1, le=65000)
     busbw_min_gbs: dict[str, float] = _var(
         {}, "verify", "busbw floors (GB/s) by topology class, over the shipped ones",
@@ -113,6 +114,11 @@ class Settings(BaseModel):
     env: dict[str, str | int | float | bool] = _var({}, "launch", "the job's environment")
     secret_env: list[str] = _var([], "launch, every output",
                                  "names in `env` whose values are always masked")
+    firewall: bool = _var(True, "provision",
+                          "torchrig's nftables table: only the inventory's hosts reach the job "
+                          "ports, only root, the service user and the login user open the "
+                          "rendezvous ports (false: you manage the host firewall; see "
+                          "docs/security.md)")
     node_exporter: bool = _var(True, "provision, launch, metrics",
                                "install prometheus-node-exporter; jobs export metrics through it")
     node_exporter_version: str = _var("1.5.0-1+b6", "provision",

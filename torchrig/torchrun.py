@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 STANDALONE = ("--standalone",)  # one node: a local rendezvous, no port
+# The rendezvous run id goes to torchrun in its environment (torchrun reads --rdzv-id from
+# PET_RDZV_ID), never in argv: every local user's `ps` shows argv.
+RUN_ID_ENV = "PET_RDZV_ID"
 
 
-def rendezvous(nnodes: int, endpoint: str, rdzv_id: str, is_host: bool, local_addr: str,
+def rendezvous(nnodes: int, endpoint: str, is_host: bool, local_addr: str,
                join_timeout: int | None = None) -> list[str]:
-    """--standalone for one node; else c10d on `endpoint` (host:port of the first node)."""
+    """--standalone for one node; else c10d on `endpoint` (host:port of the first node), the
+    run id in the environment (RUN_ID_ENV)."""
     if nnodes == 1:
         return list(STANDALONE)
     # torchrun decides who hosts the c10d store by resolving its own hostname, which on
@@ -16,7 +20,7 @@ def rendezvous(nnodes: int, endpoint: str, rdzv_id: str, is_host: bool, local_ad
     if join_timeout is not None:
         conf += f",join_timeout={join_timeout}"
     return ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-            "--rdzv-id", rdzv_id, "--rdzv-conf", conf,
+            "--rdzv-conf", conf,
             "--local-addr", local_addr]  # what the peers dial (the inventory address)
 
 

@@ -5,6 +5,7 @@ run until the test stops them, and the test waits (bounded) for the step it need
 import copy
 import json
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -68,13 +69,16 @@ def test_two_nodes_train_to_completion(testbed):
 
 def test_dry_run_diffs_against_the_nodes_files(testbed):
     """Launch's files go through the change engine: a dry run of the job just run shows its
-    files unchanged on the nodes, except the unit's line naming the launch that wrote it."""
+    files unchanged on the nodes, except the unit's line naming the launch that wrote it and
+    the rendezvous run id (new on every launch; a secret file, never shown)."""
     r = launch(testbed, "t-basic", "--dry-run", "--args", "--max-steps 30 --log-every 5 --ckpt-every 10")
     assert r.returncode == 0, r.stderr
     for path in ("/etc/torchrig/jobs/t-basic.env",
                  "/etc/systemd/system/torchrig-gpumon@t-basic.service",
                  "/etc/systemd/system/torchrig-gpumon@t-basic.timer"):
         assert f"--- gpu4:{path}\n(unchanged)\n" in r.stdout, r.stdout
+    run_id = r.stdout.split("--- gpu4:/etc/torchrig/jobs/t-basic.run\n")[1].split("\n--- gpu")[0]
+    assert "(secret file: contents not shown)" in run_id and "PET_RDZV_ID" not in run_id, run_id
     unit = r.stdout.split("--- gpu1:/etc/systemd/system/torchrig-t-basic.service\n")[1].split("\n--- gpu")[0]
     changed = [ln for ln in unit.splitlines() if ln[:1] in "+-" and ln[:3] not in ("---", "+++")]
     assert [ln[:len("+# torchrig launch ")] for ln in changed] == ["-# torchrig launch ", "+# torchrig launch "], unit
@@ -324,3 +328,48 @@ def test_power_off_node_survivors_end_in_bounded_time(testbed):
         machines.stop("gpu4")
         machines.start("gpu4")
         machines.wait_ssh(ip_of(testbed, "gpu4"), timeout=120)
+
+
+CONNECT = ("python3 -I -c 'import socket, sys\n"
+           "try:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5).close(); print(\"open\")\n"
+           "except OSError as e: print(\"closed\", e.errno)' ")
+
+
+def connects(inv, host, user, address, port) -> str:
+    """'open' or 'closed <errno>': a TCP connection from `host` as `user` (root: `sudo`)."""
+    return sh(inv, host, f"runuser -u {user} -- {CONNECT} {address} {port}").split()[0]
+
+
+def test_rendezvous_port_closed_to_strangers_while_the_job_trains(testbed):
+    """torch's c10d store has no authentication and unpickles what it reads: only the job's
+    nodes reach it (a host outside the fleet, here the operator's machine on the testbed's
+    bridge, is refused, as on gloo's ports), and on the nodes only root and the service user
+    (another local user is refused on the store's node and on the other node), while the job
+    trains across both nodes. The run id is random, never the job name, and only root reads it."""
+    from torchrig.launch.plan import job_port
+    job, port = "t-fw", job_port("t-fw", 29400)
+    r = launch(testbed, job, "--args", "--max-steps 1000000 --log-every 5 --ckpt-every 1000")
+    assert r.returncode == 0, r.stderr
+    step = wait_step(testbed, job, 10)
+    store = ip_of(testbed, "gpu1")
+    for h in ("gpu1", "gpu4"):
+        sh(testbed, h, "id mallory >/dev/null 2>&1 || useradd --no-create-home mallory")
+        assert connects(testbed, h, "torchrig", store, port) == "open"   # the job's own user
+        assert connects(testbed, h, "mallory", store, port) == "closed", h
+    assert connects(testbed, "gpu1", "root", "127.0.0.1", port) == "open"
+    assert connects(testbed, "gpu1", "mallory", "127.0.0.1", port) == "closed"
+    # from outside the fleet: the store, and the ephemeral ports gloo's workers listen on
+    listening = sh(testbed, "gpu1", "ss -Htln | awk '{print $4}'")
+    gloo = sorted(p for p in {int(a.rsplit(":", 1)[1]) for a in listening.split()} if p >= 32768)
+    assert gloo, listening
+    for p in (port, *gloo):
+        with pytest.raises(OSError):
+            socket.create_connection((store, p), timeout=5).close()
+    # the job still trains across both nodes
+    wait_step(testbed, job, step + 10)
+    run_id = sh(testbed, "gpu1", f"cat /etc/torchrig/jobs/{job}.run").split("PET_RDZV_ID=")[1].split()[0]
+    assert len(run_id) == 32 and sh(testbed, "gpu1", f"stat -c '%a %U' /etc/torchrig/jobs/{job}.run") == "600 root"
+    runs = sh(testbed, "gpu1", f"ls /var/log/torchrig/{job}/")
+    assert f"{run_id}_" in runs and f"{job}_" not in runs, runs
+    assert run_id not in sh(testbed, "gpu1", f"ps -eo args; cat /etc/systemd/system/torchrig-{job}.service")
+    assert stop(testbed, job).returncode == 0

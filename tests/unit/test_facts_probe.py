@@ -96,7 +96,9 @@ def test_provision_facts_from_a_captured_reply():
     assert set(f) == {"os_release", "arch", "kernel", "euid", "boot_id", "disk_free_gb", "lspci",
                       "secure_boot", "packages", "held", "available", "dpkg_audit",
                       "dpkg_updates_pending", "files", "dirs", "paths", "users", "units",
-                      "nvidia_smi", "venv"}
+                      "nvidia_smi", "venv", "firewall"}
+    # torchrig's nftables table loaded, and the kernel's ephemeral range (the firewall's job ports)
+    assert f["firewall"] == {"loaded": True, "ephemeral": "32768\t60999\n"}
 
 
 def test_secure_boot_from_mokutil_or_the_efi_variable():

@@ -100,7 +100,8 @@ def _job():
                      max_restarts=3, rdzv_port=29412, nodes=nodes,
                      release="/opt/torchrig/payload/releases/0123456789abcdef",
                      env={"HF_TOKEN": "t0k-secret", "WEIRD": "a b $(id) 'c'"},
-                     secret_keys={"HF_TOKEN"}, launch_id="feedc0ffee123456")
+                     secret_keys={"HF_TOKEN"}, launch_id="feedc0ffee123456",
+                     run_id="0123456789abcdef0123456789abcdef")
 
 
 def launch_scripts():

@@ -42,6 +42,23 @@ def test_single_node_is_standalone_multi_node_is_c10d():
     assert first[-3:] == ["train.py", "--lr", "3e-4"]
 
 
+def test_run_id_is_random_per_launch_and_only_in_a_root_file():
+    """The rendezvous run id: 128 random bits per launch (never the job name), in a 0600
+    root file systemd reads into torchrun's environment; no command line or unit shows it."""
+    a, b = job(2), job(2)
+    assert a.run_id != b.run_id and len(a.run_id) == 32 and "exp1" not in a.run_id
+    files = dict(plan.job_changes(a, a.nodes[0], 10))
+    run_file = files["/etc/torchrig/jobs/exp1.run"]
+    assert run_file.mode == 0o600 and run_file.owner == "root" and run_file.secret
+    assert f"\nPET_RDZV_ID={a.run_id}\n" in run_file.content
+    for n in a.nodes:
+        unit = plan.render_unit(a, n)
+        assert "EnvironmentFile=/etc/torchrig/jobs/exp1.run" in unit
+        assert a.run_id not in unit and "--rdzv-id" not in plan.torchrun_argv(a, n)
+        assert a.run_id not in plan.render_env(a, n)
+    assert "/etc/torchrig/jobs/exp1.run" in plan.job_paths("exp1")  # removed with the job
+
+
 def test_unit_has_the_settings_that_matter():
     j = job(2)
     unit = plan.render_unit(j, j.nodes[1])
@@ -312,6 +329,7 @@ def test_job_files_go_through_the_change_engine():
     written = plan.job_changes(j, j.nodes[0], 30)
     assert [(p, oct(ch.mode), ch.secret) for p, ch in written] == [
         ("/etc/torchrig/jobs/exp1.env", "0o600", True),
+        ("/etc/torchrig/jobs/exp1.run", "0o600", True),
         ("/etc/systemd/system/torchrig-exp1.service", "0o644", False),
         ("/etc/systemd/system/torchrig-gpumon@exp1.service", "0o644", False),
         ("/etc/systemd/system/torchrig-gpumon@exp1.timer", "0o644", False)]
@@ -319,11 +337,12 @@ def test_job_files_go_through_the_change_engine():
     assert "HF_TOKEN='t0k'" in env.content
     assert "t0k" not in env.diff() and "+HF_TOKEN='***'" in env.diff()  # dry run: masked
     assert "t0k" not in env.script  # base64 in a printf (a builtin): never in any argv
-    # the same job again (a new launch): only the unit's launch line differs
+    # the same job again (a new launch): only the unit's launch line and the run id differ
     j2 = job(1, env={"HF_TOKEN": "t0k"})
     diffed = plan.job_changes(j2, j2.nodes[0], 30, _facts_of(written))
-    assert [p for p, ch in diffed if ch] == ["/etc/systemd/system/torchrig-exp1.service"]
-    d = diffed[1][1].diff()
+    assert [p for p, ch in diffed if ch] == ["/etc/torchrig/jobs/exp1.run",
+                                             "/etc/systemd/system/torchrig-exp1.service"]
+    d = diffed[2][1].diff()
     assert [ln[:19] for ln in d.splitlines() if ln[:1] in "+-" and ln[:3] not in ("---", "+++")] \
         == ["-# torchrig launch ", "+# torchrig launch "]
 

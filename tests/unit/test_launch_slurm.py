@@ -78,6 +78,8 @@ def test_each_node_runs_the_one_torchrun_argv_with_the_allocations_rendezvous(tm
     # the same env as the systemd units' env file, secrets and odd characters intact
     for k, v in plan.node_env(j, n).items():
         assert f"{k}={v}\n" in env
+    # the launch's random rendezvous run id, in the environment only (never argv)
+    assert f"PET_RDZV_ID={j.run_id}\n" in env and j.run_id not in "\0".join(argv)
     assert not (tmp_path / "pwned").exists() and not os.path.exists("/tmp/pwned")
 
 

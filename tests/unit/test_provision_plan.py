@@ -24,13 +24,15 @@ def fresh(**over):
          "secure_boot": False, "packages": {}, "held": [], "available": {}, "dpkg_audit": "",
          "dpkg_updates_pending": False, "files": {}, "dirs": {}, "paths": {}, "users": {},
          "units": {}, "nvidia_smi": {"rc": 127, "output": "nvidia-smi: command not found"},
-         "venv": {"python": None, "dists": {}}, "boot_id": "b1"}
+         "venv": {"python": None, "dists": {}}, "boot_id": "b1",
+         "firewall": {"loaded": False, "ephemeral": "32768\t60999\n"}}
     f.update(over)
     return f
 
 
-def ctx(facts, address="", **vars_):
-    return steps.Ctx(facts, settings_for("h", vars_, "inv.yml"), "h", [], address)
+def ctx(facts, address="", fleet=("10.0.0.1", "10.0.0.2"), login="admin", **vars_):
+    return steps.Ctx(facts, settings_for("h", vars_, "inv.yml"), "h", [], address, fleet=fleet,
+                     login=login)
 
 
 def sha(text):
@@ -46,7 +48,8 @@ CAPTURED = json.load(open("tests/fixtures/provision_facts_converged_testbed.json
 
 
 def tb_ctx(facts, **vars_):
-    return ctx(facts, CAPTURED["address"], **{**CAPTURED["vars"], **vars_})
+    return ctx(facts, CAPTURED["address"], tuple(CAPTURED["fleet"]), CAPTURED["login"],
+               **{**CAPTURED["vars"], **vars_})
 
 
 def converged(lspci=None) -> dict:

@@ -65,19 +65,20 @@ def test_launch_and_verify_build_c10d_args_with_one_builder(monkeypatch):
     o = HostOpts("/v", "/p", "cuda", 29400, {}, "10.0.0.2")
     bench = cross_node_cmd(hosts[1], hosts, o, HostVerdict("gpu2", gpus=[{}, {}]), "10.0.0.1:29400", "r1")
     assert "--RDZV-MARK" in unit_argv and "--RDZV-MARK" in bench
-    assert calls == [(2, "10.0.0.1:29412", "exp1", False, "10.0.0.2"),
-                     (2, "10.0.0.1:29400", "r1", False, "10.0.0.2")]
+    assert calls == [(2, "10.0.0.1:29412", False, "10.0.0.2"),
+                     (2, "10.0.0.1:29400", False, "10.0.0.2")]
+    assert "PET_RDZV_ID=r1" in bench  # the run id in torchrun's environment
     assert unit_argv[:3] == ["/v/bin/python", "-m", "torchrig_torchrun"]  # exit barrier bounded
     assert "/v/bin/python -m torch.distributed.run --RDZV-MARK --nproc-per-node 2" in bench
 
 
 def test_rendezvous_args():
-    assert torchrun.rendezvous(1, "h:1", "id", True, "a") == ["--standalone"]
-    args = torchrun.rendezvous(3, "10.0.0.1:29400", "r1", False, "10.0.0.3", join_timeout=60)
+    assert torchrun.rendezvous(1, "h:1", True, "a") == ["--standalone"]
+    args = torchrun.rendezvous(3, "10.0.0.1:29400", False, "10.0.0.3", join_timeout=60)
+    # no --rdzv-id: the run id reaches torchrun in its environment (torchrun.RUN_ID_ENV)
     assert args == ["--nnodes", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:29400",
-                    "--rdzv-id", "r1", "--rdzv-conf", "is_host=false,join_timeout=60",
-                    "--local-addr", "10.0.0.3"]
-    assert "is_host=true" in torchrun.rendezvous(2, "e:1", "r", True, "a")
+                    "--rdzv-conf", "is_host=false,join_timeout=60", "--local-addr", "10.0.0.3"]
+    assert "is_host=true" in torchrun.rendezvous(2, "e:1", True, "a")
 
 
 def test_testbed_takes_its_versions_from_the_products_defaults():

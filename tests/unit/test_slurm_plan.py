@@ -33,6 +33,7 @@ def raw(hostname, smi=V100_SMI, key=None, files=None, units=None, dirs=None, **n
             "dpkg_updates_pending": False, "dirs": dirs or {}, "paths": {}, "users": {},
             "units": units or {}, "nvidia_smi": smi, "venv": {"python": None, "dists": {}},
             "boot_id": "b", "node": node(hostname, **node_over),
+            "firewall": {"loaded": False, "ephemeral": "32768 60999"},
             "files": {managed.MUNGE_KEY.path(): key and {"sha256": key, "mode": 0o400,
                                                          "owner": "munge", "group": "munge"},
                       **(files or {})}}

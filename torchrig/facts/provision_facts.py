@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from . import dpkg, node_hw, os_release, python_env, systemd
+from . import dpkg, netfilter, node_hw, os_release, python_env, systemd
 
 UNIT_PROPS = ["LoadState", "UnitFileState", "ActiveState"]
 EFI_SECURE_BOOT = "/sys/firmware/efi/efivars/SecureBoot-*"
@@ -28,7 +28,8 @@ def probe_request(want: dict) -> dict:
     "users", "venv", "paths"} (each optional)."""
     run = {"lspci": ["lspci", "-nn"], "mokutil": ["mokutil", "--sb-state"],
            "holds": ["apt-mark", "showhold"], "audit": ["dpkg", "--audit"],
-           "nvidia-smi": ["nvidia-smi", "--query-gpu=index,name,driver_version", "--format=csv,noheader"]}
+           "nvidia-smi": ["nvidia-smi", "--query-gpu=index,name,driver_version", "--format=csv,noheader"],
+           "firewall": netfilter.loaded_argv()}
     if want.get("packages"):
         run["dpkg-query"] = dpkg.query_argv(want["packages"])
     if want.get("available"):  # one apt-cache call for every pinned version
@@ -39,7 +40,8 @@ def probe_request(want: dict) -> dict:
     # root's own files: /etc/os-release is usually a symlink, and systemd-nspawn's boot_id is
     # a deleted file bind-mounted in place (0 links): the hardened reader would refuse both
     read = {"os-release": {"path": os_release.PATH, "follow": True},
-            "boot-id": {"path": "/proc/sys/kernel/random/boot_id", "limit": 4096, "follow": True}}
+            "boot-id": {"path": "/proc/sys/kernel/random/boot_id", "limit": 4096, "follow": True},
+            "port-range": {"path": netfilter.EPHEMERAL_PATH, "limit": 4096, "follow": True}}
     if want.get("node"):  # CPU topology, memory and GPU access, for slurm.conf/gres.conf
         run["lscpu"] = node_hw.LSCPU_ARGV
         read["meminfo"] = {"path": node_hw.MEMINFO, "limit": 65536, "follow": True}
@@ -90,6 +92,9 @@ def facts(want: dict, raw: dict) -> dict:
         "dirs": {p: raw["stat"][p] for p in want.get("dirs", [])},
         "paths": {p: raw["exists"][p] for p in want.get("paths", [])},
         "users": raw["users"],
+        # torchrig's nftables table loaded now, and the kernel's ephemeral port range
+        "firewall": {"loaded": run["firewall"]["rc"] == 0,
+                     "ephemeral": (read["port-range"] or {}).get("text", "")},
         "nvidia_smi": {"rc": run["nvidia-smi"]["rc"],
                        "output": (run["nvidia-smi"]["out"] + run["nvidia-smi"]["err"]).strip()[-2000:]},
     }

@@ -15,7 +15,7 @@ from ..provision import managed
 from ..provision.changes import FileChange
 from ..render import env_quote, systemd_path, systemd_quote
 from ..secrets import MASK, is_secret, redact_text, url_credentials
-from ..settings import ENV_NAME, MEM_FILE, UTIL_FILE, job_folder
+from ..settings import ENV_NAME, MEM_FILE, RDZV_PORTS, UTIL_FILE, job_folder
 
 # fullmatch everywhere: `$` would also accept a trailing newline (`exp1\n`)
 JOB_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,47}")
@@ -51,7 +51,7 @@ def job_of_unit(unit: str) -> str | None:
 
 def job_port(job: str, base: int) -> int:
     """A c10d port per job, so two jobs on the same nodes never share a rendezvous store."""
-    return base + int(hashlib.sha256(job.encode()).hexdigest(), 16) % 500
+    return base + int(hashlib.sha256(job.encode()).hexdigest(), 16) % RDZV_PORTS
 
 
 def check_env_key(key: str, where: str) -> str:
@@ -109,6 +109,10 @@ class Job:
     # marks the unit files this launch wrote: another launch of the same job at the same time
     # may overwrite them, and then this one must neither start nor remove what it finds
     launch_id: str = field(default_factory=lambda: os.urandom(8).hex())
+    # the rendezvous run id: random per launch, so that nobody who reaches the store can guess
+    # the keys its agents read (never the job name); it lives only in a 0600 root file and the
+    # job's environment (torchrun reads PET_RDZV_ID), never in a unit file or a command line
+    run_id: str = field(default_factory=lambda: os.urandom(16).hex())
 
     @property
     def nnodes(self) -> int:
@@ -125,7 +129,7 @@ def torchrun_argv(job: Job, n: Node, endpoint: str | None = None,
     known only when the job runs (Slurm's allocation), else the job's first node."""
     first = job.rdzv_host
     rdzv = torchrun.rendezvous(job.nnodes, endpoint or f"{first.address}:{job.rdzv_port}",
-                               job.name, n is first if is_host is None else is_host, n.address,
+                               n is first if is_host is None else is_host, n.address,
                                join_timeout=job.rdzv_timeout)
     return torchrun.command(n.venv, rdzv, n.nproc, torchrun.BOUNDED_TORCHRUN) + [
         "--max-restarts", str(job.max_restarts), "--log-dir", job_folder(n.log_dir, job.name),
@@ -169,6 +173,10 @@ def render_env(job: Job, n: Node, redact: bool = False) -> str:
                                   env=[(k, env_quote(v)) for k, v in env.items()])
 
 
+def render_run_id(job: Job) -> str:
+    return managed.JOB_RUN_ID.render(job=job.name, env=[(torchrun.RUN_ID_ENV, job.run_id)])
+
+
 def launch_marker(job: Job) -> str:
     """A whole line of the unit file naming the launch that wrote it."""
     return f"# torchrig launch {job.launch_id}"
@@ -178,6 +186,7 @@ def render_unit(job: Job, n: Node) -> str:
     return managed.JOB_UNIT.render(marker=launch_marker(job),
                   job=job.name, host=n.host, node_rank=n.node_rank, nnodes=job.nnodes,
                   user=n.user, workdir=systemd_path(job.release), env_file=env_path(job.name),
+                  run_id_file=managed.JOB_RUN_ID.path(job.name),
                   exec_start=" ".join(systemd_quote(a) for a in torchrun_argv(job, n)),
                   stop_timeout=TORCHRUN_GRACE + FINAL_CHECKPOINT_S,
                   max_restarts=job.max_restarts, start_limit_interval=600)
@@ -202,6 +211,11 @@ def sampler_argv(job: Job, n: Node) -> list[str]:
     if not n.gpu_metrics:
         argv.append("--no-gpu")
     return argv
+
+
+def job_paths(job: str) -> list[str]:
+    """Every file launch writes for the job on a node (what a failed or stopped launch removes)."""
+    return [f.path(job) for f in managed.LAUNCH_FILES]
 
 
 def gpumon_paths(job: str) -> list[str]:
@@ -232,6 +246,7 @@ def job_changes(job: Job, n: Node, interval: int, facts=None) -> list[tuple[str,
     held only then, so what an earlier read saw may be stale)."""
     service, timer = render_gpumon(job, n, interval).values()
     files = [(managed.JOB_ENV, render_env(job, n), render_env(job, n, redact=True)),
+             (managed.JOB_RUN_ID, render_run_id(job), None),
              (managed.JOB_UNIT, render_unit(job, n), None),
              (managed.GPUMON_SERVICE, service, None), (managed.GPUMON_TIMER, timer, None)]
     out = []

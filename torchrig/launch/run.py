@@ -16,7 +16,7 @@ from ..resources import PAYLOAD
 from ..settings import JOBS_DIR, job_folder, procs_per_node
 from ..verify.run import verify
 from .plan import (JOB_RE, Job, Node, check_job_name, env_path, gpumon_name, gpumon_paths,
-                   job_changes, job_of_unit, job_port, launch_marker, parse_env, redact_env, split_args,
+                   job_changes, job_of_unit, job_paths, job_port, launch_marker, parse_env, redact_env, split_args,
                    unit_name, unit_path)
 from ..session import Fleet, Outcome
 from .push import push
@@ -339,7 +339,7 @@ systemctl stop {name}
 
 
 def undo_script(job: Job, remove: bool) -> str:
-    rm = (sh("rm", "-f", unit_path(job.name), env_path(job.name), *gpumon_paths(job.name))
+    rm = (sh("rm", "-f", *job_paths(job.name))
           + " && systemctl daemon-reload") if remove else ""
     return UNDO.format(jobs=sh(JOBS_DIR), marker=sh(launch_marker(job)),
                        unit_file=sh(unit_path(job.name)), name=sh(unit_name(job.name)), remove=rm)

@@ -17,6 +17,7 @@ from ..remote import sh
 from ..render import render
 from ..session import Fleet
 from ..settings import JOBS_DIR, job_folder
+from ..torchrun import RUN_ID_ENV
 from .plan import FINAL_CHECKPOINT_S, TORCHRUN_GRACE, Job, launch_marker, node_env, torchrun_argv
 
 # `--time` as sbatch takes it: minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or UNLIMITED
@@ -69,7 +70,7 @@ def render_step(job: Job) -> str:
     variant, chosen by SLURM_NODEID), exec'ed with its output in the journal."""
     nodes = []
     for n in job.nodes:
-        env = [f"{k}={sh(v)}" for k, v in node_env(job, n).items()]
+        env = [f"{k}={sh(v)}" for k, v in {**node_env(job, n), RUN_ID_ENV: job.run_id}.items()]
         nodes.append({"host": sh(n.host), "env": env,
                       "host_argv": _words(torchrun_argv(job, n, ENDPOINT, True)),
                       "peer_argv": _words(torchrun_argv(job, n, ENDPOINT, False))})

@@ -14,7 +14,7 @@ from ..remote import login_user, privileged, sh
 from ..resources import PAYLOAD
 from ..remote import Result, describe_error
 from ..session import Fleet
-from . import slurm
+from . import firewall, slurm
 from .changes import b64, preamble
 from .desired import Settings
 from .engine import Plan, build_plan
@@ -94,8 +94,10 @@ def plan_hosts(fleet: Fleet) -> list[Result]:
     """Phase 1 for the selected hosts: each one's facts (one round trip per host); with an
     inventory `slurm:` cluster among them, the cluster planned over all its hosts' facts
     (slurm.conf lists every node); then each host's plan. A Result per host (value: Planned)."""
+    peers = firewall.fleet_addresses(fleet.inv)
     got = fleet.fan_out(lambda h: Ctx(gather(fleet.conn(h), h.settings), h.settings, h.name,
-                                      payload_requirements(), address=h.address))
+                                      payload_requirements(), address=h.address, fleet=peers,
+                                      login=login_user(fleet.conn(h)), ssh_port=h.port or 22))
     spec = fleet.inv.slurm
     cluster = None
     if spec and any(h.name in spec.hosts for h in fleet.hosts):
@@ -178,7 +180,8 @@ def apply_host(fleet: Fleet, p: Planned, reboot: bool,
             cxn = fleet.conn(host)
             # the host as it came back: only what is still to do runs
             ctx = Ctx(gather(cxn, s), s, host.name, ctx.payload_requirements,
-                      address=host.address, cluster=ctx.cluster)
+                      address=host.address, cluster=ctx.cluster, fleet=ctx.fleet,
+                      login=ctx.login, ssh_port=ctx.ssh_port)
             plan = build_plan(ctx, check_preflight=False)
     except TorchrigError as e:
         rep.error = str(e)

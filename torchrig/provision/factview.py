@@ -13,7 +13,8 @@ from ..errors import TorchrigError
 
 # Reported by every gather whatever the request (the dict shape gather returns).
 ALWAYS = frozenset({"os_release", "arch", "kernel", "euid", "boot_id", "disk_free_gb", "lspci",
-                    "secure_boot", "held", "dpkg_audit", "dpkg_updates_pending", "nvidia_smi"})
+                    "secure_boot", "held", "dpkg_audit", "dpkg_updates_pending", "nvidia_smi",
+                    "firewall"})
 # Facts keyed by what was requested: request key -> the facts' key.
 KEYED = {"packages": "packages", "available": "available", "files": "files",
          "secret_files": "files", "dirs": "dirs", "paths": "paths", "users": "users",

@@ -51,8 +51,11 @@ SLURM_CONF = ManagedFile("etc/slurm/slurm.conf.j2")
 GRES_CONF = ManagedFile("etc/slurm/gres.conf.j2")
 CGROUP_CONF = ManagedFile("etc/slurm/cgroup.conf.j2")
 SLURM_FILES = (MUNGE_KEY, SLURM_CONF, GRES_CONF, CGROUP_CONF)
+# the job ports' firewall (provision/firewall.py): torchrig's nftables table and its unit
+FIREWALL_RULES = ManagedFile("etc/torchrig/firewall.nft.j2")
+FIREWALL_UNIT = ManagedFile("etc/systemd/system/torchrig-firewall.service.j2")
 PROVISION_FILES = (CUDA_SOURCES, CUDA_AUTH, NOUVEAU_BLACKLIST, UNATTENDED_HOLD, CUDA_ENV,
-                   NODE_EXPORTER_ARGS, *SLURM_FILES)
+                   NODE_EXPORTER_ARGS, *SLURM_FILES, FIREWALL_RULES, FIREWALL_UNIT)
 
 # Files that must not exist: cuda-keyring's own one-line source duplicates ours (apt then
 # warns or refuses). One per distro and repo arch it may have been installed for.
@@ -80,10 +83,12 @@ def absent(facts, path: str) -> list[FileChange]:
 
 # --- launch (per job) -------------------------------------------------------------------------
 JOB_ENV = ManagedFile("etc/torchrig/jobs/JOB.env.j2", mode=0o600, secret=True)
+# the rendezvous run id (random per launch): root's 0600, read by systemd into the job's env
+JOB_RUN_ID = ManagedFile("etc/torchrig/jobs/JOB.run.j2", mode=0o600, secret=True)
 JOB_UNIT = ManagedFile("etc/systemd/system/torchrig-JOB.service.j2")
 GPUMON_SERVICE = ManagedFile("etc/systemd/system/torchrig-gpumon@JOB.service.j2")
 GPUMON_TIMER = ManagedFile("etc/systemd/system/torchrig-gpumon@JOB.timer.j2")
-LAUNCH_FILES = (JOB_ENV, JOB_UNIT, GPUMON_SERVICE, GPUMON_TIMER)
+LAUNCH_FILES = (JOB_ENV, JOB_RUN_ID, JOB_UNIT, GPUMON_SERVICE, GPUMON_TIMER)
 
 
 def launch_request(job: str) -> dict[str, list[str]]:

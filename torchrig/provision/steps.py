@@ -13,7 +13,7 @@ from ..facts import os_release, smi_query
 from ..remote import sh
 from ..settings import ETC_DIR
 from .factview import Facts
-from . import managed, slurm
+from . import firewall, managed, slurm
 from .changes import Cmd, FileChange, b64
 from .desired import (DISTROS, DRIVER_PACKAGE, Credentialed, Settings, driver_flavor, repo_source,
                       split_credentials)
@@ -42,6 +42,9 @@ class Ctx:
     payload_requirements: list[str] = field(default_factory=list)
     address: str = ""   # the inventory's address of the host (its cluster address)
     cluster: slurm.Cluster | None = None   # the inventory's Slurm cluster, planned over all its hosts
+    fleet: tuple[str, ...] = ()   # every inventory host's IP addresses (the firewall admits them)
+    login: str | None = None      # the inventory's login user of the host
+    ssh_port: int = 22
 
     def __post_init__(self):
         if not isinstance(self.facts, Facts):  # the dict gather returned
@@ -545,6 +548,8 @@ STEPS = [
     Step("service-user", service_user),
     Step("node-exporter", node_exporter,  # after service-user: its textfile folder is that user's
          enabled=lambda c: node_exporter_skip(c)),
+    # after service-user: the rules name that user
+    Step("firewall", firewall.plan),
     Step("slurm-packages", slurm_packages, enabled=_in_cluster),
     Step("munge", munge, enabled=lambda c: _in_cluster(c) or (
         f"Slurm waits: {c.cluster.missing}" if c.cluster.missing else None)),
@@ -557,7 +562,7 @@ def fact_request(s: Settings, flavor_pkgs: list[str] | None = None) -> dict:
     read facts through Ctx.facts, which refuses anything not asked for here; files come
     from the managed-file table."""
     pkgs = sorted({*(flavor_pkgs or DRIVER_PACKAGE.values()), s.fabricmanager_pkg, s.cuda_pkg,
-                   "libnccl2", "libnccl-dev", "cuda-keyring", NODE_EXPORTER})
+                   "libnccl2", "libnccl-dev", "cuda-keyring", NODE_EXPORTER, firewall.PACKAGE})
     versions = {p: s.driver_deb for p in (*DRIVER_PACKAGE.values(), s.fabricmanager_pkg)}
     versions.update({s.cuda_pkg: s.cuda_package_version, "libnccl2": s.nccl_version,
                      "libnccl-dev": s.nccl_version, NODE_EXPORTER: s.node_exporter_version})
@@ -571,7 +576,7 @@ def fact_request(s: Settings, flavor_pkgs: list[str] | None = None) -> dict:
         **managed.provision_request(),
         "dirs": [d for d, _, _ in dirs(s)] + [slurm.LOG_DIR, slurm.STATE_DIR],
         "units": ["nvidia-persistenced.service", "nvidia-fabricmanager.service", NODE_EXPORTER_UNIT,
-                  MUNGE_UNIT, *SLURM_UNITS.values()],
+                  MUNGE_UNIT, *SLURM_UNITS.values(), firewall.UNIT],
         "node": True,
         "users": [s.service_user],
         "venv": s.venv,

@@ -25,6 +25,7 @@ PACKAGES = [
     "munge",                                   # Slurm's authentication, every host
     "slurmctld", "slurmd", "slurm-client",     # controller, compute daemons, s* commands
     "prometheus-node-exporter",                # provision's metrics exporter (var node_exporter)
+    "nftables",                                # provision's job-port firewall (var firewall)
 ]
 URL_PATH = "debian"           # served at <base_url>/debian/ (flat: Suites ./)
 SOURCE_FILE = "etc/apt/sources.list.d/torchrig-testbed-debian.sources"

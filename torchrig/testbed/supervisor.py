@@ -20,6 +20,9 @@ def nspawn_argv(name: str, root: str, netns_path: str) -> list[str]:
     # --register=no/--keep-unit: the operator machine may have no systemd as PID 1.
     return ["systemd-nspawn", "--boot", f"--directory={root}", f"--machine={name}",
             "--register=no", "--keep-unit", f"--network-namespace-path={netns_path}",
+            # a host's own firewall (provision's nftables table): nspawn grants CAP_NET_ADMIN
+            # only with --private-network; the namespace is the host's own, as on a server
+            "--capability=CAP_NET_ADMIN",
             "--console=read-only", "--quiet"]
 
 

@@ -202,7 +202,7 @@ def _bandwidth(fleet: Fleet, hosts: list[Host], opts: dict[str, HostOpts], rep: 
         return
     # across nodes: c10d rendezvous on the first node, every node on the interface verify found
     first = hosts[0]
-    rid = f"torchrig-verify-{secrets.token_hex(4)}"
+    rid = secrets.token_hex(16)  # unguessable, as launch's (torchrun.RUN_ID_ENV)
     endpoint = f"{first.address}:{opts[first.name].rdzv_port}"
 
     cross = fleet.fan_out(lambda h: _run_bench(
@@ -225,7 +225,8 @@ def cross_node_cmd(h: Host, hosts: list[Host], o: HostOpts, v: HostVerdict | Non
     found on h itself (NIC names differ between nodes on many clusters), as launch does."""
     iface = v.interface if v else None
     env = {k: iface for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")} if iface else {}
-    rdzv = torchrun.rendezvous(len(hosts), endpoint, rid, h is hosts[0], h.address)
+    env[torchrun.RUN_ID_ENV] = rid
+    rdzv = torchrun.rendezvous(len(hosts), endpoint, h is hosts[0], h.address)
     return _bench_cmd(o, _nproc(v, o), rdzv, env)
 
 

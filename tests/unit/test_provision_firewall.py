@@ -1,0 +1,108 @@
+"""provision's firewall step (torchrig's nftables table over the job ports): the rules it
+renders and the changes it plans, from fact tables (pure, no SSH)."""
+
+import hashlib
+
+import pytest
+
+from torchrig.errors import TorchrigError
+from torchrig.facts.netfilter import parse_ephemeral
+from torchrig.provision import firewall, managed, steps
+from torchrig.settings import settings_for
+from test_provision_plan import fresh
+
+FLEET = ("10.0.0.1", "10.0.0.2", "fd00::3")
+
+
+def ctx(facts, **vars_):
+    return steps.Ctx(facts, settings_for("h", vars_, "inv.yml"), "h", [], "10.0.0.1",
+                     fleet=FLEET, login="admin", ssh_port=2222)
+
+
+def stat(body, mode=0o644):
+    return {"sha256": hashlib.sha256(body.encode()).hexdigest(), "mode": mode, "owner": "root",
+            "group": "root", "content": body}
+
+
+def converged(**over):
+    """A host where the step already ran: nftables in, both files written, the table loaded."""
+    c = ctx(fresh())
+    files = {managed.FIREWALL_RULES.path(): stat(firewall.render_rules(c)),
+             managed.FIREWALL_UNIT.path(): stat(managed.FIREWALL_UNIT.render(
+                 rules=managed.FIREWALL_RULES.path()))}
+    f = fresh(packages={"nftables": "1.0.6-2+deb12u2"}, files=files,
+              units={firewall.UNIT: {"enabled": "enabled", "active": "active"}},
+              firewall={"loaded": True, "ephemeral": "32768\t60999\n"})
+    f.update(over)
+    return f
+
+
+def test_rules_admit_the_fleet_to_the_job_ports_and_only_owners_to_the_rendezvous():
+    rules = firewall.render_rules(ctx(fresh(firewall={"loaded": False, "ephemeral": "40000 50000\n"})))
+    assert rules.splitlines()[5:8] == ["table inet torchrig", "delete table inet torchrig",
+                                       "table inet torchrig {"]  # one atomic replacement
+    assert "elements = { 10.0.0.1, 10.0.0.2 }" in rules and "elements = { fd00::3 }" in rules
+    assert "tcp dport { 29400-29899, 40000-50000 } ip saddr @fleet4 accept" in rules
+    assert "tcp dport { 29400-29899, 40000-50000 } reject with icmpx type admin-prohibited" in rules
+    assert "tcp dport { 2222, 9100 } accept" in rules     # SSH and node_exporter left alone
+    assert ("tcp dport 29400-29899 ct state new meta skuid != { root, torchrig, admin } reject"
+            in rules)
+    other = firewall.render_rules(steps.Ctx(fresh(), settings_for(
+        "h", {"rdzv_port": 31000, "service_user": "jobs"}, "inv.yml"), "h", [], "", fleet=FLEET,
+        login="root"))
+    assert "31000-31499" in other and "skuid != { root, jobs }" in other
+
+
+def test_fresh_host_installs_writes_enables_and_loads():
+    got = [c.describe() for c in firewall.plan(ctx(fresh()))]
+    assert got == ["install nftables",
+                   "write /etc/torchrig/firewall.nft (mode 0644, root:root)",
+                   "write /etc/systemd/system/torchrig-firewall.service (mode 0644, root:root)",
+                   "enable torchrig-firewall.service",
+                   "load torchrig's nftables table (its rules changed)"]
+    assert steps.STEPS.index(next(s for s in steps.STEPS if s.name == "firewall")) > \
+        steps.STEPS.index(next(s for s in steps.STEPS if s.name == "service-user"))
+
+
+def test_converged_plans_nothing_and_a_flushed_table_is_loaded_again():
+    assert firewall.plan(ctx(converged())) == []
+    flushed = firewall.plan(ctx(converged(firewall={"loaded": False, "ephemeral": "32768 60999"})))
+    assert [c.describe() for c in flushed] == ["load torchrig's nftables table (not loaded)"]
+    # a fleet that grew: the rules are rewritten and loaded again
+    grown = steps.Ctx(converged(), settings_for("h", {}, "inv.yml"), "h", [], "10.0.0.1",
+                      fleet=FLEET + ("10.0.0.9",), login="admin", ssh_port=2222)
+    assert [c.describe() for c in firewall.plan(grown)][-1] == \
+        "load torchrig's nftables table (its rules changed)"
+
+
+def test_switched_off_removes_what_an_earlier_provision_put_there():
+    off = [c.describe() for c in firewall.plan(steps.Ctx(converged(), settings_for(
+        "h", {"firewall": False}, "inv.yml"), "h", [], "", fleet=FLEET))]
+    assert off == ["stop and disable torchrig-firewall.service (var firewall: false)",
+                   "remove /etc/torchrig/firewall.nft",
+                   "remove /etc/systemd/system/torchrig-firewall.service"]
+    assert firewall.plan(steps.Ctx(fresh(), settings_for("h", {"firewall": False}, "inv.yml"),
+                                   "h", [], "", fleet=FLEET)) == []
+
+
+def test_fleet_addresses_by_ip_and_a_name_that_does_not_resolve_is_one_clear_error():
+    assert firewall.resolve("10.0.0.7", "host a") == ["10.0.0.7"]
+    assert firewall.resolve("fd00::0:3", "host a") == ["fd00::3"]
+    assert "127.0.0.1" in firewall.resolve("localhost", "host a")
+    with pytest.raises(TorchrigError, match=r"host gpu9: address 'nosuch\.invalid' does not "
+                                            r"resolve.*firewall: false"):
+        firewall.resolve("nosuch.invalid", "host gpu9")
+
+
+def test_login_user_that_nft_cannot_name_is_refused():
+    c = steps.Ctx(fresh(), settings_for("h", {}, "inv.yml"), "h", [], "", fleet=FLEET,
+                  login="Admin User")
+    with pytest.raises(TorchrigError, match="login user 'Admin User'.*firewall: false"):
+        firewall.render_rules(c)
+
+
+@pytest.mark.parametrize("text,want", [("32768\t60999\n", (32768, 60999)), ("1024 5000", (1024, 5000)),
+                                       ("", (32768, 60999)), ("9 x", (32768, 60999)),
+                                       ("5000 1024", (32768, 60999))])
+def test_ephemeral_range(text, want):
+    assert parse_ephemeral(text) == want
