@@ -23,28 +23,31 @@ FLEET_HELP = {"inventory": INVENTORY_HELP, "host": HOST_HELP, "accept_new_host_k
 def user_errors(fn):
     """Turn a TorchrigError into its message and exit status 1, never a traceback. Anything
     else is a torchrig bug: one line too, with the traceback under `invoke --debug`. Every
-    error line, a task's own included, goes through the redactor (URL credentials)."""
+    error line, a task's own included, goes through the redactor (URL credentials) and the
+    terminal sanitiser (it may quote a node's or a job's text)."""
     @functools.wraps(fn)
     def wrapper(c, *args, **kwargs):
         import logging
         from torchrig.errors import TorchrigError
+        from torchrig.secrets import redact_text
+        from torchrig.terminal import printable
+
+        def line(text: str) -> str:
+            return printable(redact_text(text), newlines=True)
         try:
             return fn(c, *args, **kwargs)
         except TorchrigError as e:
-            from torchrig.secrets import redact_text
-            raise Exit(f"error: {redact_text(str(e))}", code=1) from None
+            raise Exit(line(f"error: {e}"), code=1) from None
         except Exit as e:
-            from torchrig.secrets import redact_text
             if isinstance(e.message, str):
-                raise Exit(redact_text(e.message), code=e.code) from None
+                raise Exit(line(e.message), code=e.code) from None
             raise
         except Exception as e:  # noqa: BLE001
             if logging.getLogger().isEnabledFor(logging.DEBUG):  # invoke --debug
                 raise
-            from torchrig.secrets import redact_text
-            raise Exit(redact_text(f"error: {fn.__name__.rstrip('_')}: unexpected "
-                                   f"{type(e).__name__}: {e} (a torchrig bug; `invoke --debug "
-                                   "...` shows the traceback)"), code=1) from None
+            raise Exit(line(f"error: {fn.__name__.rstrip('_')}: unexpected "
+                            f"{type(e).__name__}: {e} (a torchrig bug; `invoke --debug "
+                            "...` shows the traceback)"), code=1) from None
     return wrapper
 
 
@@ -98,6 +101,18 @@ def _fleet(c, inventory, host, accept_new_host_keys=False, parallel=None):
     par = _parallel(c) if parallel is None else _number("parallel", parallel, 1)
     inv = _inventory(c, inventory)
     return Fleet(inv, inv.select(host), accept_new=accept_new_host_keys, parallel=par)
+
+
+def _say(text, file=None, flush: bool = False) -> None:
+    """print() for every line that holds a node's or a job's text: through the one terminal
+    sanitiser (torchrig/terminal.py)."""
+    from torchrig.terminal import say
+    say(text, file, flush=flush)
+
+
+def _log(text) -> None:
+    """The library's progress notes (they quote nodes: names, errors), on stderr."""
+    _say(text, sys.stderr)
 
 
 def _redactor(inv):
@@ -311,13 +326,13 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", scrip
         if partition is not None or time is not None:
             raise Exit("error: --partition and --time are Slurm's: add --backend slurm", code=1)
         fleet.hosts = _nodes(fleet.hosts, nodes)
-        res = run_launch(fleet, fleet.hosts, o, log=lambda m: print(m, file=sys.stderr))
+        res = run_launch(fleet, fleet.hosts, o, log=_log)
     if dry_run:
         red = _redactor(fleet.inv)
         for hname, files in res.changes.items():  # diffs against the node's files
             for path, ch in files:
-                print(f"--- {hname}:{path}\n" + (red.text(ch.diff()) if ch else "(unchanged)\n"),
-                      end="")
+                _say((f"--- {hname}:{path}\n"
+                      + (red.text(ch.diff()) if ch else "(unchanged)")).rstrip("\n"))
         print("dry run: nothing changed")
         return
     j = res.job
@@ -341,17 +356,17 @@ def _launch_slurm(c, fleet, o, nodes, partition, time_limit, inventory, follow,
         raise TorchrigError("--dry-run with --backend slurm: not supported (nothing is written "
                             "on the nodes but the job's folders; the batch script goes to sbatch)")
     res = slurm.launch(fleet, fleet.hosts, o, None if nodes is None else int(nodes), partition,
-                       time_limit, log=lambda m: print(m, file=sys.stderr))
+                       time_limit, log=_log)
     j, sj = res.job, res.slurm
     sel = ",".join(sj.nodes) or ",".join(n.host for n in j.nodes)
     inv_flag = f" -i {inventory}" if inventory else ""
     if res.started:
-        print(f"job {j.name} started as slurm job {sj.job_id} on {sel} "
-              f"({len(sj.nodes)} node(s) x {j.nodes[0].nproc} process(es)) in {res.seconds:.1f}s")
+        _say(f"job {j.name} started as slurm job {sj.job_id} on {sel} "
+             f"({len(sj.nodes)} node(s) x {j.nodes[0].nproc} process(es)) in {res.seconds:.1f}s")
     else:
         st = sj.state
-        print(f"job {j.name} queued as slurm job {sj.job_id} "
-              f"({st.state if st else '?'}: {st.reason if st else '?'})")
+        _say(f"job {j.name} queued as slurm job {sj.job_id} "
+             f"({st.state if st else '?'}: {st.reason if st else '?'})")
     print(f"  follow:  invoke logs{inv_flag} --job {j.name} -f")
     print(f"  status:  invoke status{inv_flag} --job {j.name}")
     print(f"  stop:    invoke stop{inv_flag} --job {j.name}")
@@ -413,19 +428,19 @@ def _status(fleet, job, json_, watch):
         else:
             if sj is not None:
                 d = sj.as_dict()
-                print(f"slurm job {d['job_id']}: {d['state']} on {','.join(d['nodes'])}"
-                      + (f" ({d['reason']})" if d["reason"] not in ("", "None") else ""))
+                _say(f"slurm job {d['job_id']}: {d['state']} on {','.join(d['nodes'])}"
+                     + (f" ({d['reason']})" if d["reason"] not in ("", "None") else ""))
             report.status_table(job, res, trend)
             for h, what in diag["waiting"].items():
-                print(f"{h}: {what}")
+                _say(f"{h}: {what}")
             for h in diag.get("lost_nodes", []):
-                print(f"{h}: lost (unreachable; Slurm: {sj.as_dict()['state']})")
+                _say(f"{h}: lost (unreachable; Slurm: {sj.as_dict()['state']})")
             if diag["failure"]:
                 f = diag["failure"]
-                print(f"first failure: rank {f['rank']} on {f['host']} (local rank "
-                      f"{f['local_rank']}, pid {f['pid']}) {f['cause']}"
-                      + (f": {f['error']}" if f["error"] else "")
-                      + f" (its last lines: invoke logs --failures --job {job})")
+                _say(f"first failure: rank {f['rank']} on {f['host']} (local rank "
+                     f"{f['local_rank']}, pid {f['pid']}) {f['cause']}"
+                     + (f": {f['error']}" if f["error"] else "")
+                     + f" (its last lines: invoke logs --failures --job {job})")
         if not watch:
             break
         _time.sleep(watch)
@@ -472,11 +487,11 @@ def tensorboard(c, inventory=None, host=None, job=None, port=None, accept_new_ho
         node = fleet.hosts[0]
 
         def ready(b):
-            print(f"TensorBoard for job {job} on {b.host} (as {b.user}, 127.0.0.1:{b.remote_port} "
-                  f"there): {b.url}", flush=True)
+            _say(f"TensorBoard for job {job} on {b.host} (as {b.user}, 127.0.0.1:{b.remote_port} "
+                 f"there): {b.url}", flush=True)
             print("Ctrl-C stops it", flush=True)
         board = serve(fleet, node, job, port, ready)
-    print(f"{board.host}: TensorBoard {board.stopped}", flush=True)
+    _say(f"{board.host}: TensorBoard {board.stopped}", flush=True)
     if board.ended_by_itself:
         raise Exit(f"error: TensorBoard for job {job} ended on {board.host} by itself "
                    f"(see: invoke exec -h {board.host} --sudo 'journalctl -u {board.unit}')", code=1)
@@ -493,10 +508,10 @@ def job_report(c, inventory=None, host=None, job=None, out=".", accept_new_host_
         job = job or _latest_job(fleet)
         path, rep = jobreport.make(fleet, job, out, _redactor(fleet.inv))
     for h, why in rep.missing.items():
-        print(f"{h}: left out ({why})", file=sys.stderr)
+        _say(f"{h}: left out ({why})", sys.stderr)
     s = rep.summary()
-    print(f"report of job {job} ({len(rep.nodes)} node(s), {len(rep.steps)} progress line(s), "
-          f"{s['restarts']} restart(s), {s['failures']} failure(s)): {path}")
+    _say(f"report of job {job} ({len(rep.nodes)} node(s), {len(rep.steps)} progress line(s), "
+         f"{s['restarts']} restart(s), {s['failures']} failure(s)): {path}")
     if rep.unreadable:  # the page is written without them; the run did not do all it was asked
         raise Exit("error: report: could not read " + "; ".join(
             f"{h}: {why}" for h, why in rep.unreadable.items()), code=1)
@@ -512,13 +527,13 @@ def stop(c, inventory=None, host=None, job=None, accept_new_host_keys=False):
             from torchrig.launch import slurm
             if slurm.find(fleet, job) is not None:
                 sj = slurm.stop(fleet, job)
-                print(f"job {job} (slurm job {sj.job_id}) {sj.as_dict()['state']} on "
-                      f"{','.join(sj.nodes) or 'no node'}: no process of it left; "
-                      "logs and checkpoints are kept")
+                _say(f"job {job} (slurm job {sj.job_id}) {sj.as_dict()['state']} on "
+                     f"{','.join(sj.nodes) or 'no node'}: no process of it left; "
+                     "logs and checkpoints are kept")
                 return
         res = run_stop(fleet, fleet.hosts, job)
     for r in res:
-        print(f"{r.host}: {'stopped' if r.ok else 'FAILED: ' + r.error}")
+        _say(f"{r.host}: {'stopped' if r.ok else 'FAILED: ' + r.error}")
     if not res.ok:
         raise Exit(res.error_line(), code=1)
     print(f"job {job} stopped on {len(res)} node(s); logs and checkpoints are kept")
@@ -599,7 +614,7 @@ def _logs(fleet, job, follow, rank, grep, when, failures, color):
         if lost:  # a powered-off node leaves no agent line: say which it was
             text = (f"slurm job {sj.job_id} {sj.as_dict()['state']}: node(s) "
                     f"{', '.join(lost)} lost (unreachable)" + ("\n" + text if text else ""))
-        print(red.text(text) if text else f"job {job}: no failed rank (no error.json, no failed "
+        _say(red.text(text) if text else f"job {job}: no failed rank (no error.json, no failed "
                                           "worker in torchrun's log)")
     else:
         res = run_follow(fleet, chosen, o, printer=_redacting_printer(red, o.color))
@@ -650,7 +665,7 @@ def fetch(c, inventory=None, host=None, job=None, step=None, to=None, all_=False
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
         o.job = job or _latest_job(fleet)
         o.to = Path(to or f"checkpoints/{o.job}")
-        res = run_fetch(fleet, o, log=lambda m: print(m, file=sys.stderr))
+        res = run_fetch(fleet, o, log=_log)
     if json_:
         print(json.dumps(res.as_dict(), indent=2))
         return
@@ -658,9 +673,9 @@ def fetch(c, inventory=None, host=None, job=None, step=None, to=None, all_=False
         how = ("already there, unchanged: nothing transferred" if f.already else
                f"{f.transferred} bytes transferred" +
                (f", resumed at byte {', '.join(map(str, f.resumed_at))}" if f.resumed_at else ""))
-        print(f"{res.host}:{res.node_dir}/{f.name} -> {res.to}/{f.name} ({f.size} bytes, "
-              f"sha256 {f.sha256[:16]}...; {how})")
-    print(f"job {res.job}: {len(res.files)} file(s) in {res.to} (see {res.to}/MANIFEST.json)")
+        _say(f"{res.host}:{res.node_dir}/{f.name} -> {res.to}/{f.name} ({f.size} bytes, "
+             f"sha256 {f.sha256[:16]}...; {how})")
+    _say(f"job {res.job}: {len(res.files)} file(s) in {res.to} (see {res.to}/MANIFEST.json)")
 
 
 def _exit_if_failed(reports, what: str) -> None:
@@ -678,7 +693,7 @@ def testbed_up(c, hosts=None, profile=None, inventory="inventory/testbed.yml"):
     """Start a local TESTBED of simulated GPU servers (root; systemd-nspawn containers)."""
     from torchrig.testbed import lab
     n = _number("hosts", 2 if hosts is None else hosts, 1)
-    st = lab.up(n, profile, inventory, log=lambda m: print(m, file=sys.stderr))
+    st = lab.up(n, profile, inventory, log=_log)
     for name, h in st["hosts"].items():
         print(f"{name}  {h['ip']}  profile={h['profile']}")
     print(f"testbed up in {st['seconds']}s; inventory: {inventory} "

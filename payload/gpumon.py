@@ -176,7 +176,7 @@ def sample(a, now):
     state, nrestarts = unit_state(a.unit)
     found, attempt = last_progress(a.logdir)
     rank, fields, line, is_last, mtime = found or (0, None, None, False, None)
-    restarts = None if nrestarts is None and attempt is None else (nrestarts or 0) + (attempt or 0)
+    restarts = metrics.restarts(nrestarts, attempt)
     out = []
     if a.gpu and state in BUSY:  # an ended job holds no GPU: no GPU series under its name
         out += metrics.gpu_samples(csv, a.job, a.node)

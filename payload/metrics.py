@@ -198,6 +198,16 @@ def mem_line(csv_text, now):
     return "%d,%s" % (now, ",".join("%s,%s" % (r[2], r[3]) for r in rows)) if rows else None
 
 
+def restarts(nrestarts, attempt):
+    """A node's restarts of the job, THE definition (`invoke status`, `invoke report` and this
+    series show this one number): torchrun's worker-group restarts in the newest run (its
+    attempt number: a run starts at attempt 0) plus systemd's restarts of the agent (the unit's
+    NRestarts). None when neither is known."""
+    if nrestarts is None and attempt is None:
+        return None
+    return int(nrestarts or 0) + int(attempt or 0)
+
+
 def job_samples(job, node, rank, fields, age, restarts, state, now):
     """The job series: from the last progress line's fields (None: no line yet), its age in
     seconds, the restarts and the unit's state."""

@@ -10,10 +10,12 @@ from typing import TextIO
 from .inventory import Host
 from .remote import login_user, privileged
 from .session import Fleet, Outcome
+from .terminal import printable
 
 
 class PrefixedLines:
-    """File-like sink for Fabric's out_stream: writes whole lines as 'host | line'."""
+    """File-like sink for Fabric's out_stream: writes whole lines as 'host | line', each
+    through the terminal sanitiser (the host's output may hold any escape sequence)."""
 
     _lock = threading.Lock()  # shared: lines from different hosts never interleave mid-line
 
@@ -37,7 +39,7 @@ class PrefixedLines:
         if lines:
             with self._lock:
                 for line in lines:
-                    self.out.write(f"{self.prefix} | {line.rstrip(chr(13))}\n")
+                    self.out.write(f"{self.prefix} | {printable(line.rstrip(chr(13)))}\n")
                 self.out.flush()
 
     def flush(self) -> None:

@@ -6,16 +6,17 @@ import sys
 import time
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from .inventory import Host, Inventory
-from .logs.merge import printable
 from .secrets import Redactor
+from .terminal import markup
 from .verify import evaluate
 
-# Not a terminal (CI logs, pipes): wide enough that tables do not wrap every cell.
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+# Not a terminal (CI logs, pipes): wide enough that tables do not wrap every cell. Every string
+# from a node, a job or the inventory goes in through terminal.markup(); no emoji codes either
+# (':x:' in a job's label stays text).
+console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 160)
 
 
 # verify's version gate rows: where each version comes from
@@ -24,18 +25,19 @@ GATE_LABELS = {"cuda": "cuda toolkit", "nccl": "libnccl2", "torch_cuda": "torch'
 
 
 def styled(text: str, style: str) -> str:
-    """Markup for `text` (escaped: remote text may hold '[...]') in `style`, if any."""
-    return f"[{style}]{escape(text)}[/]" if style else escape(text)
+    """Markup for `text` (sanitised: remote text may hold '[...]' or escapes) in `style`."""
+    return f"[{style}]{markup(text)}[/]" if style else markup(text)
 
 
 def hosts_table(inv: Inventory, hosts: list[Host], red: Redactor) -> None:
-    t = Table(title=f"{inv.path}  (known_hosts: {inv.known_hosts})")
+    t = Table(title=markup(f"{inv.path}  (known_hosts: {inv.known_hosts})"))
     for col in ("host", "connection", "address", "port", "user", "jump", "gpus", "groups", "vars"):
         t.add_column(col)
     for h in hosts:
-        t.add_row(h.name, h.connection, h.address, str(h.port or 22), h.user or "(ssh default)",
-                  h.jump or "", "" if h.gpus is None else str(h.gpus), ",".join(h.groups),
-                  ", ".join(f"{k}={v}" for k, v in red.data(h.settings.given()).items()))
+        t.add_row(*map(markup, (
+            h.name, h.connection, h.address, str(h.port or 22), h.user or "(ssh default)",
+            h.jump or "", "" if h.gpus is None else str(h.gpus), ",".join(h.groups),
+            ", ".join(f"{k}={v}" for k, v in red.data(h.settings.given()).items()))))
     console.print(t)
 
 
@@ -47,8 +49,8 @@ def exec_summary(res) -> None:
     for r in res:
         code = r.value.code if r.ok else None
         ok = r.ok and code == 0
-        t.add_row(r.host, "[green]ok[/]" if ok else "[red]FAILED[/]",
-                  "" if code is None else str(code), f"{r.seconds:.1f}", escape(r.error or ""))
+        t.add_row(markup(r.host), "[green]ok[/]" if ok else "[red]FAILED[/]",
+                  "" if code is None else str(code), f"{r.seconds:.1f}", markup(r.error or ""))
     console.print(t)
 
 
@@ -62,9 +64,10 @@ def testbed_table(st: dict) -> None:
         t.add_column(col)
     yn = {True: "[green]yes[/]", False: "[red]no[/]"}
     for name, h in st["hosts"].items():
-        t.add_row(name, h["ip"], h["profile"], yn[h["running"]], yn[h["ssh"]], yn[h["mounted"]])
+        t.add_row(markup(name), markup(h["ip"]), markup(h["profile"]), yn[h["running"]],
+                  yn[h["ssh"]], yn[h["mounted"]])
     console.print(t)
-    console.print(f"inventory: {st['inventory']}")
+    console.print(f"inventory: {markup(st['inventory'])}")
 
 
 STATUS_STYLE = {"changed": "yellow", "ok": "green", "skipped": "cyan", "failed": "red",
@@ -74,17 +77,18 @@ STATUS_STYLE = {"changed": "yellow", "ok": "green", "skipped": "cyan", "failed":
 def provision_plan(reports, diffs: bool = True) -> None:
     """The per-host plan: each step with what it would change, files as unified diffs."""
     for rep in reports:
-        console.rule(f"[bold]{rep.host}[/] plan")
+        console.rule(f"[bold]{markup(rep.host)}[/] plan")
         for st in rep.steps:
             style = STATUS_STYLE.get(st.status, "")
             label = {"planned": "will change", "ok": "ok (no change)"}.get(st.status, st.status)
-            console.print(f"[{style}]{st.name:16}[/] {label}" + (f"  ({st.error})" if st.error else ""),
-                          soft_wrap=True)
+            console.print(f"[{style}]{st.name:16}[/] {label}"
+                          + (f"  ({markup(st.error)})" if st.error else ""), soft_wrap=True)
             for ch in st.changes:
-                console.print(f"    - {ch}", soft_wrap=True)
-            if diffs:
+                console.print(f"    - {markup(ch)}", soft_wrap=True)
+            if diffs:  # the node's files against ours: the node's side is the node's text
                 for d in st.diffs:
-                    console.print(d.rstrip("\n"), markup=False, highlight=False, soft_wrap=True)
+                    console.print(markup(d.rstrip("\n"), newlines=True), highlight=False,
+                                  soft_wrap=True)
 
 
 def provision_table(reports) -> None:
@@ -97,15 +101,15 @@ def provision_table(reports) -> None:
             detail = st.error or (st.changes[0] + (f" (+{len(st.changes) - 1} more)"
                                                    if len(st.changes) > 1 else "")
                                   if st.changes else "")
-            t.add_row(rep.host, st.name, styled(st.status, style),
-                      f"{st.seconds:.1f}" if st.seconds else "", escape(detail))
+            t.add_row(markup(rep.host), markup(st.name), styled(st.status, style),
+                      f"{st.seconds:.1f}" if st.seconds else "", markup(detail))
         if rep.error and not rep.steps:
-            t.add_row(rep.host, "-", "[red]failed[/]", "", escape(rep.error))
+            t.add_row(markup(rep.host), "-", "[red]failed[/]", "", markup(rep.error))
     console.print(t)
     for rep in reports:
         n = {k: sum(1 for s in rep.steps if s.status == k) for k in STATUS_STYLE}
         extra = " (rebooted)" if rep.rebooted else ""
-        console.print(f"{rep.host}: {n['changed']} changed, {n['ok']} ok, {n['skipped']} skipped, "
+        console.print(f"{markup(rep.host)}: {n['changed']} changed, {n['ok']} ok, {n['skipped']} skipped, "
                       f"{n['failed']} failed in {rep.seconds:.1f}s{extra}")
 
 
@@ -118,59 +122,62 @@ def _v(status: str) -> str:
 
 def verify_report(rep) -> None:
     for v in rep.hosts:
-        t = Table(title=f"{v.host}: {v.status}" + (f"  ({v.topology})" if v.topology else ""))
+        t = Table(title=markup(f"{v.host}: {v.status}" + (f"  ({v.topology})" if v.topology else "")))
         for col in ("check", "status", "detail"):
             t.add_column(col, overflow="fold")
         for c in v.checks:
-            t.add_row(c.name, _v(c.status), escape(c.detail))
+            t.add_row(markup(c.name), _v(c.status), markup(c.detail))
         console.print(t)
         for a in v.advice:
-            console.print(f"  advice: {a}", soft_wrap=True)
+            console.print(f"  advice: {markup(a)}", soft_wrap=True)
     for host, err in rep.unreachable.items():
-        console.print(f"{host}: {_v('FAIL')} unreachable: {err}", soft_wrap=True)
+        console.print(f"{markup(host)}: {_v('FAIL')} unreachable: {markup(err)}", soft_wrap=True)
     status, table, reasons = rep.gate
     if table:
         hosts = [v.host for v in rep.hosts]
-        t = Table(title=f"version gate: {status}")
+        t = Table(title=f"version gate: {markup(status)}")
         t.add_column("")
         for h in hosts:
-            t.add_column(h)
+            t.add_column(markup(h))
         for key, by_host in table.items():
             shown = {h: evaluate.shown(val) for h, val in by_host.items()}
             common = max(set(shown.values()), key=list(shown.values()).count)
-            t.add_row(GATE_LABELS.get(key, key), *[(shown[h] if shown[h] == common
-                                                    else f"[red]{shown[h]}[/]") for h in hosts])
+            t.add_row(markup(GATE_LABELS.get(key, key)),
+                      *[styled(shown[h], "" if shown[h] == common else "red") for h in hosts])
         console.print(t)
         for r in reasons:
-            console.print(f"  {r}", soft_wrap=True)
+            console.print(f"  {markup(r)}", soft_wrap=True)
     if rep.bandwidth:
         t = Table(title="all-reduce bandwidth")
         for col in ("scope", "hosts", "status", "detail"):
             t.add_column(col, overflow="fold")
         for b in rep.bandwidth:
-            t.add_row(b["scope"], ",".join(b["hosts"]), _v(b["check"].status), escape(b["check"].detail))
+            t.add_row(markup(b["scope"]), markup(",".join(b["hosts"])), _v(b["check"].status),
+                      markup(b["check"].detail))
         console.print(t)
     if rep.slurm:
         t = Table(title="slurm cluster")
         for col in ("check", "status", "detail"):
             t.add_column(col, overflow="fold")
         for c in rep.slurm:
-            t.add_row(c.name, _v(c.status), escape(c.detail))
+            t.add_row(markup(c.name), _v(c.status), markup(c.detail))
         console.print(t)
     console.print(f"verify: {_v(rep.status)}")
 
 
 def status_table(job: str, results, trend=None, now: float | None = None) -> None:
-    """The per-node table; with `trend` (status --watch) a sparkline column per node."""
+    """The per-node table; with `trend` (status --watch) a sparkline column per node. The
+    restarts column is payload/metrics.py's restarts() (the job_state dict's "restarts"), the
+    number `metrics` and `report` show."""
     from . import trend as trends
     now = time.time() if now is None else now
-    t = Table(title=f"job {job}")
+    t = Table(title=f"job {markup(job)}")
     cols = ["node", "state", "restarts", "attempt", "time", "progress", "GPUs (util%/mem MiB)"]
     for col in cols + (["trend"] if trend is not None else []):
         t.add_column(col, overflow="fold")
     for r in results:
         if not r.ok:
-            t.add_row(r.host, "[red]unreachable[/]", "", "", "", escape(r.error or ""), "",
+            t.add_row(markup(r.host), "[red]unreachable[/]", "", "", "", markup(r.error or ""), "",
                       *([""] if trend is not None else []))
             continue
         d = r.value
@@ -182,14 +189,16 @@ def status_table(job: str, results, trend=None, now: float | None = None) -> Non
             when = trends.ended_text(d["ended_at"], d.get("ran_s"), now)
         else:
             when = f"up {trends.duration(d['uptime_s'])}" if d.get("uptime_s") else ""
-        t.add_row(r.host, styled(state, style), u.get("NRestarts", ""),
-                  "" if d["attempt"] is None else str(d["attempt"]), when,
-                  escape(printable(d.get("progress") or "")), gpus,  # the job wrote it
-                  *([escape(trend.line(r.host))] if trend is not None else []))
+        restarts = d.get("restarts")
+        t.add_row(markup(r.host), styled(state, style), "" if restarts is None else str(restarts),
+                  "" if d["attempt"] is None else str(d["attempt"]), markup(when),
+                  markup(d.get("progress") or ""), markup(gpus),  # the job and the node wrote them
+                  *([markup(trend.line(r.host))] if trend is not None else []))
     console.print(t)
     for r in results:
         if r.ok and r.value.get("low_util"):
-            console.print(f"[yellow]{r.host}: {r.value['low_util']}[/]", soft_wrap=True)
+            console.print(f"[yellow]{markup(r.host)}: {markup(r.value['low_util'])}[/]",
+                          soft_wrap=True)
 
 
 def _num(v: float | None, fmt: str = "{:g}") -> str:
@@ -204,25 +213,25 @@ def metrics_table(title: str, results) -> None:
         t.add_column(col, overflow="fold")
     for r in results:
         if not r.ok:
-            t.add_row(r.host, "", "[red]unreachable[/]", escape(r.error or ""), *[""] * 7)
+            t.add_row(markup(r.host), "", "[red]unreachable[/]", markup(r.error or ""), *[""] * 7)
             continue
         if not r.value:
-            t.add_row(r.host, "", "[dim]no torchrig series[/]", *[""] * 8)
-        for v in r.value:
+            t.add_row(markup(r.host), "", "[dim]no torchrig series[/]", *[""] * 8)
+        for v in r.value:  # every label (job, node, gpu, state, reason) is the .prom writer's
             x = v.values.get
             gpus = " ".join(
-                f"{i}:{_num(g.get('util_percent'), '{:.0f}')}%/"
-                f"{_num((g.get('mem_used_bytes') or 0) / 2**30, '{:.1f}')}/"
-                f"{_num(g.get('temp_celsius'), '{:.0f}')}/"
-                f"{_num(g.get('power_watts'), '{:.0f}')}"
-                + (f" [yellow]{','.join(v.throttled[i])}[/]" if v.throttled.get(i) else "")
+                markup(f"{i}:{_num(g.get('util_percent'), '{:.0f}')}%/"
+                       f"{_num((g.get('mem_used_bytes') or 0) / 2**30, '{:.1f}')}/"
+                       f"{_num(g.get('temp_celsius'), '{:.0f}')}/"
+                       f"{_num(g.get('power_watts'), '{:.0f}')}")
+                + (f" {styled(','.join(v.throttled[i]), 'yellow')}" if v.throttled.get(i) else "")
                 for i, g in sorted(v.gpus.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0))
             mfu = x("mfu")
             age = x("last_progress_age_s")
             style = {"active": "green", "failed": "red"}.get(v.state or "", "")
             state = styled(v.state or "", style) + (
                 f" [yellow](sampled {v.sample_age_s:.0f}s ago)[/]" if v.stale else "")
-            t.add_row(v.node, escape(v.job), state,
+            t.add_row(markup(v.node), markup(v.job), state,
                       _num(x("step"), "{:.0f}"), _num(x("loss"), "{:.4g}"),
                       _num(x("tok/s"), "{:.0f}"),
                       _num(x("samples/s"), "{:.1f}"),

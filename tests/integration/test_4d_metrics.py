@@ -84,3 +84,41 @@ def test_provision_again_leaves_node_exporter_alone_and_prints_the_scrape_target
     assert re.search(r"node-exporter +. ok", r.stdout), r.stdout
     targets = r.stdout.split("Prometheus scrape targets")[1].split(":", 1)[1].split()
     assert targets == [f"{ip_of(testbed, h)}:9100" for h in NODES.split(",")]
+
+
+# what a job's user can write into node_exporter's textfile folder (the service user's), and a
+# command's output: escape sequences and rich markup that must reach the operator as text
+HOSTILE = "\x1b]8;;http://evil\x07click\x1b]8;;\x07\x1b[2J\x9b31m[/x] [link=http://evil]y[/link]"
+SHOWN = "\\x1b]8;;http://evil\\x07click\\x1b]8;;\\x07\\x1b[2J\\x9b31m[/x] [link=http://evil]y[/link]"
+
+
+def test_a_jobs_labels_and_a_nodes_output_reach_the_terminal_as_text(testbed):
+    """A .prom file the service user wrote with escapes and markup in its labels: `metrics`
+    prints every row (the markup raised MarkupError and printed none) and no escape reaches
+    the terminal; `exec` shows a command's escapes as text too."""
+    import base64
+    import time
+    fine = defs.job_samples("t-fine", "gpu1", 0, {"step": "7"}, 1.0, 0, "active", time.time())
+    bad = defs.job_samples("t-bad" + HOSTILE, "gpu1", 0, {"step": "9"}, 1.0, 0, "active" + HOSTILE,
+                           time.time())
+    bad.append(("torchrig_gpu_clock_throttle", {"job": "t-bad" + HOSTILE, "node": "gpu1",
+                                                "gpu": "0", "reason": HOSTILE}, 1.0))
+    b64 = base64.b64encode(defs.render(fine + bad).encode()).decode()
+    folder = "/var/lib/torchrig/metrics"
+    sh(testbed, "gpu1", f"cd {folder} && runuser -u torchrig -- sh -c 'umask 022; echo {b64} | "
+                        f"base64 -d > .t-hostile.tmp && mv .t-hostile.tmp torchrig_t-hostile.prom'")
+    try:
+        assert "t-bad" in exporter_text(testbed, "gpu1")  # node_exporter serves the labels
+        r = invoke("metrics", "--inventory", str(testbed), "--host", "gpu1")
+        assert r.returncode == 0, r.stdout + r.stderr
+        for bad_char in ("\x1b", "\x07", "\x9b"):
+            assert bad_char not in r.stdout + r.stderr
+        flat = "".join(ln.strip(" │") for ln in r.stdout.splitlines())
+        assert "t-fine" in r.stdout and "t-bad\\x1b]8;;http://evil" in flat
+        assert "[/x] [link=http://evil]y[/link]" in flat
+    finally:
+        sh(testbed, "gpu1", f"rm -f {folder}/torchrig_t-hostile.prom")
+    cmd = "printf '\\033]8;;http://evil\\007click\\033]8;;\\007\\033[2J\\233[/x] [link=http://evil]y[/link]\\n'"
+    r = invoke("exec", "--inventory", str(testbed), "--host", "gpu1", cmd)
+    assert r.returncode == 0 and "\x1b" not in r.stdout and "\x07" not in r.stdout, r.stdout
+    assert "\\x1b]8;;http://evil\\x07click\\x1b]8;;\\x07\\x1b[2J" in r.stdout, r.stdout

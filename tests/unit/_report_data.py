@@ -22,9 +22,10 @@ def journal(msgs: list[tuple[float, object]]) -> str:
     return "\n".join(jline(t, i + 1, m) for i, (t, m) in reversed(list(enumerate(msgs))))
 
 
-def reply(msgs, util="", mem="", state="inactive", load="loaded") -> dict:
-    return {"run": {"unit": {"rc": 0, "out": f"LoadState={load}\nActiveState={state}\nResult=success\n",
-                             "err": ""},
+def reply(msgs, util="", mem="", state="inactive", load="loaded", props="", **run) -> dict:
+    """`props`: more of the unit's properties (lines); `run`: more commands' {rc, out, err}."""
+    return {"run": {"unit": {"rc": 0, "out": f"LoadState={load}\nActiveState={state}\n"
+                                             f"Result=success\n{props}", "err": ""}, **run,
                     "journal": {"rc": 0, "out": journal(msgs), "err": ""},
                     "kernel": {"rc": 1, "out": "", "err": ""},
                     "clock": {"rc": 0, "out": "2026 +0000\n", "err": ""}},

@@ -1,12 +1,14 @@
 """`invoke report`'s pure parts: the journal filter, the probe replies -> data, data -> figures
 -> HTML, verify's kept busbw sweeps, and the sampler script's two history files."""
 
+import calendar
 import json
 import os
 import re
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -41,7 +43,7 @@ def test_journal_filter_keeps_agent_and_progress_lines_only():
     assert [ln for ln in kept if keep.search(ln)] == kept
     assert [ln for ln in dropped if keep.search(ln)] == []
     req = gather.request("torchrig-j1.service", "/var/log/torchrig/j1/gpu_util.csv",
-                         "/var/log/torchrig/j1/gpu_mem.csv")
+                         "/var/log/torchrig/j1/gpu_mem.csv", "/opt/torchrig/venv")
     argv = req["run"]["journal"]["argv"]
     assert argv[argv.index("--grep") + 1] == gather.journal_pattern()
     assert "--case-sensitive=true" in argv and req["read"]["mem"]["path"].endswith("gpu_mem.csv")
@@ -92,7 +94,7 @@ def test_build_events_failures_and_missing_nodes():
     assert set(rep.bandwidth) == {"gpu1"}
     s = rep.summary()
     assert s == {"steps": 30.0, "first_loss": 3.0, "last_loss": 1.9, "median_tok_s": 903.0,
-                 "restarts": 1, "failures": 1, "seconds": 16.0}
+                 "restarts": 1, "failures": 1, "running": False, "seconds": 16.0}
 
 
 def test_figures_each_have_data_and_busbw_only_with_a_sweep():
@@ -123,7 +125,7 @@ def test_page_is_self_contained_and_escapes_what_nodes_wrote():
     page = html.page(rep, "/*PLOTLYJS*/")
     assert page.count("<script>") == 2 and page.count("</script>") == 2
     assert "&lt;b&gt;bold&lt;/b&gt; &amp; more" in page
-    assert "\\u003c/script\\u003e" in page
+    assert "\\u0026lt;/script\\u0026gt;" in page  # HTML-escaped for plotly, then JSON
     assert not re.search(r"""(src|href)=["']?https?:""", page)
     ids = re.findall(r'<div class="plot" id="([^"]+)" data-points="(\d+)"', page)
     assert [i for i, _ in ids] == ["loss", "throughput", "gpu-util", "gpu-mem", "events", "busbw"]
@@ -243,3 +245,64 @@ def test_report_of_a_job_no_host_has_writes_nothing(tmp_path):
         "error: job j1: no selected host could be read with it (here: ") and \
         r.stderr.endswith("); nothing written\n") and r.stderr.count("\n") == 1, r.stderr
     assert not (tmp_path / "out").exists()
+
+
+# ---- a running job, what was run, restarts as status counts them ------------------------------
+
+EXEC_START = ("ExecStart={ path=/opt/torchrig/venv/bin/python ; argv[]=/opt/torchrig/venv/bin/python "
+              "-m torchrig_torchrun --nnodes 2 --nproc-per-node 2 --max-restarts 3 --log-dir "
+              "/var/log/torchrig/j1 --redirects 3 --tee 3 train.py --max-steps 100 --lr 0.01 ; "
+              "ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; "
+              "status=0/0 }\n")
+
+
+def _running(restart_lines: int = 0, nrestarts: int = 0) -> dict:
+    from _report_data import glog, reply
+    msgs = [(T0 + 1, "Started torchrig-j1.service - torchrig job j1"),
+            (T0 + 2, "[default0]:start rank=0 local_rank=0 host=gpu1 world_size=4 backend=gloo")]
+    msgs += [(T0 + 5 + i, glog(T0 + 5 + i, "W", "[default] Worker group FAILED. 2/3 attempts left; "
+                                                "will restart worker group"))
+             for i in range(restart_lines)]
+    ok = lambda out: {"rc": 0, "out": out, "err": ""}  # noqa: E731
+    return reply(msgs, state="active", props=f"NRestarts={nrestarts}\n" + EXEC_START,
+                 torch=ok("2.13.0\n"), driver=ok("550.54.15\n550.54.15\n"))
+
+
+def test_a_running_job_spans_until_now_and_its_axis_is_not_milliseconds_wide():
+    """Only a start event so far: the report said "ran ?" and plotly drew the events axis
+    around that one point, 2 ms wide."""
+    rep = data.build("j1", "torchrig-j1.service", {"nodes": [("gpu1", _running())]}, T0 + 600)
+    s = rep.summary()
+    assert s["running"] and s["seconds"] == 599.0
+    events = next(f for f in html.figures(rep) if f["id"] == "events")
+    lo, hi = (calendar.timegm(time.strptime(x[:19], "%Y-%m-%d %H:%M:%S"))
+              for x in events["layout"]["xaxis"]["range"])
+    assert lo <= T0 + 1 and hi >= T0 + 600 and hi - lo >= 599
+    page = html.page(rep, "")
+    assert "<th>running for</th><td>599 s</td>" in page and "<th>ran</th>" not in page
+
+
+def test_the_page_states_what_was_run():
+    rep = data.build("j1", "torchrig-j1.service",
+                     {"nodes": [("gpu1", _running()), ("gpu2", _running())]}, T0 + 60)
+    assert rep.command() == {"script": "train.py", "args": ["--max-steps", "100", "--lr", "0.01"],
+                             "nodes": ["gpu1", "gpu2"], "world_size": "4", "backend": "gloo",
+                             "torch": "2.13.0", "driver": "550.54.15"}
+    page = html.page(rep, "")
+    assert "<th>script</th><td>train.py --max-steps 100 --lr 0.01</td>" in page
+    assert "4 rank(s), backend gloo" in page and "torch 2.13.0; driver 550.54.15" in page
+
+
+def test_restarts_are_counted_as_status_counts_them():
+    """One definition (payload/metrics.py restarts(), through job_state.restarts()): torchrun's
+    restarts in the newest run plus systemd's of the agent, per node; the job's is the most of
+    any node, not the sum of every node's agent saying the same restart."""
+    from torchrig.facts.job_state import restarts
+    from torchrig.metrics import defs
+    assert restarts({"NRestarts": "1"}, 2) == defs.restarts(1, 2) == 3
+    assert restarts({}, None) is None and restarts({"NRestarts": "x"}, 1) == 1
+    rep = data.build("j1", "torchrig-j1.service",
+                     {"nodes": [("gpu1", _running(1, nrestarts=1)), ("gpu2", _running(1))]}, T0 + 60)
+    assert [n.restarts for n in rep.nodes] == [restarts({"NRestarts": "1"}, 1), 1] == [2, 1]
+    assert rep.summary()["restarts"] == 2
+    assert "restarts per node: gpu1 2, gpu2 1" in html.page(rep, "")

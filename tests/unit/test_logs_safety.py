@@ -14,7 +14,8 @@ from pathlib import Path
 
 from test_logs_follow import L, REL0, RUN, append, args, rank_dir, run_once
 
-from torchrig.logs.merge import ErrorReport, Line, Skipped, Tracker, Truncated, printable, prefix
+from torchrig.logs.merge import ErrorReport, Line, Skipped, Tracker, Truncated, prefix
+from torchrig.terminal import printable
 from torchrig.logs.stream import Printer, failure_report
 
 SECRET = "root:$y$SECRET-HASH-7f3a:19000:0:99999:7:::"

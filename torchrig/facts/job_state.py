@@ -8,7 +8,10 @@ from __future__ import annotations
 import math
 
 from .. import progress as protocol
+from ..resources import payload_module
 from . import systemd
+
+_metrics = payload_module("metrics")  # the one definition of a node's restarts
 
 UNIT_PROPS = ["ActiveState", "SubState", "Result", "NRestarts", "ActiveEnterTimestampMonotonic",
               "InactiveEnterTimestampMonotonic", "ExecMainStatus", "LoadState"]
@@ -123,6 +126,15 @@ def util_samples(text: str, now: float, window_s: int) -> list:
     return [(round(now - t), u) for t, u in samples if now - t <= window_s * 2]
 
 
+def restarts(props: dict, attempt: int | None) -> int | None:
+    """A node's restarts of the job from its unit's properties (NRestarts) and torchrun's
+    attempt in the newest run: payload/metrics.py's definition, which status, report and the
+    metrics series all show."""
+    n = props.get("NRestarts")
+    return _metrics.restarts(int(n) if isinstance(n, str) and n.isascii() and n.isdigit()
+                             else None, attempt)
+
+
 def state(unit: str, raw: dict, window_s: int) -> dict:
     props = systemd.parse_show(raw["run"]["unit"]["out"], [unit])[unit]
     logs = raw["tree"]["logs"]
@@ -132,6 +144,7 @@ def state(unit: str, raw: dict, window_s: int) -> dict:
     return {"unit": props, "uptime_s": uptime(props, clock["monotonic"]),
             "ended_at": None, "ran_s": None, **ended(props, clock["time"], clock["monotonic"]),
             "attempt": attempt, "torchrun_starts": starts, "progress": progress(logs["files"]),
+            "restarts": restarts(props, attempt),
             "gpus": gpus(raw["run"]["gpus"]),
             "util_samples": util_samples(util, raw["host"]["time"], window_s)}
 

@@ -8,7 +8,10 @@ sampler files): values are parsed defensively (a bad or non-finite number is ski
 - GPU history: the sampler's files (`<time>,<util %>...` and `<time>,<used MiB>,<total MiB>...`);
 - events: the unit's start and end (systemd's lines), torchrun's worker-group restarts and
   every worker that failed on its own (not sent a closing signal), from the agent's lines
-  (logs/agent.py) with the cause logs/diagnose.py gives it."""
+  (logs/agent.py) with the cause logs/diagnose.py gives it;
+- what was run: the script and its arguments (the unit's ExecStart), the world size and
+  backend (the ranks' start lines), torch's and the driver's versions per node;
+- restarts per node: facts/job_state.restarts(), the number `status` shows."""
 
 from __future__ import annotations
 
@@ -18,12 +21,14 @@ import re
 import statistics
 from dataclasses import dataclass, field
 
-from ..facts import systemd
+from ..facts import job_state, systemd
+from ..launch.plan import script_and_args
 from ..logs import agent, diagnose
 from ..progress import protocol
 
 _RANK = re.compile(r"^\[default(\d+)\]:")
 _SEQ = re.compile(r"(?:^|;)i=([0-9a-f]+)(?:;|$)")  # the journal's sequence number, in a cursor
+_ARGV = re.compile(r"\bargv\[\]=(.*?) ; ")  # systemctl show's ExecStart={ path=... ; argv[]=... ; ...}
 
 
 @dataclass
@@ -41,6 +46,11 @@ class Node:
     gpu_util: dict[int, list] = field(default_factory=dict)   # gpu -> [(t, util %)]
     gpu_mem: dict[int, list] = field(default_factory=dict)    # gpu -> [(t, used MiB, total MiB)]
     journal: diagnose.NodeJournal | None = None
+    restarts: int | None = None                    # job_state.restarts(): as `status` counts
+    script: str | None = None                      # what the unit runs, with its arguments
+    args: list[str] = field(default_factory=list)
+    started: dict[str, str] = field(default_factory=dict)   # the newest start line's fields
+    versions: dict[str, str] = field(default_factory=dict)  # torch, driver
 
 
 @dataclass
@@ -55,20 +65,51 @@ class Report:
     failures: list[diagnose.Failure] = field(default_factory=list)
     bandwidth: dict[str, dict] = field(default_factory=dict)
 
-    def summary(self) -> dict:
-        """steps, first and last loss, median tokens/s (the first interval, start-up, left out),
-        restarts, failures, the job's span in seconds."""
-        losses = [s["loss"] for s in self.steps if "loss" in s]
-        rates = [s["tok/s"] for s in self.steps[1:] if "tok/s" in s]
+    @property
+    def running(self) -> bool:
+        """A node's unit still runs (or stops) the job."""
+        return any(n.state in job_state.RUNNING_STATES for n in self.nodes)
+
+    def span(self) -> tuple[float, float] | None:
+        """(first start, end): the last end, or now while the job runs; None before a start."""
         starts = [e.t for e in self.events if e.kind == "start"]
         ends = [e.t for e in self.events if e.kind == "end"]
+        if not starts:
+            return None
+        if self.running or not ends:
+            return min(starts), max(self.generated, *(e.t for e in self.events))
+        return min(starts), max(ends)
+
+    def summary(self) -> dict:
+        """steps, first and last loss, median tokens/s (the first interval, start-up, left out),
+        restarts (the most of any node: each node's agent restarts its own workers), failures,
+        the job's span in seconds (up to now while it runs) and whether it still runs."""
+        losses = [s["loss"] for s in self.steps if "loss" in s]
+        rates = [s["tok/s"] for s in self.steps[1:] if "tok/s" in s]
+        span = self.span()
+        ended = any(e.kind == "end" for e in self.events)
         return {"steps": max((s["step"] for s in self.steps), default=None),
                 "first_loss": losses[0] if losses else None,
                 "last_loss": losses[-1] if losses else None,
                 "median_tok_s": statistics.median(rates) if rates else None,
-                "restarts": sum(1 for e in self.events if e.kind == "restart"),
+                "restarts": max((n.restarts or 0 for n in self.nodes), default=0),
                 "failures": sum(1 for e in self.events if e.kind == "failure"),
-                "seconds": (max(ends) - min(starts)) if starts and ends else None}
+                "running": self.running,
+                "seconds": (span[1] - span[0]) if span and (self.running or ended) else None}
+
+    def command(self) -> dict:
+        """What was run: the first node's script and arguments and its ranks' world size and
+        backend; the versions per node (one value when every node has the same)."""
+        first = self.nodes[0] if self.nodes else None
+        out = {"script": first.script if first else None, "args": first.args if first else [],
+               "nodes": [n.host for n in self.nodes],
+               "world_size": first.started.get("world_size") if first else None,
+               "backend": first.started.get("backend") if first else None}
+        for key in ("torch", "driver"):
+            seen = {n.host: n.versions.get(key) or "?" for n in self.nodes}
+            out[key] = (next(iter(seen.values())) if len(set(seen.values())) == 1
+                        else ", ".join(f"{h} {v}" for h, v in seen.items()))
+        return out
 
 
 def _number(text) -> float | None:
@@ -170,6 +211,25 @@ def events(nj: diagnose.NodeJournal, lines: list[tuple[float, str]], unit: str) 
     return out
 
 
+def exec_argv(prop: str) -> list[str]:
+    """The command line in systemctl show's ExecStart value (its words, as systemd shows them)."""
+    m = _ARGV.search(prop or "")
+    return m.group(1).split() if m else []
+
+
+def started(lines: list[tuple[float, str]]) -> dict[str, str]:
+    """The fields of the newest rank start line (world_size, backend, device_name ...)."""
+    for _, msg in reversed(lines):
+        if _RANK.match(msg) and (p := protocol.parse(msg)) is not None and p.kind == "start":
+            return dict(p.fields)
+    return {}
+
+
+def _first_line(res: dict | None) -> str | None:
+    out = (res or {}).get("out") or ""
+    return out.strip().splitlines()[0] if (res or {}).get("rc") == 0 and out.strip() else None
+
+
 def node(host: str, node_rank: int, reply: dict, unit: str) -> tuple[Node | None, list, list, str | None]:
     """(Node, its progress rows, its events, why it is left out) from one probe reply."""
     run = reply["run"]
@@ -185,7 +245,13 @@ def node(host: str, node_rank: int, reply: dict, unit: str) -> tuple[Node | None
     n = Node(host, props.get("ActiveState", "?"),
              history((reply["read"]["util"] or {}).get("text", ""), 1),
              history((reply["read"]["mem"] or {}).get("text", ""), 2), nj)
-    return n, progress(lines), events(nj, lines, unit), None
+    evs = events(nj, lines, unit)
+    # the journal starts at the unit's newest start: its restart lines are torchrun's attempt
+    n.restarts = job_state.restarts(props, sum(1 for e in evs if e.kind == "restart"))
+    n.script, n.args = script_and_args(exec_argv(props.get("ExecStart", ""))) or (None, [])
+    n.started = started(lines)
+    n.versions = {k: v for k in ("torch", "driver") if (v := _first_line(run.get(k)))}
+    return n, progress(lines), evs, None
 
 
 def build(job: str, unit: str, gathered: dict, now: float) -> Report:

@@ -12,7 +12,9 @@ from ..progress import protocol
 from ..verify import store
 
 UNIT_PROPS = ["LoadState", "ActiveState", "Result", "NRestarts", "ExecMainStartTimestamp",
-              "ExecMainExitTimestamp"]
+              "ExecMainExitTimestamp", "ExecStart"]
+# the versions the report states: torch from the venv's package metadata (no torch import)
+TORCH_VERSION = "import importlib.metadata as m; print(m.version('torch'))"
 JOURNAL_LINES = 200000   # newest matching journal lines per node
 HISTORY_BYTES = 8 << 20  # newest bytes of each GPU history file (months at a sample per 30 s)
 
@@ -25,8 +27,10 @@ def journal_pattern() -> str:
     return rf"^(?!\[default\d+\]:)|^\[default\d+\]:({kinds})"
 
 
-def request(unit: str, util_file: str, mem_file: str) -> dict:
+def request(unit: str, util_file: str, mem_file: str, venv: str) -> dict:
     return {"run": {"unit": systemd.show_argv([unit], UNIT_PROPS),
+                    "torch": [f"{venv}/bin/python", "-I", "-c", TORCH_VERSION],
+                    "driver": ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                     "journal": {"argv": ["journalctl", "-u", unit, "-o", "json",
                                          "--output-fields=MESSAGE", "--no-pager",
                                          "-n", str(JOURNAL_LINES), "--case-sensitive=true",
@@ -48,7 +52,7 @@ def gather(fleet, job: str) -> dict:
     def one(h):
         s = h.settings
         r = fleet.run(h, probe.COMMAND, root=True, timeout=180,
-                      data=probe.stdin(request(unit, s.util_file(job), s.mem_file(job))))
+                      data=probe.stdin(request(unit, s.util_file(job), s.mem_file(job), s.venv)))
         return probe.reply(r.exited, r.stdout, r.stderr, "reading the job")
     res = fleet.fan_out(one)
     return {"nodes": [(r.host, r.value if r.ok else r.error) for r in res],

@@ -3,15 +3,18 @@ HTML file. Pure, except that the page inlines plotly.js from the `report` extra 
 Python package ships it), so the file opens with no network.
 
 Every figure is a scatter with markers, one marker per data point: the browser test counts
-them (`data-points` on each plot's div) after the page's scripts ran."""
+them (`data-points` on each plot's div) after the page's scripts ran.
+
+Text a job or a node controls (event texts, failure causes, script arguments, versions) goes
+through terminal.html(): plotly renders <b>, <a>, <br> in hover text as HTML."""
 
 from __future__ import annotations
 
-import html
 import json
 import time
 
 from ..errors import TorchrigError
+from ..terminal import html as safe
 from .data import Report
 
 EXTRA = "report"
@@ -35,6 +38,17 @@ def _when(t: float) -> str:
 
 def _scatter(name: str, x: list, y: list, **kw) -> dict:
     return {"type": "scatter", "mode": "lines+markers", "name": name, "x": x, "y": y, **kw}
+
+
+def _time_range(rep: Report) -> list[str] | None:
+    """The job's span (up to now while it runs), padded, at least a minute wide: plotly's own
+    range around a single event (a running job's start) is a few milliseconds."""
+    span = rep.span()
+    if span is None:
+        return None
+    lo, hi = span
+    pad = max((hi - lo) * 0.05, (60 - (hi - lo)) / 2, 1.0)
+    return [_when(lo - pad), _when(hi + pad)]
 
 
 def _layout(title: str, xaxis: dict, yaxis: dict, **kw) -> dict:
@@ -89,11 +103,13 @@ def figures(rep: Report) -> list[dict]:
             if evs:
                 traces.append({"type": "scatter", "mode": "markers", "name": kind,
                                "x": [_when(e.t) for e in evs], "y": [e.host for e in evs],
-                               "text": [e.text for e in evs], "hoverinfo": "x+y+text",
+                               "text": [safe(e.text) for e in evs], "hoverinfo": "x+y+text",
                                "marker": {"symbol": symbol, "color": color, "size": 12}})
+        rng = _time_range(rep)
         figs.append({"id": "events", "title": "Starts, restarts, failures and ends",
                      "data": traces,
-                     "layout": _layout("Starts, restarts, failures and ends", time_x,
+                     "layout": _layout("Starts, restarts, failures and ends",
+                                       {**time_x, **({"range": rng} if rng else {})},
                                        {"title": {"text": "node"}, "type": "category"},
                                        height=200 + 40 * len({e.host for e in rep.events}))})
     traces = []
@@ -131,15 +147,24 @@ def _fmt(v, spec: str) -> str:
 
 def page(rep: Report, js: str) -> str:
     """The whole HTML page; `js`: plotly.js's source (plotly_js())."""
-    e = html.escape
+    e = safe
     s = rep.summary()
+    run = rep.command()
     figs = figures(rep)
-    rows = [("job", rep.job), ("nodes", ", ".join(f"{n.host} ({n.state})" for n in rep.nodes)),
+    restarts = ", ".join(f"{n.host} {n.restarts if n.restarts is not None else '?'}"
+                         for n in rep.nodes)
+    rows = [("job", rep.job),
+            ("script", "?" if run["script"] is None else " ".join([run["script"], *run["args"]])),
+            ("nodes", ", ".join(f"{n.host} ({n.state})" for n in rep.nodes)),
+            ("world size", f"{run['world_size'] or '?'} rank(s), backend {run['backend'] or '?'}"),
+            ("versions", f"torch {run['torch']}; driver {run['driver']}"),
             ("steps", _fmt(s["steps"], ".0f")),
             ("loss", f"{_fmt(s['first_loss'], '.4f')} -> {_fmt(s['last_loss'], '.4f')}"),
             ("median tokens/s", _fmt(s["median_tok_s"], ",.0f")),
-            ("restarts / failures", f"{s['restarts']} / {s['failures']}"),
-            ("ran", "?" if s["seconds"] is None else f"{s['seconds']:.0f} s"),
+            ("restarts / failures", f"{s['restarts']} / {s['failures']} (restarts per node: "
+                                    f"{restarts})"),
+            ("running for" if s["running"] else "ran",
+             "?" if s["seconds"] is None else f"{s['seconds']:.0f} s"),
             ("report made", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(rep.generated)))]
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            f"<title>torchrig report: {e(rep.job)}</title>",

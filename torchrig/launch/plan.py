@@ -136,6 +136,15 @@ def torchrun_argv(job: Job, n: Node, endpoint: str | None = None,
         "--redirects", "3", "--tee", "3", job.script, *job.args]
 
 
+def script_and_args(argv: list[str]) -> tuple[str, list[str]] | None:
+    """(script, args) back from a torchrun_argv() command line (a unit's ExecStart): they
+    follow its last torchrun option, `--tee 3`. None for another command line."""
+    for i in range(len(argv) - 2):
+        if argv[i] == "--tee" and argv[i + 1] == "3":
+            return argv[i + 2], argv[i + 3:]
+    return None
+
+
 def node_env(job: Job, n: Node) -> dict[str, str]:
     env = {
         "PYTHONUNBUFFERED": "1",

@@ -11,7 +11,8 @@ import time
 from dataclasses import dataclass, field
 
 from . import agent
-from .merge import printable, rank_label
+from ..terminal import printable
+from .merge import rank_label
 
 
 

@@ -10,8 +10,8 @@ Record format (see follow_remote.py): TAB-separated, one per line:
     L relpath offset text | E relpath size json | T relpath 0 | I relpath identity |
     W relpath reason | H unix_time
 
-Rank output is the job's text: `printable()` neutralises control characters before a terminal
-sees them.
+Rank output is the job's text: torchrig/terminal.py's `printable()` neutralises control
+characters before a terminal sees them.
 
 Display prefix (`prefix`):
     [gpu2/r3]        node gpu2, global rank 3, stdout, attempt 0
@@ -36,9 +36,6 @@ from ..progress import start_ranks
 STREAMS = {"stdout.log": "stdout", "stderr.log": "stderr", "error.json": "error"}
 _ATTEMPT = re.compile(r"attempt_([0-9]+)")
 _DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() also takes '²', which int() refuses
-# C0 controls but TAB and newline, DEL, C1 controls (0x9b is a CSI on its own)
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
 
 
 @dataclass(frozen=True)
@@ -62,14 +59,6 @@ def parse_path(relpath: str) -> PathInfo:
     if not run or not m or not _DIGITS.fullmatch(rank) or name not in STREAMS:
         raise ValueError(f"not a torchrun log path: {relpath!r}")
     return PathInfo(run, int(m.group(1)), int(rank), STREAMS[name])
-
-
-def printable(text: str, newlines: bool = False) -> str:
-    """`text` safe to write to a terminal: every control character but TAB (and newline when
-    `newlines`) shown as \\xNN, so a job cannot retitle the terminal, move the cursor or
-    erase what was printed before."""
-    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
-    return text if newlines else text.replace("\n", "\\x0a")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Callable, TextIO
 from ..inventory import Host
 from ..remote import login_user, privileged
 from ..session import Fleet
+from ..terminal import printable
 from . import merge
 
 FOLLOWER = Path(__file__).parent / "follow_remote.py"
@@ -120,7 +121,7 @@ class Printer:
 
     def notice(self, text: str) -> None:
         with self.lock:
-            self.err.write(f"logs: {merge.printable(text)}\n")
+            self.err.write(f"logs: {printable(text)}\n")
             self.err.flush()
 
     def line(self, item: merge.Line) -> None:
@@ -129,7 +130,7 @@ class Printer:
             key = item.global_rank if item.global_rank is not None else hash((item.node, item.local_rank))
             p = f"\x1b[{COLORS[key % len(COLORS)]}m{p}\x1b[0m"
         with self.lock:
-            self.out.write(f"{p} {merge.printable(item.text)}\n")
+            self.out.write(f"{p} {printable(item.text)}\n")
             self.out.flush()
 
 
@@ -212,7 +213,7 @@ def follow(fleet: Fleet, hosts: list[Host], o: Options, printer: Printer | None 
                 window.worked()
             if not o.follow or not window.failed():
                 with lock:
-                    result.lost[h.name] = merge.printable(why)
+                    result.lost[h.name] = printable(why)
                 return
             with lock:
                 result.reconnects += 1
@@ -234,4 +235,4 @@ def failure_report(errors: list, tracker: merge.Tracker | None = None) -> str | 
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(first.timestamp)) if first.timestamp else "?"
     text = f"{first.message}\n{first.traceback or ''}".rstrip()
     return (f"first failure: {merge.prefix(first)} attempt {first.attempt} at {when}\n"
-            + merge.printable(text, newlines=True))
+            + printable(text, newlines=True))

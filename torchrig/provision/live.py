@@ -11,6 +11,7 @@ import time
 from typing import TextIO
 
 from ..execute import PrefixedLines
+from ..terminal import markup
 
 EVERY = 30.0  # seconds between 'still running' lines when not on a terminal
 
@@ -108,12 +109,11 @@ class LiveProgress(_Running):
         with self.lock:
             rows = sorted(self.running.items())
         for host, (step, t0, _) in rows:
-            t.add_row(f"[bold]{host}[/]", step, f"{now - t0:.0f}s")
+            t.add_row(f"[bold]{markup(host)}[/]", markup(step), f"{now - t0:.0f}s")
         return t
 
-    def line(self, host, text):
-        from rich.markup import escape
-        self.console.print(f"{escape(host)} | {escape(self.clean(text))}", soft_wrap=True,
+    def line(self, host, text):  # a note may quote the host's output
+        self.console.print(f"{markup(host)} | {markup(self.clean(text))}", soft_wrap=True,
                            highlight=False)
 
     def __enter__(self):
@@ -128,5 +128,5 @@ def for_stream(out: TextIO, clean=lambda s: s) -> StepProgress:
     """Live when `out` is a terminal, else plain lines."""
     if out.isatty():
         from rich.console import Console
-        return LiveProgress(Console(file=out, highlight=False), clean)
+        return LiveProgress(Console(file=out, highlight=False, emoji=False), clean)
     return LineProgress(out, clean)
