@@ -1,11 +1,12 @@
 """Integration tests: a real testbed (nspawn hosts with systemd and sshd) brought up once per
 session on its own bridge, state folder and subnet, so a user's testbed is left alone.
 
-Every file runs alone: a file whose tests need provisioned hosts says which with
+Every file runs alone and in any order: a file whose tests need provisioned hosts says which with
 `pytestmark = pytest.mark.provisioned("gpu1", "gpu4")`; the session's `fleet` provisions each
 host the first time a test needs it and remembers it (provision converges, so a host that an
 earlier test provisioned is not provisioned again). Tests that exercise the fresh path ask
-`fleet.fresh(host)` first and tell the fleet when they leave a host provisioned.
+`fleet.fresh(host)` first (a host provisioned earlier is reset to fresh) and tell the fleet
+when they leave a host provisioned.
 
 The helpers every file uses (run a command on a host, provision, launch/logs/status, bounded
 waits) live here, once. Every wait has a bound and says what it waited for when it gives up."""
@@ -194,10 +195,12 @@ class Fleet:
         return self.inv
 
     def fresh(self, host, test):
-        """A test of the fresh path: fail clearly if this session already provisioned it."""
+        """A test of the fresh path: a host this session provisioned is made fresh again
+        (the testbed drops what was written on it; in file order none needs it)."""
         if host in self.done:
-            pytest.fail(f"{test} needs {host} fresh, but {self.done[host]} provisioned it earlier "
-                        "in this session: run this file first or on its own")
+            from torchrig.testbed import lab
+            lab.reset_host(host, log=lambda *_: None)
+            del self.done[host]
 
     def mark(self, host, by):
         """A test left `host` provisioned (converged with the testbed's inventory)."""

@@ -50,12 +50,24 @@ def test_launch_opens_one_ssh_connection_per_node(testbed):
     assert {h: ssh_logins(h) - before[h] for h in nodes} == {h: 1 for h in nodes}
 
 
-def test_two_nodes_train_to_completion(testbed):
-    r = launch(testbed, "t-basic", "--args", "--max-steps 30 --log-every 5 --ckpt-every 10")
+BASIC_ARGS = "--max-steps 30 --log-every 5 --ckpt-every 10"
+
+
+@pytest.fixture(scope="module")
+def basic_job(testbed, fleet):
+    """t-basic launched and followed to its end, once per file for every test that needs it
+    (so each of them passes alone and in any order): (launch result, `logs -f` result)."""
+    fleet.provisioned(*NODES.split(","))
+    r = launch(testbed, "t-basic", "--args", BASIC_ARGS)
+    out = logs(testbed, "t-basic", "-f", timeout=300) if r.returncode == 0 else None
+    return r, out
+
+
+def test_two_nodes_train_to_completion(testbed, basic_job):
+    r, out = basic_job
     assert r.returncode == 0, r.stderr
     assert "job t-basic started on gpu1,gpu4 (2 node(s) x 2 process(es))" in r.stdout
-    out = logs(testbed, "t-basic", "-f", timeout=300)   # returns when the job has ended
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 0, out.stderr   # returned when the job had ended
     starts = re.findall(r"^\[(gpu\d)/r(\d)\] start rank=(\d) ", out.stdout, re.M)
     assert sorted(int(g) for _, g, _ in starts) == [0, 1, 2, 3]
     assert {n for n, _, _ in starts} == {"gpu1", "gpu4"}
@@ -67,11 +79,12 @@ def test_two_nodes_train_to_completion(testbed):
     assert any((n["progress"] or "").startswith("done step=30") for n in st["nodes"].values())
 
 
-def test_dry_run_diffs_against_the_nodes_files(testbed):
+def test_dry_run_diffs_against_the_nodes_files(testbed, basic_job):
     """Launch's files go through the change engine: a dry run of the job just run shows its
     files unchanged on the nodes, except the unit's line naming the launch that wrote it and
     the rendezvous run id (new on every launch; a secret file, never shown)."""
-    r = launch(testbed, "t-basic", "--dry-run", "--args", "--max-steps 30 --log-every 5 --ckpt-every 10")
+    assert basic_job[0].returncode == 0, basic_job[0].stderr
+    r = launch(testbed, "t-basic", "--dry-run", "--args", BASIC_ARGS)
     assert r.returncode == 0, r.stderr
     for path in ("/etc/torchrig/jobs/t-basic.env",
                  "/etc/systemd/system/torchrig-gpumon@t-basic.service",

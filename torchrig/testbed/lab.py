@@ -133,10 +133,7 @@ def up(n: int, profile: str | None, inventory_path: str, log=print) -> dict:
     peers = {name: host_ip(i) for i, name in enumerate(names, 1)}
     for name in names:
         net.add_host(name, peers[name])
-        machines.mount(name, base)
-        machines.configure(name, peers[name], peers, pubkey, profiles[name])
-        debmirror.configure_host(machines.root_of(name))
-        machines.start(name)
+        _boot(name, base, peers, pubkey, profiles[name])
     for name in names:
         machines.wait_ssh(peers[name])
     known = [f"{peers[n]} {k}" for n in names for k in machines.host_keys(n)]
@@ -161,6 +158,44 @@ def _cache_lock(log):
             log(f"waiting for another testbed to finish building the cache in {CACHE}")
             fcntl.flock(f, fcntl.LOCK_EX)
         yield
+
+
+def _boot(name: str, base: Path, peers: dict[str, str], pubkey: str, profile: str) -> None:
+    machines.mount(name, base)
+    machines.configure(name, peers[name], peers, pubkey, profile)
+    debmirror.configure_host(machines.root_of(name))
+    machines.start(name)
+
+
+# what a host keeps across a reset: its identity (the known_hosts lines, the machine id)
+_IDENTITY = ("etc/machine-id", "etc/ssh/ssh_host_*")
+
+
+def reset_host(name: str, log=print) -> None:
+    """One host of the running testbed made fresh again, as `up` made it (for tests of the
+    fresh path in any order): everything written on it since is dropped, its address, machine
+    id and SSH host keys are kept."""
+    require_root()
+    hosts = _state().get("hosts", {})
+    if name not in hosts:
+        raise TorchrigError(f"no testbed host {name!r} is up (hosts: {', '.join(hosts) or 'none'})")
+    peers = {n: h["ip"] for n, h in hosts.items()}
+    machines.stop(name)
+    machines.unmount(name)
+    upper = machines.root_of(name).parent / "upper"
+    kept = {p.relative_to(upper): (p.read_bytes(), p.stat().st_mode & 0o7777)
+            for pattern in _IDENTITY for p in upper.glob(pattern) if p.is_file() and not p.is_symlink()}
+    for sub in ("upper", "work"):
+        shutil.rmtree(upper.parent / sub, ignore_errors=True)
+    base = image.ensure_base(log)
+    machines.mount(name, base)
+    root = machines.root_of(name)
+    for rel, (data, mode) in kept.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+        os.chmod(root / rel, mode)
+    _boot(name, base, peers, _operator_key(), hosts[name]["profile"])
+    machines.wait_ssh(peers[name])
 
 
 def _link(link: Path, target: Path) -> None:
