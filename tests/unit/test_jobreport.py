@@ -243,3 +243,16 @@ def test_report_of_a_job_no_host_has_writes_nothing(tmp_path):
         "error: job j1: no selected host could be read with it (here: ") and \
         r.stderr.endswith("); nothing written\n") and r.stderr.count("\n") == 1, r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_journal_the_node_cut_is_said_on_the_page_and_its_request_is_capped():
+    g = gathered()
+    host, reply = g["nodes"][0]
+    reply["run"]["journal"]["cut"] = {"lines": 7, "max_line": 16384, "max_bytes": 1 << 26}
+    rep = data.build("j1", "torchrig-j1.service", g, T0 + 100)
+    assert rep.cut == {host: "the journal was cut on the node: 7 line(s) longer than 16384 "
+                             "bytes cut"}
+    assert rep.steps  # what was not cut is still read
+    assert f"{host}: the journal was cut on the node: 7 line(s)" in html.page(rep, "")
+    req = gather.request("torchrig-j1.service", "/u", "/m")["run"]["journal"]
+    assert (req["max_line"], req["max_bytes"]) == (gather.JOURNAL_MAX_LINE, gather.JOURNAL_MAX_BYTES)

@@ -18,7 +18,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 
-from ..facts import systemd
+from ..facts import probe, systemd
 from ..logs import agent, diagnose
 from ..progress import protocol
 
@@ -41,6 +41,7 @@ class Node:
     gpu_util: dict[int, list] = field(default_factory=dict)   # gpu -> [(t, util %)]
     gpu_mem: dict[int, list] = field(default_factory=dict)    # gpu -> [(t, used MiB, total MiB)]
     journal: diagnose.NodeJournal | None = None
+    cut: str | None = None                         # what the probe's caps cut, in words
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Report:
     nodes: list[Node] = field(default_factory=list)
     missing: dict[str, str] = field(default_factory=dict)  # host -> it has no such job
     unreadable: dict[str, str] = field(default_factory=dict)  # host -> why it could not be read
+    cut: dict[str, str] = field(default_factory=dict)  # host -> what the probe's caps cut
     steps: list[dict] = field(default_factory=list)  # {"t", "attempt", "rank", "step", "loss", "tok/s", ...}
     events: list[Event] = field(default_factory=list)
     failures: list[diagnose.Failure] = field(default_factory=list)
@@ -184,7 +186,8 @@ def node(host: str, node_rank: int, reply: dict, unit: str) -> tuple[Node | None
                                               "kernel": run["kernel"]["out"]})
     n = Node(host, props.get("ActiveState", "?"),
              history((reply["read"]["util"] or {}).get("text", ""), 1),
-             history((reply["read"]["mem"] or {}).get("text", ""), 2), nj)
+             history((reply["read"]["mem"] or {}).get("text", ""), 2), nj,
+             probe.cut_note(run["journal"].get("cut"), "the journal"))
     return n, progress(lines), events(nj, lines, unit), None
 
 
@@ -201,6 +204,8 @@ def build(job: str, unit: str, gathered: dict, now: float) -> Report:
             rep.missing[host] = why
             continue
         rep.nodes.append(n)
+        if n.cut:
+            rep.cut[host] = n.cut
         rep.steps += rows
         rep.events += evs
     rep.steps.sort(key=lambda r: r["t"])
