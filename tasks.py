@@ -406,6 +406,7 @@ def _status(fleet, job, json_, watch):
     job = job or _latest_job(fleet)
     red = _redactor(fleet.inv)  # the inventory's secrets do not change between --watch rounds
     trend = Trend() if watch else None  # the watch's samples: a sparkline per node
+    journals = {} if watch else None  # each round reads the journal after the last one's cursor
     while True:
         sj = _slurm_job(fleet, job)
         if sj is not None and not sj.nodes:
@@ -413,7 +414,7 @@ def _status(fleet, job, json_, watch):
                        f"({sj.as_dict()['reason']}), on no node yet", code=1)
         # one probe per node, journal included
         res = run_status(fleet, fleet.hosts, job, sj.as_dict()["state"] if sj else None,
-                         _ident(job, sj))
+                         _ident(job, sj), journals)
         diag = red.data(_diagnosis(fleet, res.journals, job, sj))
         res = red.data(res)
         if trend is not None:
@@ -431,6 +432,9 @@ def _status(fleet, job, json_, watch):
                 _say(f"slurm job {d['job_id']}: {d['state']} on {','.join(d['nodes'])}"
                      + (f" ({d['reason']})" if d["reason"] not in ("", "None") else ""))
             report.status_table(job, res, trend)
+            for r in res:
+                if r.ok and r.value.get("journal_cut"):
+                    print(f"warning: {r.host}: {r.value['journal_cut']}")
             for h, what in diag["waiting"].items():
                 _say(f"{h}: {what}")
             for h in diag.get("lost_nodes", []):
@@ -509,6 +513,8 @@ def job_report(c, inventory=None, host=None, job=None, out=".", accept_new_host_
         path, rep = jobreport.make(fleet, job, out, _redactor(fleet.inv))
     for h, why in rep.missing.items():
         _say(f"{h}: left out ({why})", sys.stderr)
+    for h, what in rep.cut.items():  # the probe's caps on a job's output
+        _say(f"warning: {h}: {what}", sys.stderr)
     s = rep.summary()
     _say(f"report of job {job} ({len(rep.nodes)} node(s), {len(rep.steps)} progress line(s), "
          f"{s['restarts']} restart(s), {s['failures']} failure(s)): {path}")

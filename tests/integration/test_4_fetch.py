@@ -13,9 +13,10 @@ from conftest import invoke, invoke_bg, launch, sh, wait_unit_ended, wait_until
 
 NODE, JOB = "gpu1", "t-fetch"
 DIR = f"/srv/torchrig/checkpoints/{JOB}"
-# the node side of a transfer: its process (the job's user, not root), then every sshd
-# process of its connection up to the listener, killed: the TCP connection really drops
-CUT = r"""p=$(pgrep -u torchrig -f 'torchrig-fetch read' | head -1); [ -n "$p" ] || exit 9
+# the node side of a transfer: its process (root's, sending its private snapshot of the
+# checkpoint), then every sshd process of its connection up to the listener, killed: the TCP
+# connection really drops
+CUT = r"""p=$(pgrep -u root -f 'torchrig-fetch send' | head -1); [ -n "$p" ] || exit 9
 echo "user $(ps -o user= -p "$p")"
 l=$(systemctl show -p MainPID --value ssh); k=
 while [ "$p" -gt 1 ]; do
@@ -78,7 +79,7 @@ def test_fetch_resumes_after_the_ssh_connection_is_cut(inv, tmp_path):
         out, err = p.communicate(timeout=120)
     finally:
         p.kill()
-    assert "user torchrig" in cut and len(cut.split("killed")[1].split()) >= 1, cut
+    assert "user root" in cut and len(cut.split("killed")[1].split()) >= 1, cut
     assert p.returncode == 0, err
     assert "(connection lost); resuming with a fresh connection" in err, err
     [f] = json.loads(out)["files"]
@@ -118,3 +119,50 @@ def test_a_corrupt_newest_is_refused_and_planted_links_leak_nothing(inv, tmp_pat
     finally:
         sh(inv, NODE, f"rm -f {DIR}/ckpt_00000040.pt {DIR}/ckpt_00000050.pt "
                       f"{DIR}/ckpt_00000060.pt {DIR}/notes.txt")
+
+
+RAW_PICKLE = """import os, pickle, sys
+class Boom:
+    def __reduce__(self):
+        return os.system, ("id",)
+data = pickle.dumps(Boom(), protocol=2)
+size = os.path.getsize(sys.argv[1])
+open(sys.argv[2], "wb").write(data + b"\\0" * (size - len(data)))
+"""
+
+
+def test_a_checkpoint_rewritten_in_place_after_the_hash_is_never_sent_as_checked(inv, tmp_path):
+    """The job's user plants a raw pickle (that runs code when loaded without weights_only) as
+    the newest checkpoint, and swaps a good checkpoint's bytes in place (same inode, size,
+    mtime) while fetch looks at it, then back: fetch refuses it and sends only bytes it
+    checked, the manifest naming the hash that was load-checked."""
+    import shlex
+    from pathlib import Path
+    import torch
+    attack = (Path(__file__).parents[1] / "swap_attack.py").read_text()
+    bad, good = f"{DIR}/ckpt_00000040.pt", f"{DIR}/ckpt_00000030.pt"
+    sh(inv, NODE, f"runuser -u torchrig -- python3 -c {shlex.quote(RAW_PICKLE)} {good} {bad} && "
+                  f"systemd-run --unit t-swap-attack --uid torchrig -p RuntimeMaxSec=300 -- "
+                  f"python3 -u -c {shlex.quote(attack)} {bad} {good} 240")
+    try:
+        wait_until("the attacker watching", lambda: "watching" in sh(
+            inv, NODE, "journalctl -u t-swap-attack -o cat --no-pager"), 60, 0.5)
+        r = invoke("fetch", "--inventory", str(inv), "--host", NODE, "--job", JOB,
+                   "--to", str(tmp_path), "--json", timeout=600)
+        did = sh(inv, NODE, "journalctl -u t-swap-attack -o cat --no-pager")
+        left = sh(inv, NODE, "ls -a /srv/torchrig/checkpoints")
+    finally:
+        sh(inv, NODE, f"systemctl stop t-swap-attack 2>/dev/null; "
+                      f"systemctl reset-failed t-swap-attack 2>/dev/null; rm -f {bad}", check=False)
+    assert "rewrote with the good checkpoint" in did, did  # the attack happened
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    why = {x["name"]: x["why"] for x in data["refused"]}
+    assert "Weights only load failed" in why.get("ckpt_00000040.pt", ""), why
+    assert [f["name"] for f in data["files"]] == ["ckpt_00000030.pt"]
+    [m] = json.loads((tmp_path / "MANIFEST.json").read_text())["files"]
+    got = tmp_path / m["name"]
+    assert m["checked"]["sha256"] == m["sha256"] == sha(got) and m["checked"]["load_check"] == "ok"
+    assert "snapshot" in m["checked"]["how"] and "as torchrig" in m["checked"]["how"]
+    torch.load(got, weights_only=True)
+    assert ".torchrig-fetch-" not in left, left  # the snapshot is removed after the transfer

@@ -277,25 +277,30 @@ def test_status_from_a_captured_reply_of_a_running_job():
     assert d["util_samples"] == [(45, [0.0, 0.0]), (14, [0.0, 0.0])]
 
 
+def journal_probe(tmp_path, request: dict, journalctl: str) -> dict:
+    """The probe's journal kind run for real, journalctl (this shell script) and systemctl
+    being stand-ins on PATH (no journal of a unit here)."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(exist_ok=True)
+    (bin_ / "journalctl").write_text("#!/bin/sh\n" + journalctl)
+    (bin_ / "systemctl").write_text("#!/bin/sh\necho 'Mon 2026-11-30 10:00:00 UTC'\n")
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    r = subprocess.run([sys.executable, "-I", "-"], input=probe.stdin({"journal": request}),
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"})
+    return probe.reply(r.returncode, r.stdout, r.stderr)["journal"]
+
+
 def test_journal_request_keeps_agent_lines_and_each_ranks_last_lines(tmp_path):
     """The probe's journal kind (status reads it in its one probe per node; logs --failures
     too): lines before the unit's last start dropped, each rank's last `keep` lines kept,
     kernel OOM lines since the start. journalctl and systemctl are stand-ins on PATH."""
-    bin_ = tmp_path / "bin"
-    bin_.mkdir()
-    (bin_ / "journalctl").write_text(
-        "#!/bin/sh\n"
-        "case \" $* \" in *\" -k \"*) printf 'eth0 up\\nOut of memory: Killed process 42 (python)\\n';;\n"
-        "*) printf 'old run line\\nStarted torchrig-j.service\\n[default0]:a1\\n[default1]:b1\\n"
-        "agent: rendezvous done\\n[default0]:a2\\n[default0]:a3\\n';; esac\n")
-    (bin_ / "systemctl").write_text("#!/bin/sh\necho 'Mon 2026-11-30 10:00:00 UTC'\n")
-    for f in bin_.iterdir():
-        f.chmod(0o755)
     from torchrig.logs import diagnose
-    req = {"journal": diagnose.journal_request("torchrig-j.service", keep=2, lines=100)}
-    r = subprocess.run([sys.executable, "-I", "-"], input=probe.stdin(req), capture_output=True,
-                       text=True, timeout=60, env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"})
-    got = probe.reply(r.returncode, r.stdout, r.stderr)["journal"]
+    got = journal_probe(tmp_path, diagnose.journal_request("torchrig-j.service", keep=2, lines=100),
+                        "case \" $* \" in *\" -k \"*) printf 'eth0 up\\nOut of memory: Killed process 42 (python)\\n';;\n"
+                        "*) printf 'old run line\\nStarted torchrig-j.service\\n[default0]:a1\\n[default1]:b1\\n"
+                        "agent: rendezvous done\\n[default0]:a2\\n[default0]:a3\\n';; esac\n")
     assert got["journal"].splitlines() == ["Started torchrig-j.service", "[default1]:b1",
                                            "agent: rendezvous done", "[default0]:a2", "[default0]:a3"]
     assert got["kernel"] == "Out of memory: Killed process 42 (python)"
@@ -333,3 +338,83 @@ def test_status_counts_restarts_as_the_metrics_and_the_report_do(capsys):
     report.status_table("j", [Result("gpu1", True, {**d, "low_util": None})])
     row = next(ln for ln in capsys.readouterr().out.splitlines() if "gpu1" in ln)
     assert [c.strip() for c in row.split("│")][3:5] == ["3", "2"]  # restarts, attempt
+
+
+# ---------------------------------------------------------------- caps on what comes back
+
+def test_a_commands_output_is_cut_per_line_and_in_total_and_says_so():
+    long_line = "import sys; sys.stdout.write('a' * 5_000_000 + '\\nshort\\n')"
+    many = "import sys\nfor i in range(100000): print('line %06d' % i)"
+    got = run_probe({"run": {"long": {"argv": ["python3", "-c", long_line], "max_line": 1000},
+                             "many": {"argv": ["python3", "-c", many], "max_bytes": 10000},
+                             "small": ["echo", "hi"]}})["run"]
+    assert got["long"]["out"] == "a" * 1000 + "\nshort\n" and got["long"]["rc"] == 0
+    assert got["long"]["cut"]["lines"] == 1 and got["long"]["cut"]["max_line"] == 1000
+    assert got["many"]["rc"] == 0 and got["many"]["out"].startswith("line 000000\n")
+    assert len(got["many"]["out"]) <= 10000 and got["many"]["out"].endswith("\n")
+    assert got["many"]["cut"]["dropped_bytes"] == 100000 * 12 - len(got["many"]["out"])
+    assert got["small"] == {"rc": 0, "out": "hi\n", "err": ""}  # nothing cut: no "cut"
+    assert probe.cut_note(got["long"]["cut"], "the journal") == (
+        "the journal was cut on the node: 1 line(s) longer than 1000 bytes cut")
+    assert "bytes past the first 10000 left out" in probe.cut_note(got["many"]["cut"], "x")
+    assert probe.cut_note(None, "x") is None
+
+
+def test_the_probe_stays_small_while_a_command_prints_hundreds_of_megabytes():
+    """300 lines of 1 MB each: the probe holds the first 64 KiB of each, not 300 MB (its peak
+    resident size, measured by a parent that runs nothing else)."""
+    big = "import sys\nline = b'a' * 1000000 + b'\\n'\nfor _ in range(300): sys.stdout.buffer.write(line)"
+    req = {"run": {"big": {"argv": ["python3", "-c", big], "timeout": 120}}}
+    parent = ("import resource, subprocess, sys\n"
+              "r = subprocess.run([sys.executable, '-I', '-'], input=sys.stdin.read(), text=True,"
+              " capture_output=True)\n"
+              "sys.stdout.write(r.stdout[-300:])\n"
+              "print('\\nmaxrss_kb=%d' % resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n")
+    r = subprocess.run([sys.executable, "-c", parent], input=probe.stdin(req), capture_output=True,
+                       text=True, timeout=300)
+    rss = int(r.stdout.rsplit("maxrss_kb=", 1)[1])
+    assert '"lines": 300' in r.stdout, r.stdout
+    assert rss < 150_000, rss  # kB; capture_output held all 300 MB (well above)
+
+
+def test_journal_lines_are_cut_and_a_later_round_reads_after_its_cursor(tmp_path):
+    """status --watch: the first read gives a cursor, the next asks for the lines after it
+    (journalctl --after-cursor; a stand-in on PATH serves both) and the operator keeps both
+    rounds' lines as one read would; a line longer than max_line is cut, and said so."""
+    from torchrig.logs import diagnose
+    stand_in = ("case \" $* \" in\n"
+                "*\" -k \"*) ;;\n"
+                "*\" --after-cursor c1 \"*) printf 'agent: round two\\n[default0]:r2\\n-- cursor: c2\\n';;\n"
+                "*\" --after-cursor gone \"*) echo 'Failed to seek to cursor' >&2; exit 1;;\n"
+                "*\" --show-cursor \"*) printf 'Started torchrig-j.service\\nagent: round one\\n';"
+                " head -c 5000 /dev/zero | tr '\\0' x; printf '\\n-- cursor: c1\\n';;\n"
+                "esac\n")
+
+    def read(after=None):
+        return journal_probe(tmp_path, {**diagnose.journal_request(
+            "torchrig-j.service", keep=0, lines=100, after_cursor=after), "max_line": 100}, stand_in)
+    one = read()
+    assert one["cursor"] == "c1" and one["read"] == 3
+    assert one["journal"].splitlines() == ["Started torchrig-j.service", "agent: round one", "x" * 100]
+    assert one["cut"] == {"lines": 1, "max_line": 100}
+    two = read("c1")
+    assert two["cursor"] == "c2" and two["read"] == 2 and "cut" not in two
+    merged = diagnose.merge_journal(one, two, keep=0)
+    assert merged["journal"].splitlines() == ["Started torchrig-j.service", "agent: round one",
+                                              "x" * 100, "agent: round two"]  # rank lines: keep=0
+    assert merged["cursor"] == "c2"
+    again = read("gone")  # rotated away: a fresh read, which replaces what was kept
+    assert again["reset"] and again["cursor"] == "c1"
+    assert diagnose.merge_journal(merged, again, keep=0)["journal"] == one["journal"]
+
+
+def test_a_tree_reads_at_most_its_files(tmp_path):
+    attempt = tmp_path / "logs/j_1/attempt_0"
+    for r in range(5):
+        (attempt / str(r)).mkdir(parents=True)
+        (attempt / str(r) / "stdout.log").write_text(f"rank {r}\n")
+    got = run_probe({"tree": {"t": {"root": str(tmp_path / "logs"), "walk": [r"j_\d+", r"attempt_\d+"],
+                                    "then": [r"\d+"], "read": {"name": "stdout.log"},
+                                    "most": 3}}})["tree"]["t"]
+    assert sorted(got["files"]) == [f"j_1/attempt_0/{r}/stdout.log" for r in range(3)]
+    assert got["cut"] == {"files_left_out": 2, "most": 3}

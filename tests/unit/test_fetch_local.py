@@ -166,3 +166,53 @@ def test_a_transfer_whose_reader_dies_resumes_from_the_bytes_received(node):
     assert killed and len(f.resumed_at) == 1 and killed[0] <= f.resumed_at[0] < len(data), (killed, f)
     assert f.transferred == len(data) and (out / "data.bin").read_bytes() == data
     assert any("data.bin: transfer dropped at byte" in m for m in log), log
+
+
+def raw_pickle(marker, size) -> bytes:
+    """A pickle that runs `touch marker` when loaded without weights_only, padded to `size`."""
+    import pickle
+
+    class Boom:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+    data = pickle.dumps(Boom(), protocol=2)
+    return data + b"\0" * (size - len(data))
+
+
+def test_a_checkpoint_rewritten_in_place_after_the_hash_is_never_sent_as_checked(node, tmp_path):
+    """The job's user swaps a raw pickle for a good checkpoint while fetch looks at it (same
+    inode, size and mtime) and back: what arrives is exactly what was load-checked."""
+    import hashlib
+    import subprocess
+    import time
+    inv, job, out = node
+    good = job / "ckpt_00000020.pt"
+    target, marker = job / "ckpt_00000060.pt", tmp_path / "pwned"
+    target.write_bytes(raw_pickle(marker, good.stat().st_size))
+    bad = target.read_bytes()
+    attacker = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "..",
+                                                              "swap_attack.py"),
+                                 str(target), str(good), "60"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert attacker.stdout.readline() == "watching\n"
+        res, log = run(inv, out)
+        deadline = time.monotonic() + 10
+        while attacker.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        attacker.kill()
+    did = attacker.stdout.read()
+    assert "rewrote with the good checkpoint" in did, did   # the attack happened
+    why = {r["name"]: r["why"] for r in res.refused}
+    assert "Weights only load failed" in why.get("ckpt_00000060.pt", ""), why
+    manifest = {e["name"]: e for e in json.loads((out / "MANIFEST.json").read_text())["files"]}
+    assert [f.name for f in res.files] == list(manifest) == ["ckpt_00000020.pt"]
+    for f in res.files:
+        data = (out / f.name).read_bytes()
+        assert data != bad
+        torch.load(out / f.name, weights_only=True)
+        c = manifest[f.name]["checked"]
+        assert c["sha256"] == hashlib.sha256(data).hexdigest() == f.sha256
+        assert c["load_check"] == "ok" and "snapshot" in c["how"], c
+    assert not marker.exists()
+    assert not list((tmp_path / "ckpt").glob(".torchrig-fetch-*"))  # the snapshot is gone

@@ -306,3 +306,16 @@ def test_restarts_are_counted_as_status_counts_them():
     assert [n.restarts for n in rep.nodes] == [restarts({"NRestarts": "1"}, 1), 1] == [2, 1]
     assert rep.summary()["restarts"] == 2
     assert "restarts per node: gpu1 2, gpu2 1" in html.page(rep, "")
+
+
+def test_a_journal_the_node_cut_is_said_on_the_page_and_its_request_is_capped():
+    g = gathered()
+    host, reply = g["nodes"][0]
+    reply["run"]["journal"]["cut"] = {"lines": 7, "max_line": 16384, "max_bytes": 1 << 26}
+    rep = data.build("j1", "torchrig-j1.service", g, T0 + 100)
+    assert rep.cut == {host: "the journal was cut on the node: 7 line(s) longer than 16384 "
+                             "bytes cut"}
+    assert rep.steps  # what was not cut is still read
+    assert f"{host}: the journal was cut on the node: 7 line(s)" in html.page(rep, "")
+    req = gather.request("torchrig-j1.service", "/u", "/m", "/v")["run"]["journal"]
+    assert (req["max_line"], req["max_bytes"]) == (gather.JOURNAL_MAX_LINE, gather.JOURNAL_MAX_BYTES)

@@ -33,3 +33,17 @@ def reply(rc: int, stdout: str, stderr: str, what: str = "gathering facts") -> d
         return json.loads(stdout)
     except ValueError:
         raise TorchrigError(f"{what}: the probe's reply is not JSON: {stdout.strip()[-200:]!r}") from None
+
+
+def cut_note(cut: dict | None, what: str) -> str | None:
+    """The probe's record of what its caps cut (probe_host.py capped()) in words, or None."""
+    if not cut:
+        return None
+    parts = []
+    if cut.get("lines"):
+        parts.append(f"{cut['lines']} line(s) longer than {cut['max_line']} bytes cut")
+    if cut.get("dropped_bytes"):
+        parts.append(f"{cut['dropped_bytes']} bytes past the first {cut['max_bytes']} left out")
+    if cut.get("files_left_out"):
+        parts.append(f"{cut['files_left_out']} file(s) past the first {cut['most']} left out")
+    return f"{what} was cut on the node: " + "; ".join(parts)

@@ -5,7 +5,10 @@ so every parser lives on the operator side (torchrig/facts/) and is tested from 
 
 The request travels on stdin with the script (facts/probe.py appends `main("<base64 JSON>")`),
 never in a command line. Keys, each optional:
-  run      {name: argv | {"argv": argv, "timeout": s}}  -> {name: {"rc", "out", "err"}}
+  run      {name: argv | {"argv": argv, "timeout": s, "max_line": n, "max_bytes": n}}
+           -> {name: {"rc", "out", "err", "cut"?}}: the output streamed from the command, each
+           line at most max_line bytes and max_bytes in all (MAX_LINE, MAX_BYTES by default; the
+           rest is read and dropped); "cut" says what a cap cut (see capped())
   jobs     how many commands run at once (default 8)
   read     {name: {"path", "limit", "tail": bool, "first_line": bool, "follow": bool}} -> {name: {"text", "first_line"} | None}
   stat     {path: with_content}  -> {path: {"mode", "is_dir", "owner", "group", "sha256", "content"} | None}
@@ -14,15 +17,20 @@ never in a command line. Keys, each optional:
   users    [name]                -> {name: {"uid", "shell"} | None}
   host     true                  -> {"arch", "kernel", "euid", "hostname", "disk_free_gb", "time",
                                      "monotonic"} (clocks for ages computed on the operator side)
-  tree     {name: {"root", "walk": [regex], "then": [regex], "read": {"name", "tail", "first_line"}}}
-           -> {name: {"dirs": [[relpath, mtime]], "files": {relpath: {...} | None}}}: the folders
-              matching `walk` one level per regex; in the newest of them, the folders matching
-              `then`, and the file `read.name` in each
-  journal  {"unit", "keep", "lines", "ident"?} -> {"year", "utc_offset", "journal", "kernel"}: the
-           unit's newest `lines` journal lines since its last start (with "ident": the lines of
-           that journal identifier instead: a Slurm job's, which belong to no unit of theirs), keeping systemd's and torchrun's
-           agent lines (the newest 5000) and each rank's last `keep` lines (--tee: the ranks'
-           output can be millions of lines), plus kernel OOM lines since the unit started
+  tree     {name: {"root", "walk": [regex], "then": [regex], "read": {"name", "tail", "first_line"},
+                  "most": n}}
+           -> {name: {"dirs": [[relpath, mtime]], "files": {relpath: {...} | None}, "cut"?}}: the
+              folders matching `walk` one level per regex; in the newest of them, the first
+              `most` folders matching `then` (MAX_FILES by default), and the file `read.name` in each
+  journal  {"unit", "keep", "lines", "ident"?, "after_cursor"?, "max_line"?}
+           -> {"year", "utc_offset", "journal", "kernel", "cursor", "cut"?}: the unit's newest
+           `lines` journal lines since its last start (with "ident": the lines of that journal
+           identifier instead: a Slurm job's, which belong to no unit of theirs; with
+           "after_cursor": every line after that cursor instead, `cursor` being where this read
+           ended, for the next), keeping systemd's and torchrun's agent lines (the newest
+           5000) and each rank's last `keep` lines (--tee: the ranks' output can be millions
+           of lines), each line cut at max_line bytes, plus kernel OOM lines since the unit
+           started
   connect  {"address", "port", "probe": bool} -> {"resolved" | "resolve_error", "route": run result,
             "reverse_error"?, "reachable", "connect_ms" | "connect_error"}
 
@@ -44,23 +52,82 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 
 NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# Caps on what one request brings back (a job's output can be gigabytes of long lines): this
+# process and the operator hold at most about this much per command, journal line, file.
+MAX_LINE = 64 << 10    # bytes of one output line
+MAX_BYTES = 32 << 20   # bytes of one command's stdout (its stderr: MAX_ERR)
+MAX_ERR = 1 << 20
+MAX_FILES = 4096       # files one tree request reads
 
 
-def run(argv, timeout=60):
+def lines(stream, max_line, cut):
+    """A binary stream's lines (b"...\n"), each at most max_line bytes: the rest of a longer
+    line is read and dropped, and counted in cut["lines"]."""
+    while True:
+        line = stream.readline(max_line + 1)
+        if not line:
+            return
+        if len(line) > max_line and not line.endswith(b"\n"):
+            cut["lines"] = cut.get("lines", 0) + 1
+            rest = line
+            while rest and not rest.endswith(b"\n"):
+                rest = stream.readline(1 << 16)
+            line = line[:max_line] + b"\n"
+        yield line
+
+
+def capped(stream, max_line, max_bytes):
+    """(text, cut) of a binary stream read to its end: lines cut at max_line bytes, and past
+    max_bytes in all read and dropped. cut: {} or {"lines": lines cut, "max_line",
+    "dropped_bytes": bytes past max_bytes, "max_bytes"}."""
+    kept, total, cut = [], 0, {}
+    for line in lines(stream, max_line, cut):
+        if total + len(line) > max_bytes:
+            cut["dropped_bytes"] = cut.get("dropped_bytes", 0) + len(line)
+            continue
+        kept.append(line)
+        total += len(line)
+    if cut:
+        cut.update(max_line=max_line, max_bytes=max_bytes)
+    # output need not be UTF-8 (a vendor string from lspci or nvidia-smi)
+    return b"".join(kept).decode(errors="replace"), cut
+
+
+def run(argv, timeout=60, max_line=MAX_LINE, max_bytes=MAX_BYTES):
+    """The command's exit status and its output, streamed and capped (see capped())."""
     try:
-        r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
     except FileNotFoundError:
         return {"rc": 127, "out": "", "err": "%s: command not found" % argv[0]}
     except PermissionError:
         return {"rc": 126, "out": "", "err": "%s: permission denied" % argv[0]}
-    except subprocess.TimeoutExpired:
+    timed_out = threading.Event()
+
+    def kill():
+        timed_out.set()
+        p.kill()
+    timer = threading.Timer(timeout, kill)
+    timer.start()
+    err = {}
+    t = threading.Thread(target=lambda: err.update(r=capped(p.stderr, max_line, MAX_ERR)))
+    t.start()
+    out, cut = capped(p.stdout, max_line, max_bytes)
+    t.join()
+    rc = p.wait()
+    timer.cancel()
+    p.stdout.close()
+    p.stderr.close()
+    if timed_out.is_set():
         return {"rc": 124, "out": "", "err": "%s: timed out after %ss" % (argv[0], timeout)}
-    # output need not be UTF-8 (a vendor string from lspci or nvidia-smi)
-    return {"rc": r.returncode, "out": r.stdout.decode(errors="replace"),
-            "err": r.stderr.decode(errors="replace")}
+    got = {"rc": rc, "out": out, "err": err["r"][0]}
+    if cut:
+        got["cut"] = cut
+    return got
 
 
 def open_dir(path, dir_fd=None, follow=False):
@@ -166,12 +233,16 @@ def tree(spec):
     found["dirs"] = [[rel.rstrip("/"), m] for m, rel, _ in level]
     if level:
         _, rel, newest = max(level)
-        r = spec.get("read", {})
+        r, most = spec.get("read", {}), spec.get("most", MAX_FILES)
         for pattern in spec.get("then", []):
             for _, name, fd in sorted(entries(newest, pattern), key=lambda e: e[1]):
-                found["files"][rel + name + "/" + r["name"]] = text_only(read_at(
-                    fd, r["name"], limit=r.get("tail", 65536), tail=True,
-                    first_line=r.get("first_line", False)))
+                if len(found["files"]) < most:
+                    found["files"][rel + name + "/" + r["name"]] = text_only(read_at(
+                        fd, r["name"], limit=r.get("tail", 65536), tail=True,
+                        first_line=r.get("first_line", False)))
+                else:
+                    found["cut"] = {"files_left_out": found.get("cut", {}).get(
+                        "files_left_out", 0) + 1, "most": most}
                 os.close(fd)
     for _, _, fd in level:
         os.close(fd)
@@ -181,30 +252,58 @@ def tree(spec):
 TEE = re.compile(r"^\[default(\d+)\]:")
 
 
-def journal(spec):
+def keep_lines(numbered, keep, others=5000):
+    """[(i, line)] in journal order -> the lines kept of the unit's newest start on: systemd's
+    and the agent's (the newest `others`) and each rank's last `keep` lines, in order. The
+    operator's `status --watch` keeps its journal with it too (logs/diagnose.py)."""
     import collections
-    match = ["-t", spec["ident"]] if spec.get("ident") else ["-u", spec["unit"]]
-    p = subprocess.Popen(["journalctl", *match, "-o", "cat", "--no-pager",
-                          "-n", str(spec["lines"])], stdout=subprocess.PIPE, text=True, errors="replace")
-    other = collections.deque(maxlen=5000)
+    other = collections.deque(maxlen=others)
     ranks = {}
-    for i, line in enumerate(p.stdout):
-        line = line.rstrip("\n")
+    for i, line in numbered:
         if line.startswith("Started torchrig-"):
             other.clear()
             ranks.clear()
         m = TEE.match(line)
         if m:
-            ranks.setdefault(m.group(1), collections.deque(maxlen=spec["keep"])).append((i, line))
+            ranks.setdefault(m.group(1), collections.deque(maxlen=keep)).append((i, line))
         else:
             other.append((i, line))
-    p.wait()
-    kept = sorted(list(other) + [x for d in ranks.values() for x in d])
+    return sorted(list(other) + [x for d in ranks.values() for x in d])
+
+
+CURSOR = "-- cursor: "
+
+
+def journal(spec):
+    match = ["-t", spec["ident"]] if spec.get("ident") else ["-u", spec["unit"]]
+    since = (["--after-cursor", spec["after_cursor"]] if spec.get("after_cursor")
+             else ["-n", str(spec["lines"])])
+    p = subprocess.Popen(["journalctl", *match, "-o", "cat", "--no-pager", "-q", "--show-cursor",
+                          *since], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                         stdin=subprocess.DEVNULL)
+    cut, cursor, read = {}, spec.get("after_cursor"), 0
+
+    def numbered():
+        nonlocal cursor, read
+        for i, raw in enumerate(lines(p.stdout, spec.get("max_line", MAX_LINE), cut)):
+            line = raw.decode(errors="replace").rstrip("\n")
+            if line.startswith(CURSOR):  # --show-cursor's last line, after the entries
+                cursor = line[len(CURSOR):]
+            else:
+                read += 1
+                yield i, line
+    kept = keep_lines(numbered(), spec["keep"])
+    if p.wait() != 0 and spec.get("after_cursor"):  # the cursor is gone: read afresh
+        return {**journal({k: v for k, v in spec.items() if k != "after_cursor"}), "reset": True}
     start = run(["systemctl", "show", "-p", "ExecMainStartTimestamp", "--value", "--", spec["unit"]])["out"].strip()
     kernel = run(["journalctl", "-k", "-o", "cat", "--no-pager"] + (["--since", start] if start else []))["out"]
     kernel = [ln for ln in kernel.splitlines() if re.search(r"oom|Killed process", ln, re.I)][-200:]
-    return {"year": int(time.strftime("%Y")), "utc_offset": time.strftime("%z"),
-            "journal": "\n".join(ln for _, ln in kept), "kernel": "\n".join(kernel)}
+    got = {"year": int(time.strftime("%Y")), "utc_offset": time.strftime("%z"),
+           "journal": "\n".join(ln for _, ln in kept), "kernel": "\n".join(kernel),
+           "cursor": cursor, "read": read}
+    if cut:
+        got["cut"] = {**cut, "max_line": spec.get("max_line", MAX_LINE)}
+    return got
 
 
 def connect(peer):
@@ -242,8 +341,9 @@ def main(request_b64):
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(want.get("jobs", 8), 32)))
     started = {}
     for name, c in cmds.items():
-        argv, timeout = (c["argv"], c.get("timeout", 60)) if isinstance(c, dict) else (c, 60)
-        started[name] = pool.submit(run, argv, timeout)
+        c = c if isinstance(c, dict) else {"argv": c}
+        started[name] = pool.submit(run, c["argv"], c.get("timeout", 60),
+                                    c.get("max_line", MAX_LINE), c.get("max_bytes", MAX_BYTES))
     jour = pool.submit(journal, want["journal"]) if want.get("journal") else None
     # while the commands run, the file system
     out["read"] = {n: text_only(read(r["path"], limit=r.get("limit", 1 << 20), tail=r.get("tail", False),

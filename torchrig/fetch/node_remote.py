@@ -1,6 +1,15 @@
-"""Runs ON THE NODE as the job's user, never as root (fetch sends it to
-`runuser -u SERVICE_USER -- VENV/bin/python -I - torchrig-fetch OP`, the request appended as
-`main("<base64 JSON>")`): lists, hashes, load-checks and streams the job's checkpoints.
+"""Runs ON THE NODE (the request appended as `main("<base64 JSON>")`). Two kinds of op:
+
+- as the job's user, never as root (`runuser -u SERVICE_USER -- VENV/bin/python -I -
+  torchrig-fetch OP`): list the job's folder, hash (--all), stream a file of it (read), and
+  load-check the file open on a descriptor it is handed (load);
+- as root (`python3 -I - torchrig-fetch OP`): snapshot, send, drop. A checkpoint is checked
+  and sent from ONE copy: root copies the bytes the job's user reads (read, once) into a
+  private root-only folder (mktemp -d, 0700) beside the job folders (same file system, one
+  file at a time, removed after the transfer), hashes them on the way, has the job's user
+  load-check that copy through a read-only descriptor (the user cannot open the copy itself),
+  and sends exactly that copy. Rewriting the checkpoint in place after it was read changes
+  nothing that is checked or sent.
 
 The checkpoint folder is the job's: it can hold a symlink to /etc/shadow, a hard link, a FIFO.
 Running as the job's user means nothing the job could not read itself can leak; on top of that
@@ -14,12 +23,19 @@ import errno
 import hashlib
 import json
 import os
+import re
+import shutil
 import stat
+import subprocess
 import sys
+import tempfile
 import time
 
 IN_PROGRESS = ".tmp_ckpt_"  # payload/runtime.py's TMP_PREFIX: a checkpoint being written
 CHUNK = 1 << 20
+SNAPSHOT_PREFIX = ".torchrig-fetch-"  # root's private folders in the checkpoint folder
+SNAPSHOT_RE = re.compile(re.escape(SNAPSHOT_PREFIX) + r"[A-Za-z0-9_]{4,32}")
+STALE_S = 86400  # a snapshot folder no transfer touched for a day: its fetch is gone
 
 
 def fail(msg):
@@ -120,8 +136,8 @@ def op_list(req):
 
 
 def op_check(req):
-    """Hash (and, with "load", load-check) the named files in order; with "first", stop at
-    the first one that passes."""
+    """--all (no load check): hash the named files. What is sent later is read again, so the
+    operator's hash of the received bytes is what proves them (a changed file fails it)."""
     dfd = open_dir(req["dir"])
     out = []
     for name in req["names"]:
@@ -131,34 +147,25 @@ def op_check(req):
             continue
         try:
             digest = sha256(fd)
-            why = load_check(fd) if req["load"] else None
-            if why is None and ident(os.fstat(fd)) != ident(st):
-                why = "it changed while it was read"
+            changed = ident(os.fstat(fd)) != ident(st)
         finally:
             os.close(fd)
-        if why:
-            out.append({"name": name, "ok": False, "why": why})
+        if changed:
+            out.append({"name": name, "ok": False, "why": "it changed while it was read"})
             continue
         out.append({"name": name, "ok": True, "size": st.st_size, "sha256": digest,
                     "ident": ident(st)})
-        if req["first"]:
-            break
     return {"checked": out}
 
 
-def op_read(req):
-    """The file's bytes from `offset` on stdout, at most `bwlimit` bytes/s (0: no limit); the
-    same file that was checked (device, inode, size, mtime) or a refusal."""
-    fd, st = open_file(open_dir(req["dir"]), req["name"])
-    if fd is None:
-        fail(f"{req['name']}: {st}")
-    if ident(st) != req["ident"]:
-        fail(f"{req['name']} changed on the node since it was checked; run fetch again")
-    os.lseek(fd, req["offset"], os.SEEK_SET)
-    limit, sent, t0 = req.get("bwlimit") or 0, 0, time.monotonic()
-    size = min(CHUNK, limit // 4) if limit else CHUNK  # several writes a second when limited
-    while True:
-        b = os.read(fd, max(size, 4096))
+def send(fd, offset, bwlimit=0, most=None):
+    """The descriptor's bytes from `offset` to stdout (at most `most` of them), at most
+    `bwlimit` bytes/s (0: no limit)."""
+    os.lseek(fd, offset, os.SEEK_SET)
+    limit, sent, t0 = bwlimit or 0, 0, time.monotonic()
+    size = max(min(CHUNK, limit // 4) if limit else CHUNK, 4096)  # several writes a second
+    while most is None or sent < most:
+        b = os.read(fd, size if most is None else min(size, most - sent))
         if not b:
             return
         view = memoryview(b)
@@ -171,8 +178,189 @@ def op_read(req):
                 time.sleep(ahead)
 
 
+def op_read(req):
+    """The file's bytes from `offset` on stdout (at most "most" bytes). With "ident": only the
+    same file that was hashed (device, inode, size, mtime; --all), else a refusal."""
+    fd, st = open_file(open_dir(req["dir"]), req["name"])
+    if fd is None:
+        fail(f"{req['name']}: {st}")
+    if "ident" in req and ident(st) != req["ident"]:
+        fail(f"{req['name']} changed on the node since it was checked; run fetch again")
+    send(fd, req.get("offset", 0), req.get("bwlimit") or 0, req.get("most"))
+
+
+def op_load(req):
+    """Load-check the file open on descriptor `fd` (root's snapshot, handed over read-only)."""
+    fd = req["fd"]
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        fail("the snapshot handed over is not a regular file")
+    why = load_check(fd)
+    import torch  # loaded by load_check
+    return {"why": why, "torch": torch.__version__}
+
+
+# ---- root's side: one private copy, checked and sent ------------------------------------
+
+def as_user(req, op, child, pass_fds=()):
+    """Popen of this script's op `op` as the job's user, its request on stdin."""
+    argv = ["runuser", "-u", req["user"], "--", req["python"], "-I", "-", "torchrig-fetch", op]
+    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, cwd="/", pass_fds=pass_fds)
+    b64 = base64.b64encode(json.dumps(child).encode()).decode()
+    p.stdin.write((req["script"] + f'\nmain("{b64}")\n').encode())
+    p.stdin.close()
+    p.stdin = None  # sent: communicate() must not flush it again
+    return p
+
+
+def user_error(p, err):
+    lines = [ln for ln in err.decode(errors="replace").splitlines() if ln.strip()]
+    msg = lines[-1] if lines else f"exit {p.returncode}"
+    return msg[len("error: "):] if msg.startswith("error: ") else msg
+
+
+def base_dir(path):
+    """The checkpoint folder (root's, 0755 by provision): the snapshots' parent. Refused unless
+    root owns it and nobody else may write in it (root writes nowhere a job controls)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        fail(f"{path}: cannot open it ({e.strerror})")
+    st = os.fstat(fd)
+    if st.st_uid != 0 or st.st_mode & 0o022:
+        os.close(fd)
+        fail(f"{path} is not root's alone (owner uid {st.st_uid}, mode {st.st_mode & 0o7777:o}): "
+             "root keeps no snapshot there; run `invoke provision` on this host")
+    return fd
+
+
+def snapshot_dir(req):
+    """(fd of the snapshot folder named in the request, base fd), checked: a folder root made."""
+    name = req["snapshot"]
+    if not SNAPSHOT_RE.fullmatch(name):
+        fail(f"{name!r} is not a fetch snapshot")
+    base = base_dir(req["base"])
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=base)
+    except OSError as e:
+        fail(f"snapshot {name}: {e.strerror} (a fetch of more than a day is cleaned up; run "
+             "fetch again)")
+    st = os.fstat(fd)
+    if st.st_uid != 0 or st.st_mode & 0o077:
+        fail(f"snapshot {name} is not root's private folder")
+    return fd, base
+
+
+def clean_stale(base):
+    now = time.time()
+    for name in os.listdir(base):
+        if SNAPSHOT_RE.fullmatch(name):
+            st = os.stat(name, dir_fd=base, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and now - st.st_mtime > STALE_S:
+                shutil.rmtree(name, dir_fd=base, ignore_errors=True)
+
+
+def copy_one(req, name, size, sfd, slot):
+    """Copy what the job's user reads of `name` into slot `slot` of the snapshot, hashing it;
+    -> (sha256, bytes) or (None, why)."""
+    free = os.statvfs(sfd).f_bavail * os.statvfs(sfd).f_frsize
+    if free < size:
+        return None, (f"not enough free space for a snapshot beside it ({size} bytes needed, "
+                      f"{free} free on {req['base']})")
+    out = os.open(slot, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                  0o600, dir_fd=sfd)
+    h, n = hashlib.sha256(), 0
+    p = as_user(req, "read", {"op": "read", "dir": req["dir"], "name": name, "most": size + 1})
+    try:
+        while b := p.stdout.read(CHUNK):
+            h.update(b)
+            n += len(b)
+            view = memoryview(b)
+            while view:
+                view = view[os.write(out, view):]
+        os.fsync(out)
+    finally:
+        os.close(out)
+        err = p.stderr.read()
+        p.wait()
+    if p.returncode != 0:
+        return None, user_error(p, err)
+    if n > size:
+        return None, "it grew while it was copied"
+    return h.hexdigest(), n
+
+
+def load_one(req, sfd, slot):
+    """The job's user load-checks the snapshot through a read-only descriptor -> (why, torch)."""
+    fd = os.open(slot, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=sfd)
+    try:
+        p = as_user(req, "load", {"op": "load", "fd": fd}, pass_fds=(fd,))
+        out, err = p.communicate()
+    finally:
+        os.close(fd)
+    if p.returncode != 0:
+        return user_error(p, err), None
+    try:
+        reply = json.loads(out)
+    except ValueError:
+        return "the load check gave no answer", None
+    return reply["why"], reply["torch"]
+
+
+def op_snapshot(req):
+    """The named checkpoints in order, each copied once into root's private folder, hashed
+    and (with "load") load-checked there; the first that passes is kept for `send` (the
+    others' copies are removed at once). -> {"snapshot": folder name | None, "checked": [...]}"""
+    base = base_dir(req["base"])
+    clean_stale(base)
+    path = tempfile.mkdtemp(prefix=SNAPSHOT_PREFIX, dir=f"/proc/self/fd/{base}")
+    name = os.path.basename(path)
+    sfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=base)
+    out, kept = [], None
+    for i, (ck, size) in enumerate(zip(req["names"], req["sizes"])):
+        slot = str(i)
+        digest, n = copy_one(req, ck, size, sfd, slot)
+        why, torch = (n, None) if digest is None else \
+            load_one(req, sfd, slot) if req["load"] else (None, None)
+        if why:
+            out.append({"name": ck, "ok": False, "why": why})
+            try:
+                os.unlink(slot, dir_fd=sfd)
+            except FileNotFoundError:
+                pass
+            continue
+        out.append({"name": ck, "ok": True, "size": n, "sha256": digest, "slot": slot,
+                    "torch": torch})
+        kept = name
+        break
+    if kept is None:
+        shutil.rmtree(name, dir_fd=base)
+    return {"snapshot": kept, "checked": out}
+
+
+def op_send(req):
+    """A snapshot's bytes from `offset` on stdout (root reads root's own copy)."""
+    sfd, _ = snapshot_dir(req)
+    os.utime(sfd)  # a transfer in progress: not stale
+    if not req["slot"].isdigit():
+        fail(f"{req['slot']!r} is not a snapshot slot")
+    fd = os.open(req["slot"], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=sfd)
+    send(fd, req["offset"], req.get("bwlimit") or 0)
+
+
+def op_drop(req):
+    """Remove a snapshot folder (the transfer is over)."""
+    sfd, base = snapshot_dir(req)
+    os.close(sfd)
+    shutil.rmtree(req["snapshot"], dir_fd=base)
+    return {"dropped": req["snapshot"]}
+
+
 def main(request_b64):
     req = json.loads(base64.b64decode(request_b64))
-    reply = {"list": op_list, "check": op_check, "read": op_read}[req["op"]](req)
+    ops = {"list": op_list, "check": op_check, "read": op_read, "load": op_load,
+           "snapshot": op_snapshot, "send": op_send, "drop": op_drop}
+    reply = ops[req["op"]](req)
     if reply is not None:
         sys.stdout.write(json.dumps(reply))

@@ -1,10 +1,12 @@
 """`invoke fetch`: a job's checkpoint from the node that holds it to the operator, verified.
 
-Every read on the node goes through node_remote.py as the job's user (see there why). Here:
-find the node with the newest checkpoint, have it load-check and hash candidates newest first,
-stream the chosen file into a partial file under --to, resuming from the bytes already
-received after a dropped connection (a fresh connection each time), rename it into place only
-when its SHA-256 matches the node's, and record it in MANIFEST.json."""
+Every read of the job's folder on the node goes through node_remote.py as the job's user (see
+there why). Here: find the node with the newest checkpoint; have root there copy candidates
+newest first into a private snapshot, hash them and have the job's user load-check each copy
+(--all: hash only, no copy); stream the chosen copy into a partial file under --to, resuming
+from the bytes already received after a dropped connection (a fresh connection each time),
+rename it into place only when its SHA-256 matches the node's, record it in MANIFEST.json with
+what was checked, and remove the snapshot."""
 
 from __future__ import annotations
 
@@ -54,6 +56,7 @@ class Fetched:
     transferred: int = 0          # bytes that crossed the network this time
     resumed_at: list[int] = field(default_factory=list)  # offsets resumed from after drops
     already: bool = False         # there and matching: nothing transferred
+    checked: dict | None = None   # what the node checked (the manifest's "checked")
 
 
 @dataclass
@@ -70,8 +73,13 @@ class FetchResult:
         return asdict(self)
 
 
+ROOT_OPS = ("snapshot", "send", "drop")  # root's, on its own private copy (node_remote.py)
+
+
 def _command(host: Host, op: str) -> str:
     s = host.settings
+    if op in ROOT_OPS:
+        return "cd / && " + sh("python3", "-I", "-", "torchrig-fetch", op)
     return "cd / && " + sh("runuser", "-u", s.service_user, "--", f"{s.venv}/bin/python", "-I",
                            "-", "torchrig-fetch", op)
 
@@ -91,9 +99,30 @@ def node_dir(host: Host, job: str) -> str:
     return job_folder(host.settings.checkpoint_dir, job)
 
 
+def checked(c: dict, user: str) -> dict:
+    """The manifest's record of what the node checked of one file."""
+    if c.get("slot") is None:
+        return {"sha256": c["sha256"], "load_check": None,
+                "how": "not load-checked (--all): the SHA-256 of the bytes read on the node, "
+                       "matched by the bytes received"}
+    return {"sha256": c["sha256"], "load_check": "ok",
+            "how": f"torch.load(weights_only=True) by torch {c.get('torch')} as {user} on the "
+                   "node, on a root-only snapshot copied once from node_path; the bytes hashed, "
+                   "load-checked and sent are that snapshot's"}
+
+
 def fetch(fleet: Fleet, o: Options, log: Callable[[str], None]) -> FetchResult:
     job = check_job_name(o.job)
     host, folder, good, refused, left_out = _choose(fleet, job, o, log)
+    try:
+        files = _fetch_chosen(fleet, job, host, folder, good, o, log)
+    finally:
+        _drop(fleet, host, good, log)
+    return FetchResult(job, host.name, folder, str(o.to), files, refused, left_out)
+
+
+def _fetch_chosen(fleet: Fleet, job: str, host: Host, folder: str, good: list[dict],
+                  o: Options, log: Callable[[str], None]) -> list[Fetched]:
     to = Path(o.to)
     try:
         to.mkdir(parents=True, exist_ok=True)
@@ -109,14 +138,13 @@ def fetch(fleet: Fleet, o: Options, log: Callable[[str], None]) -> FetchResult:
     finally:  # what arrived is recorded even when a later file fails
         entries = [{"job": job, "name": f.name, "step": f.step, "size": f.size,
                     "sha256": f.sha256, "node": host.name, "node_path": f"{folder}/{f.name}",
-                    "load_check": "not checked (--all)" if o.all
-                    else "torch.load(weights_only=True) on the node: ok",
+                    "checked": f.checked,
                     "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
                    for f in files]
         new = plan.merge_manifest(doc, entries)
         if files and (new != doc or not manifest.exists()):
             write_atomic(manifest, (json.dumps(new, indent=2) + "\n").encode(), 0o644)
-    return FetchResult(job, host.name, folder, str(to), files, refused, left_out)
+    return files
 
 
 def _choose(fleet: Fleet, job: str, o: Options, log: Callable[[str], None]):
@@ -136,11 +164,15 @@ def _choose(fleet: Fleet, job: str, o: Options, log: Callable[[str], None]):
     folder, listing = node_dir(host, job), listings[name]
     if o.all:
         names, left_out = plan.all_files(listing)
+        request = {"op": "check", "dir": folder, "names": names}
     else:
         names, left_out = plan.candidates(listing, o.step)
-    request = {"op": "check", "dir": folder, "names": names, "load": not o.all,
-               "first": not o.all}
-    checked = _ask(fleet, host, request, 3600)["checked"]  # hashing (and loading) big files
+        s, sizes = host.settings, {f["name"]: f["size"] for f in listing["files"]}
+        request = {"op": "snapshot", "base": s.checkpoint_dir, "dir": folder, "names": names,
+                   "sizes": [sizes[n] for n in names], "load": True, "user": s.service_user,
+                   "python": f"{s.venv}/bin/python", "script": SCRIPT.read_text()}
+    reply = _ask(fleet, host, request, 3600)  # copying, hashing and loading big files
+    checked = [{**c, "snapshot": reply.get("snapshot")} for c in reply["checked"]]
     by_name = {c["name"]: c for c in checked}
     good = [by_name[n] for n in names if by_name.get(n, {}).get("ok")]
     refused = [{"name": c["name"], "why": c["why"]} for c in checked if not c["ok"]]
@@ -156,6 +188,18 @@ def _choose(fleet: Fleet, job: str, o: Options, log: Callable[[str], None]):
         raise TorchrigError(f"no loadable checkpoint of job {job} on {name} among "
                             f"{', '.join(names) or 'none'} ({folder})")
     return host, folder, good, refused, left_out
+
+
+def _drop(fleet: Fleet, host: Host, good: list[dict], log: Callable[[str], None]) -> None:
+    """Remove the node's snapshot (a failure is only a warning: the node removes snapshots no
+    transfer touched for a day)."""
+    for name in {c["snapshot"] for c in good if c.get("snapshot")}:
+        try:
+            _ask(fleet, host, {"op": "drop", "base": host.settings.checkpoint_dir,
+                               "dir": host.settings.checkpoint_dir, "snapshot": name}, 600)
+        except (TorchrigError, *DROPS) as e:
+            log(f"warning: {host.name}: snapshot {name} in {host.settings.checkpoint_dir} not "
+                f"removed ({e}); the node removes it after a day")
 
 
 def _sha256_file(path: Path, upto: int | None = None) -> hashlib._Hash:
@@ -176,7 +220,8 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
     name, size, digest = c["name"], c["size"], c["sha256"]
     if not plan.safe_name(name):  # candidates and all_files only pass safe names; kept anyway
         raise TorchrigError(f"{host.name}: refusing to write {name!r} (not a plain file name)")
-    got = Fetched(name, plan.step_of(name), size, digest)
+    got = Fetched(name, plan.step_of(name), size, digest,
+                  checked=checked(c, host.settings.service_user))
     final = to / name
     if final.is_file() and not final.is_symlink() and final.stat().st_size == size \
             and _sha256_file(final).hexdigest() == digest:
@@ -208,12 +253,17 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
                 offset += len(chunk)
                 got.transferred += len(chunk)
 
-            request = {"op": "read", "dir": folder, "name": name, "ident": c["ident"],
-                       "offset": offset, "bwlimit": bwlimit}
+            if c.get("slot") is None:  # --all: the file itself, if still the one hashed
+                request = {"op": "read", "dir": folder, "name": name, "ident": c["ident"],
+                           "offset": offset, "bwlimit": bwlimit}
+            else:  # the snapshot that was hashed and load-checked
+                request = {"op": "send", "base": host.settings.checkpoint_dir, "dir": folder,
+                           "snapshot": c["snapshot"], "slot": c["slot"], "offset": offset,
+                           "bwlimit": bwlimit}
             start, rc, why = offset, None, ""
             try:
                 cxn = fleet.conn(host)
-                rc = cxn.stream(privileged(_command(host, "read"), login_user(cxn)),
+                rc = cxn.stream(privileged(_command(host, request["op"]), login_user(cxn)),
                                 _stdin(request), write, err.extend, silence=SILENCE)
                 alive = cxn.is_connected and not cxn.lost
             except DROPS as e:

@@ -21,7 +21,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 
-from ..facts import job_state, systemd
+from ..facts import job_state, probe, systemd
 from ..launch.plan import script_and_args
 from ..logs import agent, diagnose
 from ..progress import protocol
@@ -51,6 +51,7 @@ class Node:
     args: list[str] = field(default_factory=list)
     started: dict[str, str] = field(default_factory=dict)   # the newest start line's fields
     versions: dict[str, str] = field(default_factory=dict)  # torch, driver
+    cut: str | None = None                         # what the probe's caps cut, in words
 
 
 @dataclass
@@ -60,6 +61,7 @@ class Report:
     nodes: list[Node] = field(default_factory=list)
     missing: dict[str, str] = field(default_factory=dict)  # host -> it has no such job
     unreadable: dict[str, str] = field(default_factory=dict)  # host -> why it could not be read
+    cut: dict[str, str] = field(default_factory=dict)  # host -> what the probe's caps cut
     steps: list[dict] = field(default_factory=list)  # {"t", "attempt", "rank", "step", "loss", "tok/s", ...}
     events: list[Event] = field(default_factory=list)
     failures: list[diagnose.Failure] = field(default_factory=list)
@@ -244,7 +246,8 @@ def node(host: str, node_rank: int, reply: dict, unit: str) -> tuple[Node | None
                                               "kernel": run["kernel"]["out"]})
     n = Node(host, props.get("ActiveState", "?"),
              history((reply["read"]["util"] or {}).get("text", ""), 1),
-             history((reply["read"]["mem"] or {}).get("text", ""), 2), nj)
+             history((reply["read"]["mem"] or {}).get("text", ""), 2), nj,
+             cut=probe.cut_note(run["journal"].get("cut"), "the journal"))
     evs = events(nj, lines, unit)
     # the journal starts at the unit's newest start: its restart lines are torchrun's attempt
     n.restarts = job_state.restarts(props, sum(1 for e in evs if e.kind == "restart"))
@@ -267,6 +270,8 @@ def build(job: str, unit: str, gathered: dict, now: float) -> Report:
             rep.missing[host] = why
             continue
         rep.nodes.append(n)
+        if n.cut:
+            rep.cut[host] = n.cut
         rep.steps += rows
         rep.events += evs
     rep.steps.sort(key=lambda r: r["t"])

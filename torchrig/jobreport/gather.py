@@ -16,6 +16,12 @@ UNIT_PROPS = ["LoadState", "ActiveState", "Result", "NRestarts", "ExecMainStartT
 # the versions the report states: torch from the venv's package metadata (no torch import)
 TORCH_VERSION = "import importlib.metadata as m; print(m.version('torch'))"
 JOURNAL_LINES = 200000   # newest matching journal lines per node
+# caps on them: journalctl -o json already writes null for a field over 4096 bytes, but a job
+# can print up to that (a byte that is not UTF-8 taking up to 4 in JSON) on each of 200000
+# lines. A longer JSON line is left out (cut JSON does not parse; a progress line is ~300
+# bytes), and past the total the rest is read and dropped on the node.
+JOURNAL_MAX_LINE = 4 << 10
+JOURNAL_MAX_BYTES = 64 << 20
 HISTORY_BYTES = 8 << 20  # newest bytes of each GPU history file (months at a sample per 30 s)
 
 
@@ -34,7 +40,8 @@ def request(unit: str, util_file: str, mem_file: str, venv: str) -> dict:
                     "journal": {"argv": ["journalctl", "-u", unit, "-o", "json",
                                          "--output-fields=MESSAGE", "--no-pager",
                                          "-n", str(JOURNAL_LINES), "--case-sensitive=true",
-                                         "--grep", journal_pattern()], "timeout": 120},
+                                         "--grep", journal_pattern()], "timeout": 120,
+                                "max_line": JOURNAL_MAX_LINE, "max_bytes": JOURNAL_MAX_BYTES},
                     "kernel": {"argv": ["journalctl", "-k", "-o", "cat", "--no-pager", "-n", "200",
                                         "--case-sensitive=false", "--grep", "oom|killed process"],
                                "timeout": 60},

@@ -181,6 +181,8 @@ def page(rep: Report, js: str) -> str:
                    + (f": {e(f.error)}" if f.error else "") + "</p>")
     for host, why in {**rep.missing, **rep.unreadable}.items():
         out.append(f'<p class="note">{e(host)}: not in this report ({e(why)})</p>')
+    for host, why in rep.cut.items():
+        out.append(f'<p class="note">{e(host)}: {e(why)}</p>')
     if not figs:
         out.append("<p>No data yet: no progress line, GPU sample or event was found.</p>")
     for f in figs:

@@ -392,14 +392,18 @@ class JobStatus(Outcome):
 # status runs often (--watch): the journal's newest lines only, no rank lines (the waits
 # and an ended job's failure are at the end)
 STATUS_JOURNAL_LINES = 20000
+# each line cut at this (the agent's lines are short; the unit's journal keeps whatever a job
+# writes to it, up to journald's 48 KiB a line): the 5000 kept lines stay a few MB
+STATUS_JOURNAL_MAX_LINE = 4 << 10
 
 
 def status(fleet: Fleet, hosts: list[Host], job: str, slurm_state: str | None = None,
-           ident: str | None = None) -> JobStatus:
+           ident: str | None = None, journals_kept: dict | None = None) -> JobStatus:
     """Per node: unit state, restarts, attempt, uptime, latest progress, GPUs, util samples,
     and its journal: one probe round trip per node. slurm_state: Slurm runs the job (no unit
     on the nodes): its state stands in the unit's, and the journal is read by the job's
-    identifier `ident`."""
+    identifier `ident`. journals_kept: {host: journal} carried from one `--watch` round to
+    the next: each round reads only the journal lines after the last round's cursor."""
     from ..logs import diagnose
     check_job_name(job)
     unit = unit_name(job)
@@ -410,12 +414,19 @@ def status(fleet: Fleet, hosts: list[Host], job: str, slurm_state: str | None = 
         s = h.settings
         window = s.low_util_minutes * 60
         req = job_state.probe_request(unit, s.job_log_dir(job), s.util_file(job))
+        kept = None if journals_kept is None else journals_kept.get(h.name)
         req["journal"] = diagnose.journal_request(unit, keep=0, lines=STATUS_JOURNAL_LINES,
-                                                  ident=ident)
+                                                  ident=ident,
+                                                  after_cursor=kept and kept.get("cursor"))
+        req["journal"]["max_line"] = STATUS_JOURNAL_MAX_LINE
         r = fleet.run(h, probe.COMMAND, root=True, timeout=60, data=probe.stdin(req))
         raw = probe.reply(r.exited, r.stdout, r.stderr, "status")
-        journals[h.name] = diagnose.node_from(h.name, ranks[h.name], raw["journal"])
+        doc = diagnose.merge_journal(kept, raw["journal"], keep=0)
+        if journals_kept is not None:
+            journals_kept[h.name] = doc
+        journals[h.name] = diagnose.node_from(h.name, ranks[h.name], doc)
         d = job_state.state(unit, raw, window)
+        d["journal_cut"] = probe.cut_note(raw["journal"].get("cut"), "the journal")
         if slurm_state is not None:
             d["unit"] = {"ActiveState": slurm_state.lower(), "SubState": "slurm"}
         elif d["unit"].get("LoadState") == "not-found":

@@ -129,11 +129,29 @@ def _gives_up(since: str, timeout: float | None) -> str:
     return f", gives up at {t // 3600:02d}:{t // 60 % 60:02d}:{t % 60:02d}"
 
 
-def journal_request(unit: str, keep=agent.LAST_LINES, lines=500000, ident=None) -> dict:
+def journal_request(unit: str, keep=agent.LAST_LINES, lines=500000, ident=None,
+                    after_cursor=None) -> dict:
     """The probe's request for the unit's journal (its newest `lines` lines: the ranks' output
     is in it too, of which each rank's last `keep` lines are kept). ident: read the lines of
-    this journal identifier instead (a Slurm job's)."""
-    return {"unit": unit, "keep": keep, "lines": lines, **({"ident": ident} if ident else {})}
+    this journal identifier instead (a Slurm job's). after_cursor: only the lines after it
+    (the next round of `status --watch`; see merge_journal)."""
+    return {"unit": unit, "keep": keep, "lines": lines, **({"ident": ident} if ident else {}),
+            **({"after_cursor": after_cursor} if after_cursor else {})}
+
+
+def merge_journal(prev: dict | None, doc: dict, keep: int) -> dict:
+    """`status --watch`: the journal kept so far (the last round's merged doc) and this round's
+    probe reply (only the lines after the last round's cursor) -> the journal as one full read
+    would keep it (the probe's own rule: from the unit's newest start, the agent's newest lines,
+    each rank's last `keep`), with the newest cursor. A reply that had to read afresh (the
+    cursor was gone: journal rotated or vacuumed) replaces what was kept."""
+    from ..facts.probe_host import keep_lines
+    if not prev or doc.get("reset"):
+        return doc
+    lines = prev.get("journal", "").splitlines() + doc.get("journal", "").splitlines()
+    kept = keep_lines(enumerate(lines), keep)
+    return {**doc, "journal": "\n".join(ln for _, ln in kept),
+            "cursor": doc.get("cursor") or prev.get("cursor")}
 
 
 def fetch(fleet, hosts: list, unit: str, keep=agent.LAST_LINES, lines=500000, ident=None):
