@@ -10,7 +10,8 @@ import functools
 import json
 import sys
 
-from invoke import Collection, Exit, task
+import invoke
+from invoke import Collection, Exit
 
 INVENTORY_HELP = "inventory YAML file (default: torchrig.inventory in invoke.yaml, else inventory/hosts.yml)"
 HOST_HELP = "host names or group names, comma-separated (default: every host)"
@@ -18,6 +19,29 @@ ACCEPT_HELP = ("record unknown host keys in the known_hosts file in use (like Op
                "accept-new); changed keys are always refused")
 # the prologue every task on the fleet shares: see fleet_task() and _fleet()
 FLEET_HELP = {"inventory": INVENTORY_HELP, "host": HOST_HELP, "accept_new_host_keys": ACCEPT_HELP}
+
+# The one short-flag set: a letter means the same flag in every task that has the flag, and
+# every other flag is long only. `-h` stays Invoke's help (`invoke provision -h`), so the
+# host gets -H; --json has no letter (-j is --job). Invoke's automatic letters (the first free
+# letter of each name, in signature order) gave --json -j, -s or -o depending on the task.
+SHORT_FLAGS = {"inventory": "i", "host": "H", "job": "j", "follow": "f", "dry_run": "n",
+               "yes": "y"}
+
+
+class _Task(invoke.Task):
+    """A task whose short flags are SHORT_FLAGS, nothing else."""
+
+    def arg_opts(self, name, default, taken_names):
+        opts = super().arg_opts(name, default, taken_names)
+        short = SHORT_FLAGS.get(name.rstrip("_"))
+        if short:
+            opts["names"].append(short)
+        return opts
+
+
+def task(**kwargs):
+    """Invoke's @task (always called with keywords here) with torchrig's short flags."""
+    return invoke.task(klass=_Task, auto_shortflags=False, **kwargs)
 
 
 def user_errors(fn):
@@ -325,9 +349,9 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", scrip
     inv_flag = f" -i {inventory}" if inventory else ""
     print(f"job {j.name} started on {sel} ({j.nnodes} node(s) x {j.nodes[0].nproc} process(es)) "
           f"in {res.seconds:.1f}s")
-    print(f"  follow:  invoke logs{inv_flag} -h {sel} --job {j.name} -f")
-    print(f"  status:  invoke status{inv_flag} -h {sel} --job {j.name}")
-    print(f"  stop:    invoke stop{inv_flag} -h {sel} --job {j.name}")
+    print(f"  follow:  invoke logs{inv_flag} --host {sel} --job {j.name} -f")
+    print(f"  status:  invoke status{inv_flag} --host {sel} --job {j.name}")
+    print(f"  stop:    invoke stop{inv_flag} --host {sel} --job {j.name}")
     if follow:
         logs(c, inventory=inventory, host=sel, job=j.name, follow=True,
              accept_new_host_keys=accept_new_host_keys)
@@ -479,7 +503,7 @@ def tensorboard(c, inventory=None, host=None, job=None, port=None, accept_new_ho
     print(f"{board.host}: TensorBoard {board.stopped}", flush=True)
     if board.ended_by_itself:
         raise Exit(f"error: TensorBoard for job {job} ended on {board.host} by itself "
-                   f"(see: invoke exec -h {board.host} --sudo 'journalctl -u {board.unit}')", code=1)
+                   f"(see: invoke exec --host {board.host} --sudo 'journalctl -u {board.unit}')", code=1)
 
 
 @fleet_task(name="report",
