@@ -127,7 +127,7 @@ def verify_report(rep) -> None:
         for a in v.advice:
             console.print(f"  advice: {a}", soft_wrap=True)
     for host, err in rep.unreachable.items():
-        console.print(f"{host}: {_v('FAIL')} unreachable: {err}", soft_wrap=True)
+        console.print(f"{host}: {_v('FAIL')} {escape(err)}", soft_wrap=True)
     status, table, reasons = rep.gate
     if table:
         hosts = [v.host for v in rep.hosts]
