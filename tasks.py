@@ -6,6 +6,7 @@ are imported inside tasks so `invoke --list` stays fast.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
@@ -57,6 +58,8 @@ def user_errors(fn):
         except TorchrigError as e:
             from torchrig.secrets import redact_text
             raise Exit(f"error: {redact_text(str(e))}", code=1) from None
+        except KeyboardInterrupt:  # 128 + SIGINT, as a shell reports it; not a failure
+            raise Exit("interrupted", code=130) from None
         except Exit as e:
             from torchrig.secrets import redact_text
             if isinstance(e.message, str):
@@ -122,6 +125,20 @@ def _fleet(c, inventory, host, accept_new_host_keys=False, parallel=None):
     par = _parallel(c) if parallel is None else _number("parallel", parallel, 1)
     inv = _inventory(c, inventory)
     return Fleet(inv, inv.select(host), accept_new=accept_new_host_keys, parallel=par)
+
+
+@contextlib.contextmanager
+def _job_keeps_running(fleet, job: str):
+    """Ctrl-C in a task that follows a job (logs -f, status --watch, launch --follow) ends the
+    task, not the job: exit 130 (128 + SIGINT) saying so, and how to stop the job."""
+    import shlex
+    try:
+        yield
+    except KeyboardInterrupt:
+        hosts = ",".join(h.name for h in fleet.hosts)
+        raise Exit(f"interrupted: job {job} keeps running on {hosts}; stop it with: invoke stop "
+                   f"--inventory {shlex.quote(fleet.inv.path)} --host {hosts} --job {job}",
+                   code=130) from None
 
 
 def _redactor(inv):
@@ -404,7 +421,9 @@ def status(c, inventory=None, host=None, job=None, json_=False, watch=None,
     it ran), latest progress, GPU use; idle GPUs flagged; --watch adds a trend per node."""
     watch = 0 if watch is None else _number("watch", watch, 0, float)
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
-        _status(fleet, job, json_, watch)
+        job = job or _latest_job(fleet)
+        with _job_keeps_running(fleet, job):
+            _status(fleet, job, json_, watch)
 
 
 def _status(fleet, job, json_, watch):
@@ -578,7 +597,9 @@ def metrics(c, inventory=None, host=None, job=None, json_=False, accept_new_host
             "grep": "only lines matching this regular expression",
             "failures": "show the first failed rank, why (signal, OOM kill, exit code, error.json) "
                         "and its last lines",
-            "color": "colour the prefixes per rank (default: when stdout is a terminal)"})
+            "color": "colour the prefixes per rank: always, never or auto (also yes/no, "
+                     "true/false, 1/0); auto, the default: when stdout is a terminal and "
+                     "NO_COLOR is not set"})
 def logs(c, inventory=None, host=None, job=None, follow=False, rank=None, since=None, grep=None,
          failures=False, color=None, accept_new_host_keys=False):
     """Every rank's stdout and stderr from every node, merged and prefixed [node/rank]."""
@@ -595,8 +616,27 @@ def logs(c, inventory=None, host=None, job=None, follow=False, rank=None, since=
     if since:
         v = _number("since", since, 0, float)  # seconds ago, or a unix time
         when = v if v > 1e9 else _time.time() - v
+    color = _color(color)
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
-        _logs(fleet, job, follow, rank, grep, when, failures, color)
+        job = job or _latest_job(fleet)
+        with _job_keeps_running(fleet, job) if follow else contextlib.nullcontext():
+            _logs(fleet, job, follow, rank, grep, when, failures, color)
+
+
+def _color(value) -> bool:
+    """--color's value as a yes or no; auto colours a terminal unless NO_COLOR is set to
+    anything but "" (no-color.org): a flag given says what the user wants, NO_COLOR does not
+    override it."""
+    import os
+    v = "auto" if value is None else str(value).strip().lower()
+    if v in ("always", "yes", "true", "1", "on"):
+        return True
+    if v in ("never", "no", "false", "0", "off"):
+        return False
+    if v == "auto":
+        return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    raise Exit(f"error: --color {value!r}: expected always, never or auto (or yes/no, "
+               "true/false, 1/0)", code=1)
 
 
 def _logs(fleet, job, follow, rank, grep, when, failures, color):
@@ -608,7 +648,7 @@ def _logs(fleet, job, follow, rank, grep, when, failures, color):
     o = Options(job, {h.name: h.settings.job_log_dir(job) for h in chosen},
                 unit_name(job), follow=follow and not failures,
                 rank=rank, grep=grep, since=when,
-                color=sys.stdout.isatty() if color is None else color,
+                color=color,
                 slurm_job=sj.job_id if sj else None)
     red = _redactor(inv)
     if failures:
@@ -776,7 +816,7 @@ def demo(c, steps=None):
     from torchrig.session import Fleet
     with Fleet(inv, hosts) as fleet:
         run_follow(fleet, hosts, Options(job, log_dirs, unit_name(job), follow=True),
-                   printer=Tee(sys.stdout, sys.stdout.isatty()))
+                   printer=Tee(sys.stdout, _color(None)))
     from torchrig.progress import run_summary
     s = run_summary(seen)
     stage("summary")

@@ -81,7 +81,7 @@ def test_every_documented_command_uses_flags_its_task_has():
     names = dict(_tasks())
     bad, seen = [], 0
     for fname, n, task, argv in _doc_commands():
-        flags = _flags(names[task])
+        flags = {**_flags(names[task]), "-h": "help", "--help": "help"}  # Invoke's own
         for word in argv:
             flag = word.split("=", 1)[0]
             if flag.startswith("-") and flag not in flags and not flag.startswith("-" * 3):
@@ -90,3 +90,23 @@ def test_every_documented_command_uses_flags_its_task_has():
             seen += 1
     assert seen > 50  # the docs' commands were read
     assert bad == []
+
+
+@pytest.mark.parametrize("value,tty,no_color,want", [
+    ("false", True, "", False), ("never", True, "", False), ("no", True, "", False),
+    ("0", True, "", False), ("true", False, "", True), ("always", False, "1", True),
+    ("1", False, "", True), (None, True, "", True), ("auto", True, "", True),
+    (None, True, "1", False), (None, True, "0", False), (None, False, "", False)])
+def test_color_flag_and_no_color(monkeypatch, value, tty, no_color, want):
+    """`logs --color false|never|no|0` printed colour (any non-empty text was true) and
+    NO_COLOR was ignored; a flag given wins over NO_COLOR (no-color.org)."""
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: tty)
+    monkeypatch.setenv("NO_COLOR", no_color)
+    assert tasks._color(value) is want
+
+
+def test_a_bad_color_value_is_one_error_line():
+    with pytest.raises(tasks.Exit) as e:
+        tasks._color("purple")
+    assert e.value.message == ("error: --color 'purple': expected always, never or auto (or "
+                               "yes/no, true/false, 1/0)")
