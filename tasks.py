@@ -369,9 +369,10 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", scrip
     print(f"  follow:  invoke logs{inv_flag} --host {sel} --job {j.name} -f")
     print(f"  status:  invoke status{inv_flag} --host {sel} --job {j.name}")
     print(f"  stop:    invoke stop{inv_flag} --host {sel} --job {j.name}")
-    if follow:
-        logs(c, inventory=inventory, host=sel, job=j.name, follow=True,
-             accept_new_host_keys=accept_new_host_keys)
+    if follow:  # from here on, a Ctrl-C leaves the started job running: say so
+        with _job_keeps_running(fleet, j.name):
+            logs(c, inventory=inventory, host=sel, job=j.name, follow=True,
+                 accept_new_host_keys=accept_new_host_keys)
 
 
 def _launch_slurm(c, fleet, o, nodes, partition, time_limit, inventory, follow,
