@@ -6,11 +6,13 @@ are imported inside tasks so `invoke --list` stays fast.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
 
-from invoke import Collection, Exit, task
+import invoke
+from invoke import Collection, Exit
 
 INVENTORY_HELP = "inventory YAML file (default: torchrig.inventory in invoke.yaml, else inventory/hosts.yml)"
 HOST_HELP = "host names or group names, comma-separated (default: every host)"
@@ -18,6 +20,29 @@ ACCEPT_HELP = ("record unknown host keys in the known_hosts file in use (like Op
                "accept-new); changed keys are always refused")
 # the prologue every task on the fleet shares: see fleet_task() and _fleet()
 FLEET_HELP = {"inventory": INVENTORY_HELP, "host": HOST_HELP, "accept_new_host_keys": ACCEPT_HELP}
+
+# The one short-flag set: a letter means the same flag in every task that has the flag, and
+# every other flag is long only. `-h` stays Invoke's help (`invoke provision -h`), so the
+# host gets -H; --json has no letter (-j is --job). Invoke's automatic letters (the first free
+# letter of each name, in signature order) gave --json -j, -s or -o depending on the task.
+SHORT_FLAGS = {"inventory": "i", "host": "H", "job": "j", "follow": "f", "dry_run": "n",
+               "yes": "y"}
+
+
+class _Task(invoke.Task):
+    """A task whose short flags are SHORT_FLAGS, nothing else."""
+
+    def arg_opts(self, name, default, taken_names):
+        opts = super().arg_opts(name, default, taken_names)
+        short = SHORT_FLAGS.get(name.rstrip("_"))
+        if short:
+            opts["names"].append(short)
+        return opts
+
+
+def task(**kwargs):
+    """Invoke's @task (always called with keywords here) with torchrig's short flags."""
+    return invoke.task(klass=_Task, auto_shortflags=False, **kwargs)
 
 
 def user_errors(fn):
@@ -38,6 +63,8 @@ def user_errors(fn):
             return fn(c, *args, **kwargs)
         except TorchrigError as e:
             raise Exit(line(f"error: {e}"), code=1) from None
+        except KeyboardInterrupt:  # 128 + SIGINT, as a shell reports it; not a failure
+            raise Exit("interrupted", code=130) from None
         except Exit as e:
             if isinstance(e.message, str):
                 raise Exit(line(e.message), code=e.code) from None
@@ -113,6 +140,20 @@ def _say(text, file=None, flush: bool = False) -> None:
 def _log(text) -> None:
     """The library's progress notes (they quote nodes: names, errors), on stderr."""
     _say(text, sys.stderr)
+
+
+@contextlib.contextmanager
+def _job_keeps_running(fleet, job: str):
+    """Ctrl-C in a task that follows a job (logs -f, status --watch, launch --follow) ends the
+    task, not the job: exit 130 (128 + SIGINT) saying so, and how to stop the job."""
+    import shlex
+    try:
+        yield
+    except KeyboardInterrupt:
+        hosts = ",".join(h.name for h in fleet.hosts)
+        raise Exit(f"interrupted: job {job} keeps running on {hosts}; stop it with: invoke stop "
+                   f"--inventory {shlex.quote(fleet.inv.path)} --host {hosts} --job {job}",
+                   code=130) from None
 
 
 def _redactor(inv):
@@ -340,12 +381,13 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", scrip
     inv_flag = f" -i {inventory}" if inventory else ""
     print(f"job {j.name} started on {sel} ({j.nnodes} node(s) x {j.nodes[0].nproc} process(es)) "
           f"in {res.seconds:.1f}s")
-    print(f"  follow:  invoke logs{inv_flag} -h {sel} --job {j.name} -f")
-    print(f"  status:  invoke status{inv_flag} -h {sel} --job {j.name}")
-    print(f"  stop:    invoke stop{inv_flag} -h {sel} --job {j.name}")
-    if follow:
-        logs(c, inventory=inventory, host=sel, job=j.name, follow=True,
-             accept_new_host_keys=accept_new_host_keys)
+    print(f"  follow:  invoke logs{inv_flag} --host {sel} --job {j.name} -f")
+    print(f"  status:  invoke status{inv_flag} --host {sel} --job {j.name}")
+    print(f"  stop:    invoke stop{inv_flag} --host {sel} --job {j.name}")
+    if follow:  # from here on, a Ctrl-C leaves the started job running: say so
+        with _job_keeps_running(fleet, j.name):
+            logs(c, inventory=inventory, host=sel, job=j.name, follow=True,
+                 accept_new_host_keys=accept_new_host_keys)
 
 
 def _launch_slurm(c, fleet, o, nodes, partition, time_limit, inventory, follow,
@@ -395,7 +437,9 @@ def status(c, inventory=None, host=None, job=None, json_=False, watch=None,
     it ran), latest progress, GPU use; idle GPUs flagged; --watch adds a trend per node."""
     watch = 0 if watch is None else _number("watch", watch, 0, float)
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
-        _status(fleet, job, json_, watch)
+        job = job or _latest_job(fleet)
+        with _job_keeps_running(fleet, job):
+            _status(fleet, job, json_, watch)
 
 
 def _status(fleet, job, json_, watch):
@@ -498,7 +542,7 @@ def tensorboard(c, inventory=None, host=None, job=None, port=None, accept_new_ho
     _say(f"{board.host}: TensorBoard {board.stopped}", flush=True)
     if board.ended_by_itself:
         raise Exit(f"error: TensorBoard for job {job} ended on {board.host} by itself "
-                   f"(see: invoke exec -h {board.host} --sudo 'journalctl -u {board.unit}')", code=1)
+                   f"(see: invoke exec --host {board.host} --sudo 'journalctl -u {board.unit}')", code=1)
 
 
 @fleet_task(name="report",
@@ -575,7 +619,9 @@ def metrics(c, inventory=None, host=None, job=None, json_=False, accept_new_host
             "grep": "only lines matching this regular expression",
             "failures": "show the first failed rank, why (signal, OOM kill, exit code, error.json) "
                         "and its last lines",
-            "color": "colour the prefixes per rank (default: when stdout is a terminal)"})
+            "color": "colour the prefixes per rank: always, never or auto (also yes/no, "
+                     "true/false, 1/0); auto, the default: when stdout is a terminal and "
+                     "NO_COLOR is not set"})
 def logs(c, inventory=None, host=None, job=None, follow=False, rank=None, since=None, grep=None,
          failures=False, color=None, accept_new_host_keys=False):
     """Every rank's stdout and stderr from every node, merged and prefixed [node/rank]."""
@@ -592,8 +638,27 @@ def logs(c, inventory=None, host=None, job=None, follow=False, rank=None, since=
     if since:
         v = _number("since", since, 0, float)  # seconds ago, or a unix time
         when = v if v > 1e9 else _time.time() - v
+    color = _color(color)
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
-        _logs(fleet, job, follow, rank, grep, when, failures, color)
+        job = job or _latest_job(fleet)
+        with _job_keeps_running(fleet, job) if follow else contextlib.nullcontext():
+            _logs(fleet, job, follow, rank, grep, when, failures, color)
+
+
+def _color(value) -> bool:
+    """--color's value as a yes or no; auto colours a terminal unless NO_COLOR is set to
+    anything but "" (no-color.org): a flag given says what the user wants, NO_COLOR does not
+    override it."""
+    import os
+    v = "auto" if value is None else str(value).strip().lower()
+    if v in ("always", "yes", "true", "1", "on"):
+        return True
+    if v in ("never", "no", "false", "0", "off"):
+        return False
+    if v == "auto":
+        return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    raise Exit(f"error: --color {value!r}: expected always, never or auto (or yes/no, "
+               "true/false, 1/0)", code=1)
 
 
 def _logs(fleet, job, follow, rank, grep, when, failures, color):
@@ -605,7 +670,7 @@ def _logs(fleet, job, follow, rank, grep, when, failures, color):
     o = Options(job, {h.name: h.settings.job_log_dir(job) for h in chosen},
                 unit_name(job), follow=follow and not failures,
                 rank=rank, grep=grep, since=when,
-                color=sys.stdout.isatty() if color is None else color,
+                color=color,
                 slurm_job=sj.job_id if sj else None)
     red = _redactor(inv)
     if failures:
@@ -773,7 +838,7 @@ def demo(c, steps=None):
     from torchrig.session import Fleet
     with Fleet(inv, hosts) as fleet:
         run_follow(fleet, hosts, Options(job, log_dirs, unit_name(job), follow=True),
-                   printer=Tee(sys.stdout, sys.stdout.isatty()))
+                   printer=Tee(sys.stdout, _color(None)))
     from torchrig.progress import run_summary
     s = run_summary(seen)
     stage("summary")

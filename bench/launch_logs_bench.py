@@ -41,11 +41,11 @@ def flood(repo: Path, inv: str, hosts: str, lines: int) -> dict:
     """A flood job followed with `invoke logs -f` of `repo` as a user runs it: lines delivered
     per second, lost, latency from write to arrival (read as they reach the pipe)."""
     job = f"bench-logs-{int(time.time())}"
-    invoke("launch", "-i", inv, "-h", hosts, "--job", job, "--script", "log_flood.py",
+    invoke("launch", "-i", inv, "-H", hosts, "--job", job, "--script", "log_flood.py",
            "--nproc-per-node", "4", "--args", f"--lines {lines} --delay 5", repo=repo)
     got, lat = {}, []
     t0 = time.perf_counter()  # the ranks start writing ~5 s from now: we are attached by then
-    p = subprocess.Popen([sys.executable, "-m", "invoke", "logs", "-i", inv, "-h", hosts, "--job",
+    p = subprocess.Popen([sys.executable, "-m", "invoke", "logs", "-i", inv, "-H", hosts, "--job",
                           job, "-f"], cwd=repo, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                          env={**os.environ, "PYTHONPATH": str(repo), "PYTHONUNBUFFERED": "1"})
@@ -81,11 +81,11 @@ def main():
     for i in range(a.runs + 1):  # the first run pushes the payload: not counted
         for name, repo in repos.items():
             job = f"bench-launch-{int(time.time())}-{i}-{name}"
-            _, dt = invoke("launch", "-i", inv, "-h", a.hosts, "--job", job, "--script",
+            _, dt = invoke("launch", "-i", inv, "-H", a.hosts, "--job", job, "--script",
                            "env_check.py", "--nproc-per-node", "2", repo=repo)
             if i:
                 times[name].append(dt)
-            invoke("stop", "-i", inv, "-h", a.hosts, "--job", job, repo=repo)
+            invoke("stop", "-i", inv, "-H", a.hosts, "--job", job, repo=repo)
     res = {}
     for name, ts in times.items():
         res[name] = {"launch_overhead_s": {"median": round(statistics.median(ts), 2),

@@ -61,7 +61,7 @@ def main():
             times = {k: [] for k in repos}
             for _ in range(a.runs):
                 for name, repo in repos.items():
-                    r, dt = invoke("provision", "-i", inv, "-h", sel, "--yes", "--json", repo=repo)
+                    r, dt = invoke("provision", "-i", inv, "-H", sel, "--yes", "--json", repo=repo)
                     changed = sum(h["changed"] for h in json.loads(r.stdout))
                     assert changed == 0, f"a rerun changed {changed} step(s)"
                     times[name].append(dt)

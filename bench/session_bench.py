@@ -76,20 +76,20 @@ def main():
     for i in range(a.runs + 1):  # the first round may push the payload: not counted
         for label, repo in repos.items():
             job = f"bench-launch-{int(time.time())}-{i}-{label}"
-            _, dt, n = timed(repo, two, "launch", "-i", inv, "-h", ",".join(two), "--job", job,
+            _, dt, n = timed(repo, two, "launch", "-i", inv, "-H", ",".join(two), "--job", job,
                              "--script", "env_check.py", "--nproc-per-node", "2")
             if i:
                 launch[label].append((dt, n))
-            invoke(repo, "stop", "-i", inv, "-h", ",".join(two), "--job", job)
+            invoke(repo, "stop", "-i", inv, "-H", ",".join(two), "--job", job)
     job = f"bench-status-{int(time.time())}"
-    invoke(REPO, "launch", "-i", inv, "-h", a.hosts, "--job", job, "--script", "env_check.py",
+    invoke(REPO, "launch", "-i", inv, "-H", a.hosts, "--job", job, "--script", "env_check.py",
            "--nproc-per-node", "1")
     for _ in range(a.runs):
         for label, repo in repos.items():
-            r, dt, n = timed(repo, hosts, "status", "-i", inv, "-h", a.hosts, "--job", job, "--json")
+            r, dt, n = timed(repo, hosts, "status", "-i", inv, "-H", a.hosts, "--job", job, "--json")
             assert len(json.loads(r.stdout)["nodes"]) == len(hosts), r.stdout
             status[label].append((dt, n))
-    invoke(REPO, "stop", "-i", inv, "-h", a.hosts, "--job", job)
+    invoke(REPO, "stop", "-i", inv, "-H", a.hosts, "--job", job)
     res = {"hosts": len(hosts), "runs": a.runs, "load_avg_end": os.getloadavg()[0],
            **{label: {"launch_2_nodes": summary(launch[label]),
                       f"status_{len(hosts)}_hosts": summary(status[label])} for label in repos}}

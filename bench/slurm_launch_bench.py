@@ -75,13 +75,13 @@ def main():
         for i in range(a.runs + 1):
             job = f"bench-{backend}-{int(time.time())}-{i}"
             t0 = time.perf_counter()
-            invoke("launch", "-i", a.inventory, "-h", a.hosts, "--job", job, "--backend", backend,
+            invoke("launch", "-i", a.inventory, "-H", a.hosts, "--job", job, "--backend", backend,
                    "--nodes", "2", "--nproc-per-node", "2", "--script", "env_check.py")
             dt = first_lines(inv, hosts, job, backend, t0)
             if i:
                 times.append(dt)
             if backend == "systemd":
-                invoke("stop", "-i", a.inventory, "-h", a.hosts, "--job", job)
+                invoke("stop", "-i", a.inventory, "-H", a.hosts, "--job", job)
         res[backend] = {"median_s": round(statistics.median(times), 2),
                         "all": [round(t, 2) for t in times]}
         print(f"{backend}: launch to every rank's first line (2 nodes x 2): median "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import getpass
 import hashlib
 import logging
@@ -520,8 +521,70 @@ class Result:
     seconds: float = 0.0
 
 
+class CannotConnect(TorchrigError):
+    """A host's connection could not be opened. Made in one place (Fleet.conn), so every task
+    says it in the same words: `str()` is "HOST: REASON" for a task's own error line,
+    `reason` is what fan_out's per-host results (and the lines built from them) show."""
+
+    def __init__(self, host: str, reason: str):
+        super().__init__(f"{host}: {reason}")
+        self.host, self.reason = host, reason
+
+
+# errno of the socket error -> what it means for an SSH connection
+_NET_ERRORS = {
+    errno.ECONNREFUSED: "connection refused (nothing listens on that port: sshd stopped, or "
+                        "a wrong port)",
+    errno.EHOSTUNREACH: "no route to the host (it is down, or not on a network this machine "
+                        "reaches)",
+    errno.ENETUNREACH: "network unreachable from this machine",
+    errno.ETIMEDOUT: "no answer (the host is down, or a firewall drops the port)",
+    errno.ECONNRESET: "the connection was reset during the SSH handshake",
+}
+
+
+def _unreachable_why(exc: BaseException) -> str | None:
+    """What failed when a host could not be reached over the network, or None when `exc` is
+    not that (authentication, host keys: their own words in describe_error)."""
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        exc = next(iter(exc.errors.values()), exc)  # one per address tried; the first says it
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve the address ({exc.strerror})"
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return f"no answer within {CONNECT_TIMEOUT}s (the host is down, or a firewall drops the port)"
+    code = getattr(exc, "errno", None) or {ConnectionRefusedError: errno.ECONNREFUSED,
+                                            ConnectionResetError: errno.ECONNRESET}.get(type(exc))
+    if isinstance(exc, OSError) and code in _NET_ERRORS:
+        return _NET_ERRORS[code]
+    if isinstance(exc, OSError):
+        return f"network error: {exc.strerror or exc}"
+    if isinstance(exc, EOFError) or (isinstance(exc, paramiko.SSHException) and (
+            "protocol banner" in str(exc) or "No existing session" in str(exc))):
+        return f"no SSH server answered on that port ({str(exc) or type(exc).__name__})"
+    return None
+
+
+def cannot_connect(host: Host, cxn, exc: BaseException) -> CannotConnect:
+    """The one error for a host whose connection could not be opened: which host, what
+    failed, what to try. Unreachable hosts read the same in every task."""
+    if isinstance(exc, CannotConnect):
+        return exc
+    why = _unreachable_why(exc)
+    if why is None:
+        return CannotConnect(host.name, describe_error(exc))
+    user, port = getattr(cxn, "user", None), getattr(cxn, "port", None) or 22
+    where = f"{user + '@' if user else ''}{host.address}:{port}"
+    via = f" through jump host {host.jump}" if host.jump else ""
+    return CannotConnect(host.name, (
+        f"unreachable: SSH to {where}{via} failed: {why}; check that the host is up and "
+        f"sshd runs there, and its address and port in the inventory (try: ssh -p {port} "
+        f"{user + '@' if user else ''}{host.address})"))
+
+
 def describe_error(exc: BaseException) -> str:
     """Why a host failed, in words an operator can act on."""
+    if isinstance(exc, CannotConnect):
+        return exc.reason  # the host is named beside it
     if isinstance(exc, TorchrigError):
         return str(exc)
     if isinstance(exc, paramiko.BadHostKeyException):
@@ -531,18 +594,9 @@ def describe_error(exc: BaseException) -> str:
                 "remove its old line from the known_hosts file and accept the new key")
     if isinstance(exc, paramiko.AuthenticationException):
         return f"SSH authentication failed ({exc}); check user and identity_file in the inventory"
-    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-        return f"cannot connect: {exc.strerror or exc}"
-    if isinstance(exc, (socket.timeout, TimeoutError)):
-        return f"connection timed out after {CONNECT_TIMEOUT}s (host down or port filtered?)"
-    if isinstance(exc, socket.gaierror):
-        return f"cannot resolve the address ({exc.strerror})"
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused (is sshd running on that port?)"
-    if isinstance(exc, OSError):
-        return f"network error: {exc.strerror or exc}"
-    if isinstance(exc, paramiko.SSHException) and "protocol banner" in str(exc):
-        return f"no SSH server answered on that port ({exc})"
+    why = _unreachable_why(exc)
+    if why is not None:  # without the address: Fleet.conn's cannot_connect() adds it
+        return f"unreachable: {why}"
     if isinstance(exc, paramiko.SSHException):
         return f"SSH error: {exc}"
     if isinstance(exc, invoke.exceptions.CommandTimedOut):

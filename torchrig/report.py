@@ -131,7 +131,7 @@ def verify_report(rep) -> None:
         for a in v.advice:
             console.print(f"  advice: {markup(a)}", soft_wrap=True)
     for host, err in rep.unreachable.items():
-        console.print(f"{markup(host)}: {_v('FAIL')} unreachable: {markup(err)}", soft_wrap=True)
+        console.print(f"{markup(host)}: {_v('FAIL')} {markup(err)}", soft_wrap=True)
     status, table, reasons = rep.gate
     if table:
         hosts = [v.host for v in rep.hosts]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from .inventory import Host, Inventory
-from .remote import Ran, Result, connect, fan_out, login_user, privileged
+from .remote import Ran, Result, cannot_connect, connect, fan_out, login_user, privileged
 
 T = TypeVar("T")
 
@@ -74,7 +74,10 @@ class Fleet:
                 cxn = None
             if cxn is None:
                 cxn = connect(host, self.inv, accept_new=self._accept_new)
-                cxn.open()  # connection errors here, not inside the first command
+                try:
+                    cxn.open()  # connection errors here, not inside the first command
+                except Exception as e:  # noqa: BLE001 - every task's one unreachable message
+                    raise cannot_connect(host, cxn, e) from e
                 self._conns[host.name] = cxn
             return cxn
 

@@ -340,7 +340,27 @@ def readme_with_table(readme: str) -> str:
     return f"{head}{README_BEGIN}\n{vars_table()}\n{README_END}{tail}"
 
 
-if __name__ == "__main__":
-    path = Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
-    path.write_text(readme_with_table(path.read_text()))
+def main(argv: list[str] | None = None) -> int:
+    """`python -m torchrig.settings`: print the vars table; only --write changes a file."""
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m torchrig.settings",
+                                 description="Print the README's vars table, generated from "
+                                             "the settings model.")
+    ap.add_argument("--write", metavar="README", nargs="?", const="README.md",
+                    help="put the table between the markers in this file (default README.md)")
+    a = ap.parse_args(argv)
+    if a.write is None:
+        print(vars_table())
+        return 0
+    path = Path(a.write)
+    try:
+        path.write_text(readme_with_table(path.read_text()))
+    except (OSError, TorchrigError) as e:
+        print(f"error: {path}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+        return 1
     print(f"{path}: vars table written")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

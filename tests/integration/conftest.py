@@ -76,7 +76,7 @@ def invoke_bg(*args) -> subprocess.Popen:
 
 def sh(inv, host, cmd, sudo=True, check=True) -> str:
     """A command on a host through the toolkit (`exec`); its output lines, prefix removed."""
-    r = invoke("exec", "-i", str(inv), "-h", host, *(["--sudo"] if sudo else []), cmd)
+    r = invoke("exec", "-i", str(inv), "-H", host, *(["--sudo"] if sudo else []), cmd)
     if check and r.returncode != 0:
         raise AssertionError(f"{cmd!r} on {host} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
     return "\n".join(re.findall(rf"^{re.escape(host)} +\| ?(.*)$", r.stdout, re.M))
@@ -134,7 +134,7 @@ def wait_unit_ended(inv, host, unit, timeout=240) -> str:
 
 def provision(inv, hosts, *flags, timeout=900):
     """`provision --json`: (result, parsed JSON or None)."""
-    r = invoke("provision", "-i", str(inv), "-h", hosts, "--json", *flags, timeout=timeout)
+    r = invoke("provision", "-i", str(inv), "-H", hosts, "--json", *flags, timeout=timeout)
     try:
         data = json.loads(r.stdout)
     except ValueError:
@@ -150,20 +150,20 @@ def steps_of(data, host):
 # ---- jobs ------------------------------------------------------------------------------------
 
 def launch(inv, job, *args, hosts=NODES, timeout=400):
-    return invoke("launch", "-i", str(inv), "-h", hosts, "--job", job, *args, timeout=timeout)
+    return invoke("launch", "-i", str(inv), "-H", hosts, "--job", job, *args, timeout=timeout)
 
 
 def logs(inv, job, *args, hosts=NODES, timeout=600):
-    return invoke("logs", "-i", str(inv), "-h", hosts, "--job", job, *args, timeout=timeout)
+    return invoke("logs", "-i", str(inv), "-H", hosts, "--job", job, *args, timeout=timeout)
 
 
 def status(inv, job, hosts=NODES):
-    r = invoke("status", "-i", str(inv), "-h", hosts, "--job", job, "--json")
+    r = invoke("status", "-i", str(inv), "-H", hosts, "--job", job, "--json")
     return r, (json.loads(r.stdout) if r.stdout.strip().startswith("{") else None)
 
 
 def stop(inv, job, hosts=NODES, timeout=300):
-    return invoke("stop", "-i", str(inv), "-h", hosts, "--job", job, timeout=timeout)
+    return invoke("stop", "-i", str(inv), "-H", hosts, "--job", job, timeout=timeout)
 
 
 def wait_step(inv, job, step, hosts=NODES, timeout=240) -> int:

@@ -35,7 +35,7 @@ def test_unsupported_os_refused_nothing_changed(testbed):
 def test_dry_run_changes_nothing(testbed, fleet):
     fleet.fresh("gpu2", "this test")  # its plan has everything to do
     before = sh(testbed, "gpu2", SNAPSHOT)
-    r = invoke("provision", "-i", str(testbed), "-h", "gpu2", "--dry-run")
+    r = invoke("provision", "-i", str(testbed), "-H", "gpu2", "--dry-run")
     assert r.returncode == 0, r.stderr
     # the plan names the changes and shows files as unified diffs
     assert "install NVIDIA driver 570.172.08 (nvidia-open)" in r.stdout
@@ -47,7 +47,7 @@ def test_dry_run_changes_nothing(testbed, fleet):
 def test_without_yes_and_without_terminal_refuses(testbed, fleet):
     fleet.fresh("gpu2", "this test")  # there are changes to confirm
     before = sh(testbed, "gpu2", SNAPSHOT)
-    r = invoke("provision", "-i", str(testbed), "-h", "gpu2")
+    r = invoke("provision", "-i", str(testbed), "-H", "gpu2")
     assert r.returncode == 1 and "rerun with --yes" in r.stderr
     assert sh(testbed, "gpu2", SNAPSHOT) == before
 
@@ -86,7 +86,7 @@ def test_fresh_provision_waits_for_lock_reboots_and_converges(testbed, fleet):
     running on the host) and a few seconds more: on any machine speed the step waited."""
     fleet.fresh("gpu2", "this test")
     hold_lock(testbed, "gpu2", "torchrig-test-lockholder2")
-    p = invoke_bg("provision", "-i", str(testbed), "-h", "gpu2", "--json", "--yes", "--reboot")
+    p = invoke_bg("provision", "-i", str(testbed), "-H", "gpu2", "--json", "--yes", "--reboot")
     try:
         # "[a] waiter": the wait script's own text, spelled so this pgrep does not match itself
         wait_until("provision to wait for the dpkg lock on gpu2",

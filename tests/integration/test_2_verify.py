@@ -14,7 +14,7 @@ pytestmark = pytest.mark.provisioned("gpu1", "gpu2", "gpu3", "gpu4")
 
 
 def verify(inv, hosts, *flags, timeout=600):
-    r = invoke("verify", "-i", str(inv), "-h", hosts, "--json", *flags, timeout=timeout)
+    r = invoke("verify", "-i", str(inv), "-H", hosts, "--json", *flags, timeout=timeout)
     return r, json.loads(r.stdout) if r.stdout.strip().startswith("{") else None
 
 

@@ -27,14 +27,14 @@ def test_exec_on_all_hosts_verified(testbed):
 
 
 def test_exec_group_selection_and_sudo(testbed):
-    r = invoke("exec", "-i", str(testbed), "-h", "testbed", "--sudo", "id -un && id -un")
+    r = invoke("exec", "-i", str(testbed), "-H", "testbed", "--sudo", "id -un && id -un")
     assert r.returncode == 0, r.stderr
     for h in ("gpu1", "gpu2", "gpu3"):
         assert r.stdout.count(f"{h} | root") == 2, r.stdout  # both halves of && ran as root
 
 
 def test_exec_nonzero_exit_reported(testbed):
-    r = invoke("exec", "-i", str(testbed), "-h", "gpu1,gpu2",
+    r = invoke("exec", "-i", str(testbed), "-H", "gpu1,gpu2",
                "test $(hostname) = gpu1 || exit 3")
     assert r.returncode == 1
     assert "gpu2: exit status 3" in r.stderr and "gpu1:" not in r.stderr
@@ -42,7 +42,7 @@ def test_exec_nonzero_exit_reported(testbed):
 
 def test_unknown_host_key_refused_then_accepted(testbed, inventory_doc, tmp_path):
     inv, kh = inventory_with_known_hosts(tmp_path, inventory_doc)
-    r = invoke("exec", "-i", str(inv), "-h", "gpu1", "true")
+    r = invoke("exec", "-i", str(inv), "-H", "gpu1", "true")
     assert r.returncode == 1
     assert "unknown host key" in r.stderr and "SHA256:" in r.stderr
     assert "--accept-new-host-keys" in r.stderr and "Traceback" not in r.stderr
@@ -54,10 +54,10 @@ def test_unknown_host_key_refused_then_accepted(testbed, inventory_doc, tmp_path
     real = subprocess.run(["ssh-keygen", "-lf", inventory_doc["known_hosts"]],
                           capture_output=True, text=True, check=True).stdout
     assert re.search(rf"{re.escape(fp)} {re.escape(ip)} ", real), (fp, real)
-    r = invoke("exec", "-i", str(inv), "-h", "gpu1", "--accept-new-host-keys", "echo hi")
+    r = invoke("exec", "-i", str(inv), "-H", "gpu1", "--accept-new-host-keys", "echo hi")
     assert r.returncode == 0, r.stderr
     assert re.search(rf"^{re.escape(ip)} ssh-ed25519 ", kh.read_text(), re.M)
-    r = invoke("exec", "-i", str(inv), "-h", "gpu1", "echo again")
+    r = invoke("exec", "-i", str(inv), "-H", "gpu1", "echo again")
     assert r.returncode == 0 and "gpu1 | again" in r.stdout
 
 
@@ -68,10 +68,10 @@ def test_logs_has_the_host_key_flag_like_the_other_tasks(testbed, inventory_doc,
     kh = tmp_path / "known_hosts"
     doc["known_hosts"] = str(kh)
     inv = write_inventory(tmp_path, doc)
-    r = invoke("logs", "-i", str(inv), "-h", "gpu1")
+    r = invoke("logs", "-i", str(inv), "-H", "gpu1")
     assert r.returncode == 1 and "--accept-new-host-keys" in r.stderr, r.stderr
     assert not kh.exists() or kh.read_text() == ""
-    r = invoke("logs", "-i", str(inv), "-h", "gpu1", "--accept-new-host-keys")
+    r = invoke("logs", "-i", str(inv), "-H", "gpu1", "--accept-new-host-keys")
     assert "no torchrig job found on gpu1" in r.stderr or r.returncode == 0, r.stderr
     assert kh.read_text().count("ssh-ed25519") == 1
 
@@ -100,7 +100,7 @@ def test_changed_host_key_always_refused(testbed, inventory_doc, tmp_path):
     forged = [line.replace(ip2, ip1, 1) for line in real if line.startswith(ip2 + " ")]
     inv, kh = inventory_with_known_hosts(tmp_path, inventory_doc, forged)
     for extra in ([], ["--accept-new-host-keys"]):
-        r = invoke("exec", "-i", str(inv), "-h", "gpu1", *extra, "touch /tmp/should-not-run")
+        r = invoke("exec", "-i", str(inv), "-H", "gpu1", *extra, "touch /tmp/should-not-run")
         assert r.returncode == 1
         assert "HOST KEY CHANGED" in r.stderr, r.stderr
     assert kh.read_text() == "\n".join(forged) + "\n"
@@ -117,7 +117,8 @@ def test_one_host_down_others_succeed(testbed, inventory_doc, tmp_path):
     assert r.returncode == 1
     for h in ("gpu1", "gpu2", "gpu3", "gpu4"):
         assert re.search(rf"^{h} +\| {h}$", r.stdout, re.M), r.stdout
-    assert re.search(r"gpu-dead: (connection timed out|cannot connect|network error)", r.stderr), r.stderr
+    assert re.search(r"gpu-dead: unreachable: SSH to \S+:22 failed: (no route to the host|no "
+                     r"answer)", r.stderr), r.stderr
     assert "1 of 5 host(s)" in r.stderr
     assert took < 90, f"a dead host held the run for {took:.0f}s"
 
@@ -151,7 +152,7 @@ def test_proxyjump_through_bastion(testbed, inventory_doc, tmp_path):
     ip1 = doc["hosts"][0]["address"]
     doc["hosts"][1]["jump"] = "gpu1"  # an inventory host as the bastion
     inv = write_inventory(tmp_path, doc)
-    r = invoke("exec", "-i", str(inv), "-h", "gpu2", 'echo "from=${SSH_CONNECTION%% *}"')
+    r = invoke("exec", "-i", str(inv), "-H", "gpu2", 'echo "from=${SSH_CONNECTION%% *}"')
     assert r.returncode == 0, r.stderr
     assert f"gpu2 | from={ip1}" in r.stdout  # the connection came from the bastion
 
@@ -195,7 +196,7 @@ def test_frozen_host_ends_in_bounded_time(testbed):
     import signal
     from torchrig.testbed.machines import _inside, root_of
     t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, "-m", "invoke", "exec", "-i", str(testbed), "-h", "gpu2",
+    p = subprocess.Popen([sys.executable, "-m", "invoke", "exec", "-i", str(testbed), "-H", "gpu2",
                           "sleep 300"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
 
@@ -236,7 +237,7 @@ def test_known_hosts_markers(testbed, inventory_doc, tmp_path):
                                          [f"@cert-authority *.example.com {mine[0]}"] + real +
                                          [f"@revoked * {k}" for k in mine])
     for extra in ([], ["--accept-new-host-keys"]):
-        r = invoke("exec", "-i", str(inv), "-h", "gpu1,gpu2", *extra, "hostname")
+        r = invoke("exec", "-i", str(inv), "-H", "gpu1,gpu2", *extra, "hostname")
         assert r.returncode == 1
         assert re.search(r"gpu1: host key for [\d.]+ \(\S+ SHA256:\S+\) is marked @revoked", r.stderr)
         assert "gpu2 | gpu2" in r.stdout and "gpu1 |" not in r.stdout

@@ -40,7 +40,7 @@ def inv(fleet):
 
 
 def fetch(inv, *args):
-    return invoke("fetch", "-i", str(inv), "-h", NODE, "--job", JOB, *args, timeout=300)
+    return invoke("fetch", "-i", str(inv), "-H", NODE, "--job", JOB, *args, timeout=300)
 
 
 def node_sha(inv, name) -> str:
@@ -70,7 +70,7 @@ def test_fetch_matches_the_nodes_hash_and_a_second_fetch_transfers_nothing(inv, 
 
 
 def test_fetch_resumes_after_the_ssh_connection_is_cut(inv, tmp_path):
-    p = invoke_bg("fetch", "-i", str(inv), "-h", NODE, "--job", JOB, "--step", "20",
+    p = invoke_bg("fetch", "-i", str(inv), "-H", NODE, "--job", JOB, "--step", "20",
                   "--to", str(tmp_path), "--bwlimit", "100", "--json")
     try:
         wait_until("a partial file of 200 kB", lambda: any(

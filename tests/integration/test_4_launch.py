@@ -135,7 +135,7 @@ def test_killed_rank_restarts_group_and_resumes(testbed):
                "--args", "--max-steps 1000000 --log-every 5 --ckpt-every 20")
     assert r.returncode == 0, r.stderr
     # an operator's `logs -f` that dies does not take the job with it
-    follower = invoke_bg("logs", "-i", str(testbed), "-h", NODES, "--job", "t-kill", "-f")
+    follower = invoke_bg("logs", "-i", str(testbed), "-H", NODES, "--job", "t-kill", "-f")
     wait_step(testbed, "t-kill", 45)
     follower.kill()
     follower.wait()
@@ -231,7 +231,7 @@ def test_survivor_restart_clears_its_folder_and_logs_says_so(testbed):
     wait_step(testbed, "t-clear", 25)  # a checkpoint exists
     # gpu1's workers cannot notice the failure (stopped), so its agent sees a membership change
     sh(testbed, "gpu1", f"pkill -STOP -f {WORKER}")
-    follower = invoke_bg("logs", "-i", str(testbed), "-h", NODES, "--job", "t-clear", "-f")
+    follower = invoke_bg("logs", "-i", str(testbed), "-H", NODES, "--job", "t-clear", "-f")
     lines, errs = [], []
     readers = [threading.Thread(target=lambda f=f, into=into: into.extend(iter(f.readline, "")),
                                 daemon=True)

@@ -59,7 +59,7 @@ def test_file_replaced_while_disconnected_is_read_from_its_start(testbed):
     # a running unit with the job's name keeps `logs -f` following
     sh(testbed, HOST, f"systemctl reset-failed torchrig-{job}.service 2>/dev/null; "
                       f"systemd-run --unit torchrig-{job} -p User={USER} sleep 600")
-    p = invoke_bg("logs", "-i", str(testbed), "-h", HOST, "--job", job, "-f")
+    p = invoke_bg("logs", "-i", str(testbed), "-H", HOST, "--job", job, "-f")
     out: list[str] = []
     reader = threading.Thread(target=lambda: out.extend(iter(p.stdout.readline, "")), daemon=True)
     reader.start()

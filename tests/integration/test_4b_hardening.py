@@ -140,7 +140,7 @@ def test_two_launches_at_once_on_a_gpu_node(testbed, inventory_doc, tmp_path):
     doc = copy.deepcopy(inventory_doc)
     doc["vars"]["accelerator"] = "cuda"
     inv = write_inventory(tmp_path, doc)
-    procs = [invoke_bg("launch", "-i", str(inv), "-h", "gpu1", "--job", job,
+    procs = [invoke_bg("launch", "-i", str(inv), "-H", "gpu1", "--job", job,
                        "--args", "--max-steps 100000 --log-every 50") for job in ("t-race-a", "t-race-b")]
     try:
         outs = [p.communicate(timeout=400) for p in procs]
@@ -160,7 +160,7 @@ def test_two_launches_at_once_on_a_gpu_node(testbed, inventory_doc, tmp_path):
 def test_two_launches_of_one_job_at_once(testbed):
     """Both pass the early 'already running' check; one runs the job, the other is refused
     with a clear line and leaves the running job alone."""
-    procs = [invoke_bg("launch", "-i", str(testbed), "-h", "gpu1", "--job", "t-twice",
+    procs = [invoke_bg("launch", "-i", str(testbed), "-H", "gpu1", "--job", "t-twice",
                        "--args", "--max-steps 100000 --log-every 50") for _ in range(2)]
     try:
         outs = [p.communicate(timeout=400) for p in procs]

@@ -69,7 +69,7 @@ def _killed_worker_is_named(testbed, job, sig, cause):
     assert r.returncode == 1
     assert st["failure"]["host"] == "gpu4" and st["failure"]["pid"] == pid
     assert st["failure"]["cause"] == cause and st["failure"]["rank"] == int(m.group(1))
-    txt = invoke("status", "-i", str(testbed), "-h", NODES, "--job", job)
+    txt = invoke("status", "-i", str(testbed), "-H", NODES, "--job", job)
     assert f"first failure: rank {m.group(1)} on gpu4 (local rank {local}, pid {pid}) {cause}" in txt.stdout
     return job, text
 

@@ -57,7 +57,7 @@ def test_node_exporter_serves_the_running_jobs_progress_and_gpus(testbed):
         assert {g for (n, g, _) in got if n == "torchrig_gpu_memory_total_bytes"} == {"0", "1"}
 
         # the same series through the CLI, over SSH, for both nodes
-        r = invoke("metrics", "-i", str(testbed), "-h", NODES, "--job", JOB, "--json")
+        r = invoke("metrics", "-i", str(testbed), "-H", NODES, "--job", JOB, "--json")
         assert r.returncode == 0, r.stdout + r.stderr
         nodes = json.loads(r.stdout)["nodes"]
         (v1,), (v4,) = nodes["gpu1"], nodes["gpu4"]
@@ -65,7 +65,7 @@ def test_node_exporter_serves_the_running_jobs_progress_and_gpus(testbed):
         assert 0 <= v1["sample_age_s"] < 90  # by the node's clock (node_exporter's node_time_seconds)
         assert v1["step"] >= step and float(rank0_steps(testbed)[int(v1["step"])]["loss"]) == v1["loss"]
         assert sorted(v4["gpus"]) == ["0", "1"] and "step" not in v4  # rank 0 runs on gpu1
-        r = invoke("metrics", "-i", str(testbed), "-h", NODES, "--job", JOB)
+        r = invoke("metrics", "-i", str(testbed), "-H", NODES, "--job", JOB)
         assert r.returncode == 0 and JOB in r.stdout and "active" in r.stdout, r.stdout + r.stderr
     finally:
         stop(testbed, JOB)
@@ -79,7 +79,7 @@ def test_node_exporter_serves_the_running_jobs_progress_and_gpus(testbed):
 def test_provision_again_leaves_node_exporter_alone_and_prints_the_scrape_targets(testbed):
     """Converged: the node-exporter step changes nothing (no restart on every run), and the end
     of provision names the targets for a Prometheus scrape config."""
-    r = invoke("provision", "-i", str(testbed), "-h", NODES, "--yes", timeout=600)
+    r = invoke("provision", "-i", str(testbed), "-H", NODES, "--yes", timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"node-exporter +. ok", r.stdout), r.stdout
     targets = r.stdout.split("Prometheus scrape targets")[1].split(":", 1)[1].split()

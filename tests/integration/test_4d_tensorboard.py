@@ -44,7 +44,7 @@ def tb_inv(fleet, tmp_path_factory):
     r = launch(inv, JOB, "--args", "--max-steps 100000 --log-every 5", hosts=HOST)
     assert r.returncode == 0, r.stderr
     try:
-        watch = invoke_bg("status", "-i", str(inv), "-h", HOST, "--job", JOB, "--json", "--watch", "1")
+        watch = invoke_bg("status", "-i", str(inv), "-H", HOST, "--job", JOB, "--json", "--watch", "1")
         out: list[str] = []
         threading.Thread(target=lambda: out.extend(iter(watch.stdout.readline, "")), daemon=True).start()
         try:
@@ -56,7 +56,7 @@ def tb_inv(fleet, tmp_path_factory):
             watch.wait(timeout=60)
         WATCHED.append("".join(out))
     finally:
-        invoke("stop", "-i", str(inv), "-h", HOST, "--job", JOB, check=True)  # it ends: SIGTERM
+        invoke("stop", "-i", str(inv), "-H", HOST, "--job", JOB, check=True)  # it ends: SIGTERM
     return inv
 
 
@@ -87,7 +87,7 @@ def _get(url: str) -> str:
 
 
 def _start(inv, port):
-    p = invoke_bg("tensorboard", "-i", str(inv), "-h", HOST, "--job", JOB, "--port", str(port))
+    p = invoke_bg("tensorboard", "-i", str(inv), "-H", HOST, "--job", JOB, "--port", str(port))
     out: list[str] = []
     threading.Thread(target=lambda: out.extend(iter(p.stdout.readline, "")), daemon=True).start()
     wait_until("invoke tensorboard to say where it serves",
@@ -108,7 +108,7 @@ def test_status_of_an_ended_job_says_when_it_ended_and_how_long_it_ran(tb_inv):
     node = st["nodes"][HOST]
     assert node["unit"]["ActiveState"] == "inactive" and node["uptime_s"] is None
     assert 1 < node["ran_s"] < 300 and before - 600 < node["ended_at"] <= before + 5
-    text = invoke("status", "-i", str(tb_inv), "-h", HOST, "--job", job, check=True).stdout
+    text = invoke("status", "-i", str(tb_inv), "-H", HOST, "--job", job, check=True).stdout
     when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(node["ended_at"]))
     assert re.search(rf"ran \d+s, ended {when}:\d\d UTC", text), text
 
@@ -159,7 +159,7 @@ def test_operator_vanishing_stops_tensorboard_on_the_node(tb_inv):
 
 
 def test_a_job_without_tensorboard_is_one_error_line(tb_inv):
-    r = invoke("tensorboard", "-i", str(tb_inv), "-h", HOST, "--job", "t-no-such-job")
+    r = invoke("tensorboard", "-i", str(tb_inv), "-H", HOST, "--job", "t-no-such-job")
     assert r.returncode == 1
     assert r.stderr.strip().startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
     assert "t-no-such-job" in r.stderr and "Traceback" not in r.stderr

@@ -6,7 +6,7 @@ from conftest import N_HOSTS, PROFILES, invoke, wait_until
 
 
 def _exec(inv, host, cmd, **kw):
-    r = invoke("exec", "-i", str(inv), "-h", host, cmd, **kw)
+    r = invoke("exec", "-i", str(inv), "-H", host, cmd, **kw)
     return r, dict(re.findall(r"^(\S+) +\| (.*)$", r.stdout, re.M))
 
 
@@ -66,7 +66,7 @@ def test_stand_in_repo_and_index_are_served(testbed, inventory_doc):
 
 def test_reboot_keeps_address_and_keys(testbed):
     _, before = _exec(testbed, "gpu3", "cat /proc/sys/kernel/random/boot_id")
-    invoke("exec", "-i", str(testbed), "-h", "gpu3", "--sudo", "systemctl reboot")
+    invoke("exec", "-i", str(testbed), "-H", "gpu3", "--sudo", "systemctl reboot")
 
     def back():  # a new boot id, and systemd done booting
         r, _ = _exec(testbed, "gpu3", "cat /proc/sys/kernel/random/boot_id; systemctl is-system-running --wait")

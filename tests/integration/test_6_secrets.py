@@ -175,24 +175,24 @@ def test_no_secret_in_any_output_file_or_command_line(testbed, fleet, secret_inv
             outputs[" ".join(mode)] = r.stdout + r.stderr
         assert "WANDB_KEYLESS" in outputs["hosts --json"]
         for mode in (["--dry-run"], ["--dry-run", "--json"]):
-            r = invoke("provision", "-i", inv, "-h", HOST, *mode)
+            r = invoke("provision", "-i", inv, "-H", HOST, *mode)
             assert r.returncode == 0, r.stderr
             outputs["provision " + " ".join(mode)] = r.stdout + r.stderr
         assert f"from http://{GATEWAY_IP}:{PORT}/nccl-tests.git" in outputs["provision --dry-run"]
         # apply in text mode (the apply log on stderr), across the driver's reboot
-        r = invoke("provision", "-i", inv, "-h", HOST, "--yes", "--reboot", timeout=1200)
+        r = invoke("provision", "-i", inv, "-H", HOST, "--yes", "--reboot", timeout=1200)
         outputs["provision apply"] = r.stdout + r.stderr
         assert r.returncode == 0, r.stdout + r.stderr
         # again with --json, the clone redone so its step shows in the JSON
-        invoke("exec", "-i", inv, "-h", HOST, "--sudo", "rm -rf /opt/torchrig/nccl-tests", check=True)
-        r = invoke("provision", "-i", inv, "-h", HOST, "--yes", "--json", timeout=600)
+        invoke("exec", "-i", inv, "-H", HOST, "--sudo", "rm -rf /opt/torchrig/nccl-tests", check=True)
+        r = invoke("provision", "-i", inv, "-H", HOST, "--yes", "--json", timeout=600)
         outputs["provision --json"] = r.stdout + r.stderr
         assert r.returncode == 0, r.stdout + r.stderr
         fleet.mark(HOST, "test_6_secrets")
         steps = {s["name"]: s for s in json.loads(r.stdout)[0]["steps"]}
         assert steps["nccl-tests"]["status"] == "changed"
         sampler.stop()  # launch's --env below is the operator's own command line
-        r = invoke("launch", "-i", inv, "-h", HOST, "--nodes", "1", "--job", "t-secrets",
+        r = invoke("launch", "-i", inv, "-H", HOST, "--nodes", "1", "--job", "t-secrets",
                    "--dry-run", "--env", f"DB_URL=postgres://app:{DB_PW}@db.internal/x")
         outputs["launch --dry-run"] = r.stdout + r.stderr
         assert r.returncode == 0, r.stderr
@@ -238,8 +238,8 @@ def test_benchmark_copy_ignores_a_planted_tmp_folder(testbed):
              "rm -rf /tmp/torchrig-verify && "
              "runuser -u mallory -- sh -c 'mkdir -m 777 /tmp/torchrig-verify && "
              "ln -s /home/admin/victim /tmp/torchrig-verify/allreduce_bench.py'")
-    invoke("exec", "-i", str(testbed), "-h", HOST, "--sudo", plant, check=True)
-    r = invoke("verify", "-i", str(testbed), "-h", HOST, "--bandwidth", "--json", timeout=600)
+    invoke("exec", "-i", str(testbed), "-H", HOST, "--sudo", plant, check=True)
+    r = invoke("verify", "-i", str(testbed), "-H", HOST, "--bandwidth", "--json", timeout=600)
     data = json.loads(r.stdout)
     node = next(b for b in data["bandwidth"] if b["scope"] == "node")
     assert node["result"] and node["result"]["world_size"] == 2, node  # the benchmark ran
@@ -253,11 +253,11 @@ def test_logs_and_status_mask_what_a_job_prints(testbed, secret_inventory):
     shows *** for each form (a secret_env name set on another host, a secret-looking name, a
     URL's credentials); `status` and its --json too."""
     inv = str(secret_inventory)
-    r = invoke("launch", "-i", inv, "-h", HOST, "--nodes", "1", "--job", "t-leak", "--script",
+    r = invoke("launch", "-i", inv, "-H", HOST, "--nodes", "1", "--job", "t-leak", "--script",
                "env_check.py", "--nproc-per-node", "1",
                "--env", "TORCHRIG_SHOW_ENV=WANDB_KEYLESS,HF_TOKEN,MIRROR", timeout=400)
     assert r.returncode == 0, r.stdout + r.stderr
-    out = invoke("logs", "-i", inv, "-h", HOST, "--job", "t-leak", "-f", timeout=300)
+    out = invoke("logs", "-i", inv, "-H", HOST, "--job", "t-leak", "-f", timeout=300)
     assert out.returncode == 0, out.stderr
     line = next(ln for ln in out.stdout.splitlines() if "ENV_CHECK" in ln)
     env = json.loads(line.split("ENV_CHECK ", 1)[1])["env"]
@@ -265,7 +265,7 @@ def test_logs_and_status_mask_what_a_job_prints(testbed, secret_inventory):
                    "MIRROR": "https://***@example.invalid/x"}, line
     texts = [out.stdout + out.stderr, r.stdout + r.stderr]
     for flags in ([], ["--json"]):
-        st = invoke("status", "-i", inv, "-h", HOST, "--job", "t-leak", *flags)
+        st = invoke("status", "-i", inv, "-H", HOST, "--job", "t-leak", *flags)
         texts.append(st.stdout + st.stderr)
     for text in texts:
         _no_markers(text, "launch/logs/status")

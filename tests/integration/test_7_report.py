@@ -40,11 +40,11 @@ def test_report_of_a_finished_job_renders_in_chromium(testbed, tmp_path):
     from torchrig.verify import store
     job = _finished_job(testbed)
     if "gpu1" not in store.load(inventory.load(testbed).select("gpu1")):
-        r = invoke("verify", "-i", str(testbed), "-h", "gpu1", "--bandwidth", timeout=600)
+        r = invoke("verify", "-i", str(testbed), "-H", "gpu1", "--bandwidth", timeout=600)
         assert r.returncode == 0, r.stdout + r.stderr
     nodes = NODES.split(",")
     before = {h: ssh_logins(h) for h in nodes}
-    r = invoke("report", "-i", str(testbed), "-h", NODES, "--job", job, "--out", str(tmp_path))
+    r = invoke("report", "-i", str(testbed), "-H", NODES, "--job", job, "--out", str(tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
     # one round trip per node, over the task's one connection
     assert {h: ssh_logins(h) - before[h] for h in nodes} == {h: 1 for h in nodes}

@@ -24,7 +24,7 @@ def slurm_state(c, job) -> str:
 
 def test_verify_checks_the_slurm_cluster(slurm_cluster):
     c = slurm_cluster
-    r = invoke("verify", "-i", str(c.inv), "-h", ",".join(c.compute), "--json", timeout=400)
+    r = invoke("verify", "-i", str(c.inv), "-H", ",".join(c.compute), "--json", timeout=400)
     checks = {ch["check"]: ch for ch in json.loads(r.stdout)["slurm"]}
     assert set(checks) == {"slurm node gpu1", "slurm node gpu4", "munge", "slurm srun"}, checks
     assert all(ch["status"] == "PASS" for ch in checks.values()), checks

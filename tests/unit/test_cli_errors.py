@@ -80,7 +80,7 @@ ROWS = [
     ("fetch-job-path", ["fetch", "-i", "{inv}", "--job", "../etc"], HOST,
      r"--job '../etc': use 1-48 lowercase letters"),
     ("fetch-unreachable", ["fetch", "-i", "{inv}", "--job", "j"], HOST,
-     r"no checkpoint of job j on gpu1 \(could not look on: gpu1: cannot connect"),
+     r"no checkpoint of job j on gpu1 \(could not look on: gpu1: unreachable: SSH to "),
     ("tensorboard-port", ["tensorboard", "-i", "{inv}", "--job", "j", "--port", "http"], HOST,
      r"--port 'http': expected a whole number >= 0"),
     ("tensorboard-port-range", ["tensorboard", "-i", "{inv}", "--job", "j", "--port", "70000"],
@@ -113,11 +113,11 @@ ROWS = [
     ("billion-laughs", ["hosts", "-i", "{inv}"], LAUGHS,
      r"{inv}: its aliases expand to more than 100000 values; refused"),
     ("known-hosts-markers", ["exec", "-i", "{inv}", "true"],
-     "known_hosts: {kh}\n" + HOST, r"failed on 1 of 1 host\(s\): gpu1: cannot connect"),
+     "known_hosts: {kh}\n" + HOST, r"failed on 1 of 1 host\(s\): gpu1: unreachable: SSH to "),
     ("not-an-ssh-server", ["exec", "-i", "{inv}", "true"],
      "hosts:\n  - {name: gpu1, address: 127.0.0.1, port: {port}}\n",
-     r"failed on 1 of 1 host\(s\): gpu1: no SSH server answered on that port \(Error reading "
-     r"SSH protocol banner"),
+     r"failed on 1 of 1 host\(s\): gpu1: unreachable: SSH to \S+ failed: no SSH server answered "
+     r"on that port \(Error reading SSH protocol banner"),
 ]
 
 
@@ -163,3 +163,28 @@ def test_bad_config_setting_is_one_error_line(tmp_path):
     r = cli("exec", "-i", str(inv), "true", env={"INVOKE_TORCHRIG_PARALLEL": "x"})
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.strip() == "error: torchrig.parallel 'x': expected a whole number >= 1"
+
+
+# every task that reaches hosts, with the arguments it needs to get that far
+REACHING = [["exec", "true"], ["provision"], ["verify"], ["launch"], ["logs", "--job", "j"],
+            ["logs", "--follow"], ["status"], ["status", "--job", "j"], ["stop", "--job", "j"],
+            ["metrics"], ["fetch", "--job", "j"], ["report", "--job", "j"],
+            ["tensorboard", "--job", "j"]]
+UNREACHABLE = ("gpu1: unreachable: SSH to root@127.0.0.1:1 failed: connection refused (nothing "
+               "listens on that port: sshd stopped, or a wrong port); check that the host is up "
+               "and sshd runs there, and its address and port in the inventory (try: ssh -p 1 "
+               "root@127.0.0.1)")
+
+
+@pytest.mark.parametrize("args", REACHING, ids=[" ".join(a) for a in REACHING])
+def test_an_unreachable_host_reads_the_same_in_every_task(tmp_path, args):
+    """One dead port was 'unexpected ValueError: max() arg is an empty sequence' (verify),
+    'unexpected NoValidConnectionsError' (status), 'cannot connect: ...' (exec) and
+    'NoValidConnectionsError: ...' (logs). Now one line: which host, what failed, what to try."""
+    inv = tmp_path / "inv.yml"
+    inv.write_text("defaults: {user: root}\n" + HOST)
+    r = cli(args[0], "-i", str(inv), *args[1:])
+    assert r.returncode == 1, r.stdout + r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and UNREACHABLE in errors[0], r.stderr
+    assert "unexpected" not in r.stderr and "Error:" not in errors[0], r.stderr

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from test_logs_follow import L, REL0, RUN, append, args, rank_dir, run_once
 
 from torchrig.logs.merge import ErrorReport, Line, Skipped, Tracker, Truncated, prefix
@@ -214,3 +216,41 @@ def test_file_refilled_on_the_same_inode_between_two_scans(tmp_path):
     assert shown == ["[h/r1] start rank=1 local_rank=0 host=h", "[h/r1] old",
                      "[h/r4] start rank=4 local_rank=0 host=h",
                      "[h/r4] new content, and longer than before"]
+
+
+def test_the_jobs_own_files_beside_the_runs_are_not_warned_about(tmp_path):
+    """gpumon's gpu_util.csv / gpu_mem.csv sit in the job's log folder beside torchrun's run
+    folders, and their names look like a run's: `logs` warned on every call that they were
+    "not a regular file" (they are). A regular file where a folder is looked for is skipped
+    without a word; a planted link in its place is still refused."""
+    logs = tmp_path / "logs"
+    append(rank_dir(logs) / "stdout.log", "start rank=0 local_rank=0 host=h\n")
+    for name in ("gpu_util.csv", "gpu_mem.csv"):
+        (logs / name).write_text("1700000000,0,35\n")
+    (logs / "job-1_planted").symlink_to(tmp_path, target_is_directory=True)
+    recs = run_once(logs)
+    assert [t for _, _, t in L(recs)] == ["start rank=0 local_rank=0 host=h"]
+    assert [r for r in recs if r.startswith("W\t")] == [
+        "W\tjob-1_planted\ta symbolic link, not followed"]
+
+
+def test_a_refusal_says_why_when_the_files_type_does_not(tmp_path, monkeypatch):
+    """A regular file that could not be opened for another reason (here: too many open files)
+    is not called "not a regular file": the system's reason is given."""
+    import errno
+    from torchrig.logs import follow_remote as fr
+    (tmp_path / "stdout.log").write_text("x\n")
+    real = os.open
+
+    def failing(name, flags, *a, **kw):
+        if name == "stdout.log":
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real(name, flags, *a, **kw)
+    monkeypatch.setattr(fr.os, "open", failing)
+    dfd = real(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(fr.Refused) as e:
+            fr.open_file("stdout.log", dfd)
+    finally:
+        os.close(dfd)
+    assert str(e.value) == "a regular file that cannot be opened (Too many open files), not read"

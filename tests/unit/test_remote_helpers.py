@@ -207,3 +207,46 @@ def test_exec_of_one_long_line_is_linear(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("head | " + "x" * 8000000 + "\nhead | next\n")
     assert took < 8, f"{took:.1f}s"
+
+
+@pytest.mark.parametrize("exc,why", [
+    (paramiko.ssh_exception.NoValidConnectionsError(
+        {("10.0.0.9", 22): ConnectionRefusedError(111, "Connection refused")}),
+     "connection refused (nothing listens on that port: sshd stopped, or a wrong port)"),
+    (OSError(113, "No route to host"), "no route to the host (it is down, or not on a network "
+                                      "this machine reaches)"),
+    (__import__("socket").timeout("timed out"), "no answer within 10s (the host is down, or a "
+                                               "firewall drops the port)"),
+    (__import__("socket").gaierror(-2, "Name or service not known"),
+     "cannot resolve the address (Name or service not known)"),
+    (paramiko.SSHException("Error reading SSH protocol banner"),
+     "no SSH server answered on that port (Error reading SSH protocol banner)"),
+    (EOFError(), "no SSH server answered on that port (EOFError)"),
+])
+def test_an_unreachable_host_is_classified_once(exc, why):
+    """The one classification (remote.cannot_connect, used by Fleet.conn for every task): which
+    host, what failed, what to try; fan_out's per-host text is the same without the host."""
+    from torchrig.inventory import Host
+    from torchrig.remote import CannotConnect, cannot_connect, describe_error
+
+    class Cxn:
+        user, port = "ops", 2222
+    h = Host(name="gpu9", connection="ssh", address="10.0.0.9", port=2222, user="ops",
+             identity_file=None, jump="bastion", gpus=None, groups=())
+    e = cannot_connect(h, Cxn(), exc)
+    assert isinstance(e, CannotConnect) and isinstance(e, TorchrigError)
+    assert str(e) == (f"gpu9: unreachable: SSH to ops@10.0.0.9:2222 through jump host bastion "
+                      f"failed: {why}; check that the host is up and sshd runs there, and its "
+                      "address and port in the inventory (try: ssh -p 2222 ops@10.0.0.9)")
+    assert describe_error(e) == e.reason == str(e)[len("gpu9: "):]
+    assert describe_error(exc) == f"unreachable: {why}"
+
+
+def test_a_refused_login_is_not_called_unreachable():
+    from torchrig.inventory import Host
+    from torchrig.remote import cannot_connect
+    h = Host(name="gpu9", connection="ssh", address="10.0.0.9", port=None, user=None,
+             identity_file=None, jump=None, gpus=None, groups=())
+    e = cannot_connect(h, object(), paramiko.AuthenticationException("Authentication failed."))
+    assert str(e) == ("gpu9: SSH authentication failed (Authentication failed.); check user and "
+                      "identity_file in the inventory")

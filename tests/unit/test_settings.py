@@ -22,9 +22,25 @@ REPO = Path(__file__).resolve().parents[2]
 def test_readme_vars_table_is_generated_from_the_model():
     readme = (REPO / "README.md").read_text()
     assert settings.readme_with_table(readme) == readme, (
-        "README's vars table differs from torchrig/settings.py: run `python -m torchrig.settings`")
+        "README's vars table differs from torchrig/settings.py: run `python -m torchrig.settings --write`")
     for name in Settings.model_fields:  # every var is in it, once
         assert readme.count(f"| `{name}` |") == 1, name
+
+
+def test_running_the_module_writes_only_when_asked(tmp_path):
+    """`python -m torchrig.settings` rewrote README.md in the current folder unasked: it
+    prints the table; only --write [FILE] changes a file."""
+    import subprocess
+    import sys
+    stale = (REPO / "README.md").read_text().replace("| `accelerator` |", "| `old` |", 1)
+    (tmp_path / "README.md").write_text(stale)
+    run = [sys.executable, "-m", "torchrig.settings"]
+    r = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == settings.vars_table(), r.stderr
+    assert (tmp_path / "README.md").read_text() == stale
+    r = subprocess.run([*run, "--write"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == "README.md: vars table written\n", r.stderr
+    assert (tmp_path / "README.md").read_text() == settings.readme_with_table(stale) != stale
 
 
 def test_readme_table_follows_a_changed_default(monkeypatch):

@@ -27,7 +27,7 @@ from ..facts import probe
 from ..inventory import Host
 from ..launch.plan import check_job_name
 from ..localfiles import fsync_dir, write_atomic
-from ..remote import ConnectionLost, login_user, privileged, sh
+from ..remote import CannotConnect, ConnectionLost, login_user, privileged, sh
 from ..settings import job_folder
 from ..session import Fleet
 from . import plan
@@ -35,7 +35,8 @@ from . import plan
 SCRIPT = Path(__file__).with_name("node_remote.py")
 RETRIES = 5          # fresh connections in a row after drops without a byte received
 SILENCE = 60         # seconds without a byte: the transfer is treated as dropped
-DROPS = (ConnectionLost, paramiko.SSHException, EOFError, socket.error)
+# CannotConnect: the fresh connection after a drop could not be opened (yet): one more try
+DROPS = (ConnectionLost, CannotConnect, paramiko.SSHException, EOFError, socket.error)
 
 
 @dataclass

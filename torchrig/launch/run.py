@@ -352,6 +352,8 @@ def _undo(fleet: Fleet, hosts: list[Host], job: Job, remove: bool) -> list:
 
 
 STOP_CHECK = """u={unit}
+# a job never launched here has no unit: say so rather than "stopped"
+if [ "$(systemctl show -p LoadState --value "$u")" = not-found ]; then echo "not-found 0"; exit 0; fi
 was=$(systemctl show -p ActiveState --value "$u")
 systemctl stop "$u"
 # torchrun exits 1 when SIGTERM stops it (the workers checkpoint and exit 0): a job stopped
@@ -368,6 +370,11 @@ echo "$(systemctl show -p ActiveState --value "$u") $left"
 """
 
 
+def no_job(job: str) -> str:
+    """A node that has no unit of the job (never launched there, or a misspelt name)."""
+    return f"no job {job!r} on this host"
+
+
 def stop(fleet: Fleet, hosts: list[Host], job: str) -> Outcome:
     """Stop the job everywhere; report per node the final state and processes left."""
     check_job_name(job)
@@ -376,6 +383,8 @@ def stop(fleet: Fleet, hosts: list[Host], job: str) -> Outcome:
         r = fleet.run(h, STOP_CHECK.format(unit=sh(unit_name(job)), sampler=sh(gpumon_name(job))),
                       root=True, timeout=600)
         state, left = (r.stdout.split() + ["unknown", "0"])[:2]
+        if state == "not-found":
+            raise TorchrigError(no_job(job))
         if state not in ("inactive", "failed") or left != "0":
             raise TorchrigError(f"job still {state} with {left} process(es) left")
         return state
@@ -430,7 +439,7 @@ def status(fleet: Fleet, hosts: list[Host], job: str, slurm_state: str | None = 
         if slurm_state is not None:
             d["unit"] = {"ActiveState": slurm_state.lower(), "SubState": "slurm"}
         elif d["unit"].get("LoadState") == "not-found":
-            raise TorchrigError(f"no job {job!r} on this host")
+            raise TorchrigError(no_job(job))
         d["low_util"] = low_utilisation(d["util_samples"], window,
                                         s.low_util_percent)
         return d

@@ -112,15 +112,19 @@ class Refused(Exception):
 def kind_of(mode):
     for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
                        (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"),
-                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
+                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"),
+                       (stat.S_ISREG, "a regular file")):
         if test(mode):
             return name
-    return "not a regular file"
+    return "of unknown type"
 
 
 def opened(name, flags, dir_fd, refused):
-    """os.open(name, flags, dir_fd=dir_fd); None if `name` is not there (yet, or any more);
-    Refused("<what it is>, <refused>") if it is there but cannot be opened so (a symlink)."""
+    """os.open(name, flags, dir_fd=dir_fd); None if `name` is not there (yet, or any more), or
+    is a regular file where a folder was asked for (the job's own files, e.g. gpumon's
+    gpu_util.csv, sit beside the run folders: not torchrun's, nothing to say);
+    Refused("<what it is>, <refused>") if it is there but cannot be opened so (a symlink), with
+    the system's reason when what it is does not explain it (permission, too many files)."""
     try:
         return os.open(name, flags, dir_fd=dir_fd)
     except OSError as e:
@@ -130,6 +134,11 @@ def opened(name, flags, dir_fd, refused):
             mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
         except OSError:
             return None
+        if flags & os.O_DIRECTORY and stat.S_ISREG(mode):
+            return None
+        if stat.S_ISREG(mode) or stat.S_ISDIR(mode):  # its type is not why it failed
+            raise Refused("%s that cannot be opened (%s), %s"
+                          % (kind_of(mode), os.strerror(e.errno), refused))
         raise Refused(kind_of(mode) + ", " + refused)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from ..inventory import Host
-from ..remote import login_user, privileged
+from ..remote import describe_error, login_user, privileged
 from ..session import Fleet
 from ..terminal import printable
 from . import merge
@@ -205,7 +205,7 @@ def follow(fleet: Fleet, hosts: list[Host], o: Options, printer: Printer | None 
                 why = "connection went silent" if rc is None else f"follower exited {rc}"
                 why += f": {err.splitlines()[-1]}" if err else ""
             except Exception as e:  # noqa: BLE001 - any transport error: reconnect below
-                why = f"{type(e).__name__}: {e}"
+                why = describe_error(e)
             fleet.drop(h)  # silent or dropped: the next try opens a fresh connection
             # it worked if it brought more than the opening heartbeat (a follower that fails
             # on start every time, having read nothing new, must not retry forever)

@@ -200,7 +200,10 @@ def shown(value) -> str:
 
 def version_gate(verdicts: list[HostVerdict]) -> tuple[str, dict[str, dict[str, object]], list[str]]:
     """Driver, CUDA, NCCL, Python, torch and GPU count must agree on every host.
-    Returns (status, {key: {host: value}}, reasons naming the odd ones out)."""
+    Returns (status, {key: {host: value}}, reasons naming the odd ones out); NOT RUN with an
+    empty table when no host answered (nothing to compare)."""
+    if not verdicts:
+        return NOT_RUN, {}, []
     table = {k: {v.host: v.versions.get(k) for v in verdicts} for k in GATE_KEYS}
     reasons = []
     for k, by_host in table.items():

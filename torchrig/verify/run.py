@@ -12,7 +12,7 @@ from .. import torchrun
 from ..errors import TorchrigError
 from ..facts import nccl_tests, probe, verify_facts
 from ..inventory import Host, Inventory
-from ..remote import sh, with_env
+from ..remote import CannotConnect, sh, with_env
 from ..resources import PAYLOAD
 from ..session import Fleet
 from ..settings import procs_per_node
@@ -78,7 +78,7 @@ class Report:
         bad = [f"{v.host}: " + "; ".join(f"{ch.name} {ch.status}" for ch in v.checks
                                          if ch.status in ("FAIL", "NOT RUN"))
                for v in self.hosts if v.status != "PASS"]
-        bad += [f"{h}: unreachable ({e})" for h, e in self.unreachable.items()]
+        bad += [f"{h}: {e}" for h, e in self.unreachable.items()]  # e says what failed
         bad += self.gate[2]
         bad += [f"{b['scope']} bandwidth {b['check'].status}: {b['check'].detail}"
                 for b in self.bandwidth if b["check"].status != "PASS"]
@@ -145,6 +145,10 @@ def _listen(fleet: Fleet, h: Host, port: int) -> str | None:
     """A throwaway TCP listener on the rendezvous port of the first node (if the port is
     free): the other nodes prove they can reach it before a job depends on it."""
     unit = f"torchrig-verify-listen-{secrets.token_hex(4)}"
+    try:
+        fleet.conn(h)
+    except CannotConnect:
+        return None  # the host's own probe reports it, beside the others'
     r = fleet.run(h, sh("systemd-run", f"--unit={unit}", "--collect",
                         "--property=RuntimeMaxSec=120", "python3", "-c", LISTENER, str(port))
                   + " && sleep 0.5", root=True)

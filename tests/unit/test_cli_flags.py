@@ -1,0 +1,112 @@
+"""One short-flag set for every task (tasks.SHORT_FLAGS): a letter means the same flag in every
+task that has it, `-h` is each task's help, and every command the docs show parses."""
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+import tasks  # noqa: E402
+
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "Makefile"]
+
+
+def _tasks():
+    """(dotted name, Task) for every task, the testbed's included."""
+    def walk(coll, prefix=""):
+        for name, t in coll.tasks.items():
+            yield prefix + name, t
+        for name, sub in coll.collections.items():
+            yield from walk(sub, f"{prefix}{name}.")
+    return list(walk(tasks.ns))
+
+
+def _flags(task) -> dict[str, str]:
+    """{'-x' or '--long-name': the long name} for one task's flags."""
+    out = {}
+    for arg in task.get_arguments():
+        long = next(n for n in arg.names if len(n) > 1)
+        for n in arg.names:
+            out[("-" if len(n) == 1 else "--") + n] = long
+        if arg.kind is bool:
+            out["--no-" + long] = long
+    return out
+
+
+def test_a_short_flag_means_one_long_flag_in_every_task():
+    meaning: dict[str, set] = {}
+    for name, t in _tasks():
+        for flag, long in _flags(t).items():
+            if not flag.startswith("--"):
+                meaning.setdefault(flag, set()).add(long)
+                assert tasks.SHORT_FLAGS.get(long.replace("-", "_")) == flag[1], (name, flag, long)
+    assert "-h" not in meaning  # Invoke's help, in every task
+    assert {f: m for f, m in meaning.items() if len(m) > 1} == {}
+    assert meaning["-H"] == {"host"} and meaning["-i"] == {"inventory"}
+    # --json has no letter: it was -j, -s or -o depending on the task
+    assert all(not any(len(n) == 1 for n in a.names)
+               for _, t in _tasks() for a in t.get_arguments() if a.name == "json")
+
+
+@pytest.mark.parametrize("task", ["provision", "status", "testbed.up"])
+def test_dash_h_is_the_tasks_help(task):
+    r = subprocess.run([sys.executable, "-m", "invoke", task, "-h"], cwd=REPO, text=True,
+                       capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"[--core-opts] {task} [--options]" in r.stdout
+    assert "-H STRING, --host=STRING" in r.stdout or task == "testbed.up"
+
+
+def _doc_commands():
+    """(file, line number, task, argv) of every `invoke TASK ...` command in the docs."""
+    names = dict(_tasks())
+    for path in DOCS:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            for m in re.finditer(r"\binvoke ([a-z][a-z.]*)((?: +[^`|#;&)]*)?)", line):
+                if m[1] not in names:
+                    continue
+                try:
+                    argv = shlex.split(m[2])
+                except ValueError:
+                    continue  # a command cut by the line end
+                yield path.name, n, m[1], argv
+
+
+def test_every_documented_command_uses_flags_its_task_has():
+    names = dict(_tasks())
+    bad, seen = [], 0
+    for fname, n, task, argv in _doc_commands():
+        flags = {**_flags(names[task]), "-h": "help", "--help": "help"}  # Invoke's own
+        for word in argv:
+            flag = word.split("=", 1)[0]
+            if flag.startswith("-") and flag not in flags and not flag.startswith("-" * 3):
+                if re.fullmatch(r"-+[A-Za-z][\w-]*", flag):
+                    bad.append(f"{fname}:{n}: invoke {task} ... {flag}")
+            seen += 1
+    assert seen > 50  # the docs' commands were read
+    assert bad == []
+
+
+@pytest.mark.parametrize("value,tty,no_color,want", [
+    ("false", True, "", False), ("never", True, "", False), ("no", True, "", False),
+    ("0", True, "", False), ("true", False, "", True), ("always", False, "1", True),
+    ("1", False, "", True), (None, True, "", True), ("auto", True, "", True),
+    (None, True, "1", False), (None, True, "0", False), (None, False, "", False)])
+def test_color_flag_and_no_color(monkeypatch, value, tty, no_color, want):
+    """`logs --color false|never|no|0` printed colour (any non-empty text was true) and
+    NO_COLOR was ignored; a flag given wins over NO_COLOR (no-color.org)."""
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: tty)
+    monkeypatch.setenv("NO_COLOR", no_color)
+    assert tasks._color(value) is want
+
+
+def test_a_bad_color_value_is_one_error_line():
+    with pytest.raises(tasks.Exit) as e:
+        tasks._color("purple")
+    assert e.value.message == ("error: --color 'purple': expected always, never or auto (or "
+                               "yes/no, true/false, 1/0)")
