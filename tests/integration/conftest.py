@@ -287,8 +287,16 @@ def wait_slurm_idle(cluster, timeout=120) -> str:
 
 @pytest.fixture(scope="session")
 def slurm_cluster(fleet, tmp_path_factory) -> SlurmCluster:
+    """One provision of the Slurm inventory, `--yes --reboot`, makes the cluster: on fresh
+    hosts the driver it installs loads only after the reboot, so the Slurm configs (which
+    describe every node's GPUs) wait for the reboots. A compute node an earlier test already
+    provisioned is put back in that state first: its stand-in module unloaded (the stand-in's
+    rmmod) and the persistence daemon stopped, as a fresh driver install leaves them."""
     import threading
-    fleet.provisioned(SLURM["controller"], *SLURM["compute"])
+    hosts = [SLURM["controller"], *SLURM["compute"]]
+    for h in SLURM["compute"]:
+        if h in fleet.done:
+            sh(fleet.inv, h, "systemctl stop nvidia-persistenced && rm -f /run/nvidia-standin/module-version")
     doc = yaml.safe_load(fleet.inv.read_text())
     doc["slurm"] = SLURM
     inv = write_inventory(tmp_path_factory.mktemp("slurm"), doc, "slurm.yml")
@@ -297,11 +305,13 @@ def slurm_cluster(fleet, tmp_path_factory) -> SlurmCluster:
     sampler.start()
     t0 = time.monotonic()
     try:
-        first = provision(inv, ",".join([SLURM["controller"], *SLURM["compute"]]), "--yes")
+        first = provision(inv, ",".join(hosts), "--yes", "--reboot", timeout=1500)
     finally:
         stop.set()
         sampler.join()
     cluster = SlurmCluster(inv, first, seen, time.monotonic() - t0)
     assert first[0].returncode == 0, f"provisioning the Slurm cluster failed:\n{first[0].stdout}\n{first[0].stderr}"
+    for h in hosts:
+        fleet.mark(h, "the Slurm cluster's provision")
     wait_slurm_idle(cluster)
     return cluster

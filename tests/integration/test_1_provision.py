@@ -230,6 +230,42 @@ def test_reboot_needed_is_reported_then_reboot_path(testbed, fleet):
     assert sh(testbed, "gpu1", "systemctl is-active nvidia-persistenced") == "active"
 
 
+# every installed package of the NVIDIA driver, the CUDA toolkit and NCCL, with its version
+STACK = ("dpkg-query -W -f='${db:Status-Abbrev} ${Package}=${Version}\\n' '*nvidia*' 'cuda-*' "
+         "'libnccl*' | awk '$1 ~ /^.i/ {print $2}'")
+UPGRADE = ("export DEBIAN_FRONTEND=noninteractive; apt-get update -q >/dev/null && "
+           "apt-get upgrade -y -q -o Dpkg::Options::=--force-confold >/dev/null && "
+           "apt-get dist-upgrade -y -q -o Dpkg::Options::=--force-confold >/dev/null && echo upgraded")
+
+
+@pytest.mark.provisioned("gpu2")
+def test_operator_upgrade_moves_no_nvidia_cuda_or_nccl_package(testbed):
+    """The stand-in repository is built like NVIDIA's: nvidia-open depends on libnvidia-ml1 and
+    nvidia-kernel-open-dkms with `>=`, and a newer build of the same driver branch (and a
+    newer NCCL) is published beside the pinned one. An operator's own upgrade must move none
+    of the stack under the loaded driver (the library would no longer match the module)."""
+    newer = sh(testbed, "gpu2", "apt-cache madison libnvidia-ml1 libnccl2", sudo=False)
+    assert "570.195.03-1" in newer and "2.27.3-1+cuda12.8" in newer, newer
+    before = dict(ln.split("=", 1) for ln in sh(testbed, "gpu2", STACK).split())
+    # every package of the driver is the pinned build, not the newest one apt could pick
+    driver = {p: v for p, v in before.items() if v.startswith("570.")}
+    assert {"nvidia-open", "libnvidia-ml1", "nvidia-kernel-open-dkms",
+            "nvidia-fabricmanager-570"} <= set(driver), before
+    assert set(driver.values()) == {"570.172.08-1"}, before
+    assert before["cuda-nvcc-12-8"] == "12.8.93-1" and before["libnccl2"] == "2.26.2-1+cuda12.8"
+    # the CUDA toolkit's components are held with it
+    assert {"cuda-toolkit-12-8", "cuda-nvcc-12-8", "libnccl2", "libnccl-dev"} <= \
+        set(sh(testbed, "gpu2", "apt-mark showhold").split())
+    assert sh(testbed, "gpu2", UPGRADE) == "upgraded"
+    assert dict(ln.split("=", 1) for ln in sh(testbed, "gpu2", STACK).split()) == before
+    assert sh(testbed, "gpu2", "nvidia-smi --query-gpu=driver_version --format=csv,noheader "
+                               "| sort -u") == "570.172.08"
+    # provision agrees: nothing to do (the host is left as provision left it)
+    r, data = provision(testbed, "gpu2", "--yes")
+    assert r.returncode == 0, r.stderr
+    assert steps_of(data, "gpu2")[0]["changed"] == 0
+
+
 @pytest.mark.provisioned("gpu1")
 def test_interrupted_dpkg_converges(testbed):
     """A dpkg run killed between unpack and configure leaves the package half-installed

@@ -14,10 +14,13 @@ pytestmark = pytest.mark.provisioned("gpu1", "gpu3", "gpu4")
 
 
 def test_provision_sets_up_slurm_and_a_second_run_changes_nothing(slurm_cluster):
+    """One `provision --yes --reboot` (the fixture's) makes the cluster, though every compute
+    node's driver loaded only after its reboot: what waited for the drivers ran then."""
     c = slurm_cluster
     _, data = c.first
     for h in c.compute:
-        _, st = steps_of(data, h)
+        rep, st = steps_of(data, h)
+        assert rep["rebooted"] is True and rep["ok"], rep
         assert st["slurm-config"]["status"] == "changed"
         assert "restart slurmd.service (its config changed)" in st["slurm-config"]["changes"]
     _, st = steps_of(data, c.controller)

@@ -493,3 +493,60 @@ def test_plan_walk_runs_each_planner_once_and_carries_its_fingerprint(monkeypatc
     assert reasons["nccl-tests"] == "needs the driver loaded (now: not-installed); a reboot may be needed"
     assert [s.name for s in steps.STEPS if s.upload(ctx(fresh(), nccl_tests_source="/x.tgz").s)] \
         == ["nccl-tests"]
+
+
+PIN = "/etc/apt/preferences.d/torchrig-nvidia-driver.pref"
+
+
+def test_driver_is_pinned_at_its_exact_build_before_it_is_installed():
+    """NVIDIA's metapackages depend on the driver's library and kernel-module packages with
+    `>=`: a hold on the metapackage leaves those free to move under the loaded module. One
+    apt preferences pin on the exact build, written before the install, makes apt install and
+    keep exactly that build of every driver package."""
+    ch = steps.driver(ctx(fresh()))
+    pin = next(i for i, c in enumerate(ch) if isinstance(c, FileChange) and c.path == PIN)
+    install = next(i for i, d in enumerate(describe(ch)) if d.startswith("install NVIDIA driver"))
+    assert pin < install
+    lines = [ln for ln in ch[pin].content.splitlines() if not ln.startswith("#")]
+    assert lines == ["Package: *nvidia* cuda-drivers* libcuda* libnvcuvid* libnvoptix* libxnvctrl*",
+                     f"Pin: version {DEFAULTS.driver_deb}", "Pin-Priority: 1001"]
+    # a pin another version of the driver asks for replaces it
+    again = fresh(files={PIN: {"content": ch[pin].content, "mode": 0o644, "owner": "root",
+                               "group": "root", "is_dir": False, "sha256": sha(ch[pin].content)}})
+    assert PIN not in " ".join(describe(steps.driver(ctx(again))))
+    assert PIN in " ".join(describe(steps.driver(ctx(again, driver_version="570.133.20"))))
+
+
+def test_every_installed_package_of_the_toolkit_and_nccl_is_held():
+    """`apt-mark hold cuda-toolkit-12-8` holds the metapackage only: its components (each
+    with its own version) and NCCL's packages are held too, as installed."""
+    f = converged()
+    f["packages"].update({"cuda-cudart-12-8": "12.8.90-1", "libcublas-12-8": "12.8.4.1-1",
+                          "libnccl-tests-extra": "1"})
+    assert describe(steps.cuda_toolkit(tb_ctx(f))) == [
+        "hold cuda-cudart-12-8, libcublas-12-8 (no upgrade behind provision's back)"]
+    assert describe(steps.nccl(tb_ctx(f))) == [
+        "hold libnccl-tests-extra (no upgrade behind provision's back)"]
+    f["held"] += ["cuda-cudart-12-8", "libcublas-12-8", "libnccl-tests-extra"]
+    assert steps.cuda_toolkit(tb_ctx(f)) == [] and steps.nccl(tb_ctx(f)) == []
+
+
+def test_an_install_releases_the_held_components_then_holds_what_it_installed():
+    """apt never moves a held package to satisfy another: a new toolkit build first releases
+    the held components, and the hold after it covers what the install brought in (known
+    only on the host, so the globs resolve there)."""
+    f = converged()
+    f["packages"].update({"cuda-toolkit-12-8": "12.8.61-1", "cuda-nvcc-12-8": "12.8.61-1"})
+    f["held"] += ["cuda-nvcc-12-8"]
+    install, hold = steps.cuda_toolkit(tb_ctx(f))[:2]
+    assert install.script.startswith("apt-mark unhold cuda-nvcc-12-8 cuda-toolkit-12-8 >/dev/null\n")
+    assert hold.script.startswith("apt-mark hold cuda-toolkit-12-8 $(dpkg-query -W ")
+    assert "'*-12-8' 'cuda-toolkit-*config-common'" in hold.script
+
+
+def test_facts_of_a_glob_nobody_asked_for_are_refused():
+    from torchrig.provision.factview import FactNotRequested
+    c = ctx(fresh(packages={"libnccl2": "1", "libfoo": "2"}))
+    assert c.facts.installed(("libnccl*",)) == {"libnccl2": "1"}
+    with pytest.raises(FactNotRequested):
+        c.facts.installed(("libfoo*",))

@@ -159,7 +159,7 @@ def apply_host(fleet: Fleet, p: Planned, reboot: bool,
             rep.steps = [StepResult("preflight", "ok")]
             pending_reboot = _apply_plan(cxn, plan, s, rep, progress)
             if first is not None:
-                rep.steps = _merge(first, rep.steps)
+                rep.steps = merge_steps(first, rep.steps)
             if pending_reboot and rep.rebooted:
                 # booted with the new driver installed and still no usable module: rebooting
                 # again will not help; say where to look
@@ -252,7 +252,7 @@ def _read_upload(up: Upload) -> bytes:
         raise TorchrigError(f"var {up.var}: cannot read {up.local} ({e.strerror})") from None
 
 
-def _merge(before: list[StepResult], after: list[StepResult]) -> list[StepResult]:
+def merge_steps(before: list[StepResult], after: list[StepResult]) -> list[StepResult]:
     """One row per step over a reboot: 'changed' if either pass changed it."""
     prev = {st.name: st for st in before}
     out = []

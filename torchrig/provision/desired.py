@@ -11,6 +11,23 @@ from ..settings import Settings
 # Package names by distro, as data (NVIDIA's CUDA repo uses the same names on these).
 DISTROS = {"ubuntu2204", "ubuntu2404", "debian12"}
 DRIVER_PACKAGE = {"open": "nvidia-open", "proprietary": "cuda-drivers"}
+# `apt-mark hold` holds the named package only, and NVIDIA's metapackages depend on versioned
+# packages with `>=`, so a held metapackage still lets `apt-get upgrade` move what it stands
+# on. Every package of the driver carries the driver's own version: one apt preferences pin
+# on that exact version, written before the install, makes apt install and keep exactly that
+# build of each (NVIDIA's "version locking"). These globs name the driver's packages.
+DRIVER_PIN_GLOBS = ("*nvidia*", "cuda-drivers*", "libcuda*", "libnvcuvid*", "libnvoptix*",
+                    "libxnvctrl*")
+
+
+def held_family(s: Settings) -> dict[str, tuple[str, ...]]:
+    """The CUDA toolkit's and NCCL's packages (dpkg globs): their components each carry their
+    own version, so provision holds every installed package these match, not just the one it
+    names."""
+    minor = s.cuda_version.replace(".", "-")
+    return {"cuda": (f"*-{minor}", "cuda-toolkit-*config-common"), "nccl": ("libnccl*",)}
+
+
 # GPU generations without open-kernel-module support (before Turing), by PCI chip name.
 PRE_TURING_CHIPS = ("GV1", "GP1", "GM1", "GM2", "GK1", "GK2")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from fnmatch import fnmatchcase
 from typing import Any
 
 from ..errors import TorchrigError
@@ -57,6 +58,14 @@ class Facts:
 
     def pkg(self, name: str) -> str | None:
         return self._keyed("packages", name)
+
+    def installed(self, globs: tuple[str, ...]) -> dict[str, str]:
+        """{package: version} of the installed packages matching any of these dpkg globs
+        (each one requested as a package)."""
+        for g in globs:
+            self._keyed("packages", g)
+        return {p: v for p, v in sorted((self.raw.get("packages") or {}).items())
+                if any(fnmatchcase(p, g) for g in globs)}
 
     def available(self, spec: str) -> bool | None:
         return self._keyed("available", spec)

@@ -42,6 +42,7 @@ CUDA_SOURCES = ManagedFile("etc/apt/sources.list.d/torchrig-cuda.sources.j2")
 CUDA_AUTH = ManagedFile("etc/apt/auth.conf.d/90-torchrig-cuda.conf.j2", mode=0o600, secret=True)
 NOUVEAU_BLACKLIST = ManagedFile("etc/modprobe.d/blacklist-nouveau.conf.j2")
 UNATTENDED_HOLD = ManagedFile("etc/apt/apt.conf.d/51torchrig-nvidia-hold.j2")
+DRIVER_PIN = ManagedFile("etc/apt/preferences.d/torchrig-nvidia-driver.pref.j2")
 CUDA_ENV = ManagedFile("etc/torchrig/cuda.env.j2")
 NODE_EXPORTER_ARGS = ManagedFile("etc/default/prometheus-node-exporter.j2")
 # Slurm (inventory `slurm:`): one munge key shared by the cluster (munge reads it as munge,
@@ -54,8 +55,8 @@ SLURM_FILES = (MUNGE_KEY, SLURM_CONF, GRES_CONF, CGROUP_CONF)
 # the job ports' firewall (provision/firewall.py): torchrig's nftables table and its unit
 FIREWALL_RULES = ManagedFile("etc/torchrig/firewall.nft.j2")
 FIREWALL_UNIT = ManagedFile("etc/systemd/system/torchrig-firewall.service.j2")
-PROVISION_FILES = (CUDA_SOURCES, CUDA_AUTH, NOUVEAU_BLACKLIST, UNATTENDED_HOLD, CUDA_ENV,
-                   NODE_EXPORTER_ARGS, *SLURM_FILES, FIREWALL_RULES, FIREWALL_UNIT)
+PROVISION_FILES = (CUDA_SOURCES, CUDA_AUTH, NOUVEAU_BLACKLIST, UNATTENDED_HOLD, DRIVER_PIN,
+                   CUDA_ENV, NODE_EXPORTER_ARGS, *SLURM_FILES, FIREWALL_RULES, FIREWALL_UNIT)
 
 # Files that must not exist: cuda-keyring's own one-line source duplicates ours (apt then
 # warns or refuses). One per distro and repo arch it may have been installed for.

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from ..secrets import Redactor
 from ..session import Fleet
 from . import planfile
-from .apply import HostReport, Planned, apply_host, plan_hosts
+from .apply import HostReport, Planned, apply_host, merge_steps, plan_hosts
 from .factview import what_changed
 
 
@@ -126,6 +126,39 @@ def apply(fleet: Fleet, fp: FleetPlan, reboot: bool, progress=None) -> Provision
     that had no plan keep their reports."""
     applied = fleet.fan_out(lambda p: apply_host(fleet, p, reboot, progress), fp.planned,
                             name=lambda p: p.host.name)
-    return ProvisionResult(fp.red.data([r.value if r.ok else HostReport(r.host, ok=False,
-                                                                        error=r.error)
-                                        for r in applied]) + fp.failed)
+    reports = [r.value if r.ok else HostReport(r.host, ok=False, error=r.error) for r in applied]
+    if any(p.ctx.cluster and p.ctx.cluster.blocked for p in fp.planned) and \
+            any(r.rebooted for r in reports):
+        reports = cluster_after_reboots(fleet, reports, progress)
+    return ProvisionResult(fp.red.data(reports) + fp.failed)
+
+
+def cluster_after_reboots(fleet: Fleet, reports: list[HostReport], progress=None) -> list[HostReport]:
+    """The Slurm cluster waited for a node's driver, which the reboots have loaded: a host's
+    own re-plan after its reboot cannot do that part (slurm.conf describes every node, and the
+    others may still be rebooting then), so once every host is back, plan the selected hosts
+    again and apply what remains on those that succeeded, in the same reports."""
+    ok = {r.host for r in reports if r.ok}
+    again = {r.host: r for r in plan_hosts(fleet) if r.host in ok}
+    todo = []
+    for host, r in again.items():
+        if not r.ok or not r.value.report.ok:
+            rep = next(x for x in reports if x.host == host)
+            rep.ok, rep.error = False, r.error if not r.ok else r.value.report.error
+        elif r.value.plan.changes_anything:
+            if progress:
+                progress.note(host, "every driver is loaded: applying what waited for it")
+            todo.append(r.value)
+    done = {r.host: r for r in fleet.fan_out(lambda p: apply_host(fleet, p, False, progress), todo,
+                                            name=lambda p: p.host.name)}
+    for rep in reports:
+        r = done.get(rep.host)
+        if r is None:
+            continue
+        if not r.ok:
+            rep.ok, rep.error = False, r.error
+            continue
+        rep.steps = merge_steps(rep.steps, r.value.steps)
+        rep.ok, rep.error = r.value.ok, r.value.error
+        rep.seconds = round(rep.seconds + r.value.seconds, 2)
+    return reports

@@ -15,8 +15,8 @@ from ..settings import ETC_DIR
 from .factview import Facts
 from . import firewall, managed, slurm
 from .changes import Cmd, FileChange, b64
-from .desired import (DISTROS, DRIVER_PACKAGE, Credentialed, Settings, driver_flavor, repo_source,
-                      split_credentials)
+from .desired import (DISTROS, DRIVER_PACKAGE, DRIVER_PIN_GLOBS, Credentialed, Settings,
+                      driver_flavor, held_family, repo_source, split_credentials)
 
 Change = Cmd | FileChange
 
@@ -185,20 +185,38 @@ def _auth_file(c: Ctx) -> list[FileChange]:
     return managed.CUDA_AUTH.change(c.facts, netrc(c.repo, 'cuda_repo_url'))
 
 
-def _install(c: Ctx, pins: dict[str, str], what: str) -> list[Change]:
-    """apt-get install of the packages not at their pinned version, then hold them all."""
+def _install(c: Ctx, pins: dict[str, str], what: str, family: tuple[str, ...] = ()) -> list[Change]:
+    """apt-get install of the packages not at their pinned version, then hold them all, and
+    every installed package matching `family` (dpkg globs: what the pinned metapackage stands
+    on, which apt would otherwise upgrade under it)."""
     out: list[Change] = []
     todo = {p: v for p, v in pins.items() if c.pkg(p) != v}
+    installed = c.facts.installed(family) if family else {}
     if todo:
         specs = [f"{p}={v}" for p, v in todo.items()]
+        # held dependencies first released: apt never moves a held package to satisfy another
+        unhold = [p for p in installed if c.held(p)]
         out.append(Cmd(f"install {what}: {', '.join(specs)}",
-                       "apt_get install --no-install-recommends --allow-downgrades "
+                       ("apt-mark unhold " + sh(*unhold) + " >/dev/null\n" if unhold else "")
+                       + "apt_get install --no-install-recommends --allow-downgrades "
                        "--allow-change-held-packages " + sh(*specs)))
-    unheld = [p for p in pins if not c.held(p)]
-    if unheld:
+    unheld = [p for p in pins if not c.held(p)] + [p for p in installed
+                                                   if p not in pins and not c.held(p)]
+    if todo and family:
+        # what the install brought in is known only once it ran: the globs resolve there
+        out.append(Cmd(f"hold {', '.join(pins)} and every installed package matching "
+                       f"{' '.join(family)} (no upgrade behind provision's back)",
+                       "apt-mark hold " + sh(*pins) + " $(" + dpkg_installed(family) + ")"))
+    elif unheld:
         out.append(Cmd(f"hold {', '.join(unheld)} (no upgrade behind provision's back)",
                        "apt-mark hold " + sh(*unheld)))
     return out
+
+
+def dpkg_installed(globs: tuple[str, ...]) -> str:
+    """Shell: the names of the installed packages matching these dpkg globs, one a line."""
+    return ("dpkg-query -W -f '${db:Status-Abbrev} ${Package}\\n' " + sh(*globs)
+            + " 2>/dev/null | awk '$1 ~ /^.i/ {print $2}'")
 
 
 def _unit_enabled(c: Ctx, unit: str) -> list[Change]:
@@ -216,6 +234,8 @@ def driver(c: Ctx) -> list[Change]:
     if bl:
         out.append(Cmd("rebuild the initramfs without nouveau",
                        "if command -v update-initramfs >/dev/null; then update-initramfs -u; fi"))
+    # the pin first: the install then takes this build of every package the metapackage needs
+    out += managed.DRIVER_PIN.change(c.facts, globs=" ".join(DRIVER_PIN_GLOBS), version=s.driver_deb)
     pins = {c.driver_pkg: s.driver_deb}
     if c.nvswitch:
         pins[s.fabricmanager_pkg] = s.driver_deb
@@ -240,15 +260,17 @@ def driver_services(c: Ctx) -> list[Change]:
 
 def cuda_toolkit(c: Ctx) -> list[Change]:
     s = c.s
-    out = _install(c, {s.cuda_pkg: s.cuda_package_version}, f"CUDA toolkit {s.cuda_version}")
+    out = _install(c, {s.cuda_pkg: s.cuda_package_version}, f"CUDA toolkit {s.cuda_version}",
+                   held_family(s)["cuda"])
     out += managed.CUDA_ENV.change(c.facts, cuda_version=s.cuda_version, cuda_home=s.cuda_home,
                                    venv=s.venv)
     return out
 
 
 def nccl(c: Ctx) -> list[Change]:
-    v = c.s.nccl_version
-    return _install(c, {"libnccl2": v, "libnccl-dev": v}, f"NCCL {v}")
+    s = c.s
+    v = s.nccl_version
+    return _install(c, {"libnccl2": v, "libnccl-dev": v}, f"NCCL {v}", held_family(s)["nccl"])
 
 
 def python_venv(c: Ctx) -> list[Change]:
@@ -568,7 +590,7 @@ def fact_request(s: Settings, flavor_pkgs: list[str] | None = None) -> dict:
                      "libnccl-dev": s.nccl_version, NODE_EXPORTER: s.node_exporter_version})
     slurm_pkgs = {"munge": s.munge_version, "slurm-client": s.slurm_version,
                   "slurmctld": s.slurm_version, "slurmd": s.slurm_version}
-    pkgs = sorted({*pkgs, *slurm_pkgs})
+    pkgs = sorted({*pkgs, *slurm_pkgs, *(g for f in held_family(s).values() for g in f)})
     versions.update(slurm_pkgs)
     return {
         "packages": pkgs,

@@ -2,7 +2,8 @@
 
 Packages carry NVIDIA's real package names and versions so provision runs its real apt
 commands against them, but every one is a TESTBED STAND-IN (says so in its description):
-the "driver" installs a stand-in nvidia-smi answering from the host's GPU profile, and a
+the "driver" (a metapackage on library and kernel-module packages, as NVIDIA builds it)
+installs a stand-in nvidia-smi answering from the host's GPU profile, and a
 boot-time unit that "loads the kernel module" (records the driver version in /run), so a
 driver upgrade without a reboot gives the real "Driver/library version mismatch".
 The repository is flat (like NVIDIA's .../repos/debian12/x86_64/) and signed with a
@@ -28,13 +29,16 @@ REPO_PATH = "cuda/repos/debian12/x86_64"   # NVIDIA's layout: <base>/<distro><ve
 KEYRING_NAME = "cuda-archive-keyring.gpg"
 
 # The versions the product pins (torchrig/settings.py), so a default provision finds them here;
-# plus an older build of the same driver branch: an upgrade path.
+# plus an older build of the same driver branch (an upgrade path) and a newer one (what an
+# operator's `apt-get upgrade` would move to, were the driver not pinned).
 OLDER_DRIVER = "570.133.20"
-DRIVER_VERSIONS = (OLDER_DRIVER, DEFAULTS.driver_version)
+NEWER_DRIVER = "570.195.03"
+DRIVER_VERSIONS = (OLDER_DRIVER, DEFAULTS.driver_version, NEWER_DRIVER)
 CUDA_VERSION = DEFAULTS.cuda_version
 CUDA_FULL = DEFAULTS.cuda_package_version.rsplit("-", 1)[0]   # 12.8.93-1 -> 12.8.93
 NCCL_DEB = DEFAULTS.nccl_version                               # 2.26.2-1+cuda12.8
 NCCL_VERSION = NCCL_DEB.split("-", 1)[0]                       # 2.26.2
+NEWER_NCCL_DEB = "2.27.3-1+cuda" + CUDA_VERSION                  # published beside the pinned one
 STANDIN = "TESTBED STAND-IN, not NVIDIA software:"
 
 MODULE_UNIT = """[Unit]
@@ -45,7 +49,7 @@ Before=sysinit.target nvidia-persistenced.service nvidia-fabricmanager.service
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart=/bin/sh -c 'mkdir -p /run/nvidia-standin && cp /usr/share/nvidia-standin/driver-version /run/nvidia-standin/module-version'
+ExecStart=/bin/sh -c 'mkdir -p /run/nvidia-standin && cp /usr/share/nvidia-standin/kernel-module-version /run/nvidia-standin/module-version'
 
 [Install]
 WantedBy=sysinit.target
@@ -121,16 +125,31 @@ class Deb:
 
 
 def packages(keyring: bytes) -> list[Deb]:
-    """The stand-in package set, as data."""
+    """The stand-in package set, as data. Structured like NVIDIA's repository: each driver
+    metapackage depends on the versioned library and kernel-module packages with `>=`, so
+    without a pin apt picks the newest build of the branch for them."""
     smi = (STANDINS / "nvidia-smi").read_text()
     debs: list[Deb] = []
     for v in DRIVER_VERSIONS:
         branch = v.split(".")[0]
+        debs.append(Deb(
+            "libnvidia-ml1", f"{v}-1", "NVIDIA Management Library (NVML) and nvidia-smi",
+            files={
+                "/usr/bin/nvidia-smi": (smi, 0o755),
+                "/usr/share/nvidia-standin/driver-version": (v + "\n", 0o644),
+                "/usr/share/nvidia-standin/cuda-version": (CUDA_VERSION + "\n", 0o644),
+                "/lib/systemd/system/nvidia-persistenced.service": (PERSISTENCED_UNIT, 0o644),
+            }))
         # open kernel modules (Turing and newer) or proprietary ones (e.g. V100): same stand-in
-        for name, other, summary in (
-                ("nvidia-open", "cuda-drivers", "NVIDIA driver metapackage (open kernel modules)"),
-                ("cuda-drivers", "nvidia-open", "NVIDIA driver metapackage (proprietary modules)")):
-            debs.append(_driver_deb(name, other, summary, v, smi))
+        for meta, kmod, other, summary in (
+                ("nvidia-open", "nvidia-kernel-open-dkms", "nvidia-kernel-dkms",
+                 "NVIDIA driver metapackage (open kernel modules)"),
+                ("cuda-drivers", "nvidia-kernel-dkms", "nvidia-kernel-open-dkms",
+                 "NVIDIA driver metapackage (proprietary modules)")):
+            debs.append(Deb(meta, f"{v}-1", summary,
+                            conflicts="nvidia-open" if meta == "cuda-drivers" else "cuda-drivers",
+                            depends=f"libnvidia-ml1 (>= {v}), {kmod} (>= {v})"))
+            debs.append(_kernel_module_deb(kmod, other, v))
         debs.append(Deb(
             f"nvidia-fabricmanager-{branch}", f"{v}-1", "NVIDIA fabric manager (NVSwitch)",
             files={
@@ -141,15 +160,12 @@ def packages(keyring: bytes) -> list[Deb]:
     return debs + _cuda_nccl_keyring(keyring)
 
 
-def _driver_deb(name: str, other: str, summary: str, v: str, smi: str) -> Deb:
+def _kernel_module_deb(name: str, other: str, v: str) -> Deb:
     return Deb(
-            name, f"{v}-1", summary, conflicts=other,
+            name, f"{v}-1", "NVIDIA kernel module", conflicts=other,
             files={
-                "/usr/bin/nvidia-smi": (smi, 0o755),
-                "/usr/share/nvidia-standin/driver-version": (v + "\n", 0o644),
-                "/usr/share/nvidia-standin/cuda-version": (CUDA_VERSION + "\n", 0o644),
+                "/usr/share/nvidia-standin/kernel-module-version": (v + "\n", 0o644),
                 "/lib/systemd/system/nvidia-standin-module.service": (MODULE_UNIT, 0o644),
-                "/lib/systemd/system/nvidia-persistenced.service": (PERSISTENCED_UNIT, 0o644),
             },
             # Enabled for the next boot, not started: like a DKMS install, the new module
             # is only in use after a reboot.
@@ -160,29 +176,39 @@ def _driver_deb(name: str, other: str, summary: str, v: str, smi: str) -> Deb:
 def _cuda_nccl_keyring(keyring: bytes) -> list[Deb]:
     debs: list[Deb] = []
     cuda_dir = f"/usr/local/cuda-{CUDA_VERSION}"
+    minor = CUDA_VERSION.replace('.', '-')
+    # like NVIDIA's: the toolkit metapackage depends on its components with `>=`
     debs.append(Deb(
-        f"cuda-toolkit-{CUDA_VERSION.replace('.', '-')}", f"{CUDA_FULL}-1", "CUDA toolkit",
+        f"cuda-nvcc-{minor}", f"{CUDA_FULL}-1", "CUDA nvcc",
+        files={f"{cuda_dir}/bin/nvcc": (NVCC.format(cuda=CUDA_VERSION, full=CUDA_FULL), 0o755)}))
+    debs.append(Deb(
+        f"cuda-toolkit-{minor}", f"{CUDA_FULL}-1", "CUDA toolkit",
+        depends=f"cuda-nvcc-{minor} (>= {CUDA_FULL})",
         files={
-            f"{cuda_dir}/bin/nvcc": (NVCC.format(cuda=CUDA_VERSION, full=CUDA_FULL), 0o755),
             f"{cuda_dir}/version.json":
                 (json.dumps({"cuda": {"name": "CUDA SDK", "version": CUDA_FULL}}), 0o644),
         },
         links={"/usr/local/cuda": f"cuda-{CUDA_VERSION}"}))
-    major, minor, patch = NCCL_VERSION.split(".")
-    lib = "/usr/lib/x86_64-linux-gnu"
-    debs.append(Deb(
-        "libnccl2", NCCL_DEB, "NVIDIA Collective Communication Library (NCCL) runtime",
-        files={f"{lib}/libnccl.so.{NCCL_VERSION}": ("stand-in\n", 0o644)},
-        links={f"{lib}/libnccl.so.2": f"libnccl.so.{NCCL_VERSION}"}))
-    debs.append(Deb(
-        "libnccl-dev", NCCL_DEB, "NCCL development files",
-        files={"/usr/include/nccl.h": (NCCL_H.format(major=major, minor=minor, patch=patch), 0o644)},
-        links={f"{lib}/libnccl.so": f"libnccl.so.{NCCL_VERSION}"},
-        depends=f"libnccl2 (= {NCCL_DEB})"))
+    for deb in (NCCL_DEB, NEWER_NCCL_DEB):
+        debs += _nccl_debs(deb)
     debs.append(Deb(
         "cuda-keyring", "1.1-1", "GPG keyring for the CUDA repository",
         files={f"/usr/share/keyrings/{KEYRING_NAME}": (keyring, 0o644)}))
     return debs
+
+
+def _nccl_debs(deb: str) -> list[Deb]:
+    version = deb.split("-", 1)[0]
+    major, minor, patch = version.split(".")
+    lib = "/usr/lib/x86_64-linux-gnu"
+    return [Deb("libnccl2", deb, "NVIDIA Collective Communication Library (NCCL) runtime",
+                files={f"{lib}/libnccl.so.{version}": ("stand-in\n", 0o644)},
+                links={f"{lib}/libnccl.so.2": f"libnccl.so.{version}"}),
+            Deb("libnccl-dev", deb, "NCCL development files",
+                files={"/usr/include/nccl.h":
+                       (NCCL_H.format(major=major, minor=minor, patch=patch), 0o644)},
+                links={f"{lib}/libnccl.so": f"libnccl.so.{version}"},
+                depends=f"libnccl2 (= {deb})")]
 
 
 def _control(d: Deb) -> str:
