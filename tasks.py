@@ -583,10 +583,12 @@ def stop(c, inventory=None, host=None, job=None, accept_new_host_keys=False):
                 return
         res = run_stop(fleet, fleet.hosts, job)
     for r in res:
-        _say(f"{r.host}: {'stopped' if r.ok else 'FAILED: ' + r.error}")
+        _say(f"{r.host}: " + ("not there" if r.ok and r.value is None else
+                              "stopped" if r.ok else "FAILED: " + r.error))
     if not res.ok:
         raise Exit(res.error_line(), code=1)
-    print(f"job {job} stopped on {len(res)} node(s); logs and checkpoints are kept")
+    had = sum(1 for r in res if r.value is not None)
+    print(f"job {job} stopped on {had} node(s); logs and checkpoints are kept")
 
 
 @fleet_task(help={"job": "only this job's series (default: every job's)",

@@ -376,7 +376,9 @@ def no_job(job: str) -> str:
 
 
 def stop(fleet: Fleet, hosts: list[Host], job: str) -> Outcome:
-    """Stop the job everywhere; report per node the final state and processes left."""
+    """Stop the job everywhere; report per node the final state and processes left. A node
+    without the job is not a failure (a 2-node job in a 3-host inventory; its value is None),
+    unless no selected node has it: then nothing was stopped, and that is the error."""
     check_job_name(job)
 
     def one(h: Host):
@@ -384,11 +386,21 @@ def stop(fleet: Fleet, hosts: list[Host], job: str) -> Outcome:
                       root=True, timeout=600)
         state, left = (r.stdout.split() + ["unknown", "0"])[:2]
         if state == "not-found":
-            raise TorchrigError(no_job(job))
+            return None
         if state not in ("inactive", "failed") or left != "0":
             raise TorchrigError(f"job still {state} with {left} process(es) left")
         return state
-    return Outcome(f"stop of job {job}", fleet.fan_out(one, hosts))
+    out = Outcome(f"stop of job {job}", fleet.fan_out(one, hosts))
+    return nowhere(out, job, hosts)
+
+
+def nowhere(out: Outcome, job: str, hosts: list[Host]) -> Outcome:
+    """The stop's outcome, or the error that no selected node has the job at all."""
+    if out.results and all(r.ok and r.value is None for r in out):
+        raise TorchrigError(f"{no_job(job).replace('this host', ', '.join(h.name for h in hosts))}"
+                            "; nothing was stopped (`invoke status` shows the newest job; "
+                            "check --job and --host)")
+    return out
 
 
 @dataclass
