@@ -299,7 +299,8 @@ def test_test_failure_and_nccl_warn_lines_are_read():
     r = nccl_tests.parse(fixture(N06))
     assert len(r.rows) == 5 and len(r.failures) == 8
     r = nccl_tests.parse(fixture(N08))
-    assert r.failures == ("server1:6601:6625 [0] include/socket.h:385 NCCL WARN Net : Connection "
-                          "closed by remote peer", "NCCL failure common.cu:921 'unhandled system error'")
+    assert r.failures == ("NCCL failure common.cu:921 'unhandled system error'",)
+    assert r.warnings == ("server1:6601:6625 [0] include/socket.h:385 NCCL WARN Net : Connection "
+                          "closed by remote peer",)
     cuda = "gpu1: Test CUDA failure common.cu:892 'out of memory'\n"
     assert nccl_tests.parse(fixture(N04) + cuda).failures == (cuda.strip(),)

@@ -307,6 +307,20 @@ def _fx(name):
     return (FIX / name).read_text()
 
 
+def test_an_nccl_warning_in_a_run_that_finished_is_a_warn_not_a_fail():
+    """NCCL_DEBUG=WARN on a box without InfiniBand: a healthy run prints this line first
+    (nccl-tests#82); it FAILed the box. It is FAIL only beside a non-zero exit or no table."""
+    warn = "gpu1:14926:14926 [0] misc/ibvwrap.cc:63 NCCL WARN Failed to open libibverbs.so[.1]\n"
+    n03 = _fx("nccl_03_all_reduce_perf_g8_8xA100_SXM4_40GB_oci_bm_gpu4_8.txt")
+    assert evaluate.nccl_tests_run_check(0, n03, "", "nvswitch", "NVIDIA A100-SXM4-40GB", 8,
+                                         None).status == PASS
+    chk = evaluate.nccl_tests_run_check(0, warn + n03, "", "nvswitch", "NVIDIA A100-SXM4-40GB", 8, None)
+    assert chk.status == WARN and "NCCL warned: gpu1:14926:14926 [0] misc/ibvwrap.cc:63" in chk.detail
+    for rc, out in ((1, warn + n03), (0, warn)):  # died after it, or never printed a table
+        chk = evaluate.nccl_tests_run_check(rc, out, "", "nvswitch", "NVIDIA A100-SXM4-40GB", 8, None)
+        assert chk.status == FAIL and "Failed to open libibverbs" in chk.detail, (rc, chk)
+
+
 def test_nccl_tests_failure_lines_fail_the_run_not_leave_it_not_run():
     """all_reduce_perf printing `Test NCCL failure` / `Test CUDA failure` / `NCCL WARN` (and
     exiting non-zero) is a broken box, not a check that could not run."""

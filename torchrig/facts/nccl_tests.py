@@ -13,7 +13,8 @@ Layouts handled:
 * NCCL INFO lines interleaved with the table (ignored, except NCCL's init line, which
   gives the rank count when no device lines are printed);
 * failure lines: nccl-tests' ``Test NCCL failure``/``Test CUDA failure``/``Test failure``
-  (older: ``NCCL failure``) and NCCL's own ``NCCL WARN`` lines, kept in ``failures``;
+  (older: ``NCCL failure``), kept in ``failures``, and NCCL's own ``NCCL WARN`` lines, kept in
+  ``warnings``;
 * a capture cut short: device lines missing (the highest ``Rank N`` still says N+1 ranks),
   the head missing (the collective is named again in ``# Collective test concluded:``);
 * lines prefixed by ``mpirun --tag-output`` (``[1,0]<stdout>:``).
@@ -109,7 +110,8 @@ class Result:
     out_of_bounds_ok: bool | None
     collective: str | None  # from "# Collective test starting: all_reduce_perf" when present
     nccl_nranks: int | None = None  # from NCCL's own init line (NCCL_DEBUG=INFO), when printed
-    failures: tuple[str, ...] = ()  # "Test NCCL failure ...", "... NCCL WARN ...", as printed
+    failures: tuple[str, ...] = ()  # "Test NCCL failure ...", "NCCL failure ...", as printed
+    warnings: tuple[str, ...] = ()  # "... NCCL WARN ...", as printed
 
     @property
     def nranks(self) -> int | None:
@@ -164,7 +166,10 @@ _NCCL_NRANKS = re.compile(r"NCCL INFO\b.*\bcomm 0x[0-9a-fA-F]+ rank \d+ n[Rr]ank
 # nccl-tests' own failure lines ("host: Test NCCL failure common.cu:1005 '...'", " .. host pid
 # 3288: Test failure common.cu:891", before 2.x "NCCL failure all_reduce.cu:95 '...'") and
 # NCCL's warnings ("host:pid:tid [0] include/socket.h:385 NCCL WARN Net : Connection closed")
-_FAILURE = re.compile(r"\b(?:Test (?:CUDA |NCCL )?failure|NCCL failure|NCCL WARN)\b")
+_FAILURE = re.compile(r"\b(?:Test (?:CUDA |NCCL )?failure|NCCL failure)\b")
+# A warning is not a failure by itself: a healthy run with NCCL_DEBUG=WARN prints e.g.
+# "NCCL WARN Failed to open libibverbs.so[.1]" on a box without InfiniBand (nccl-tests#82).
+_WARNING = re.compile(r"\bNCCL WARN\b")
 _NUM = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$")
 
 
@@ -225,12 +230,16 @@ def parse(text: str) -> Result:
     layout: str | None = None  # "new" (root + #wrong) / "old" (no root, error) from the header
     nccl_nranks: int | None = None
     failures: list[str] = []
+    warnings: list[str] = []
     for line in _lines(text):
         s = _MPI_TAG.sub("", line.strip(), count=1).strip()
         if not s:
             continue
         if _FAILURE.search(s):
             failures.append(s)
+            continue
+        if _WARNING.search(s):
+            warnings.append(s)
             continue
         if m := _NCCL_NRANKS.search(s):
             nccl_nranks = max(nccl_nranks or 0, int(m.group(1)))
@@ -276,4 +285,5 @@ def parse(text: str) -> Result:
         collective=collective,
         nccl_nranks=nccl_nranks,
         failures=tuple(failures),
+        warnings=tuple(warnings),
     )

@@ -264,12 +264,19 @@ def bandwidth_check(name: str, result: dict | None, cls: str, gpu_name: str,
 
 def nccl_tests_run_check(exit_code: int, stdout: str, stderr: str, cls: str, gpu_name: str,
                          gpu_count: int | None, overrides: dict | None) -> Check:
-    """One all_reduce_perf run: a failure it printed FAILs it (whatever rows came before);
-    a non-zero exit that names none is NOT RUN; else its table is judged."""
+    """One all_reduce_perf run: a failure it printed FAILs it (whatever rows came before), and
+    so does an NCCL WARN line with a non-zero exit or no table; a non-zero exit that names
+    neither is NOT RUN; else its table is judged, and a warning it printed makes a PASS a WARN."""
     res = nccl_tests.parse(stdout + "\n" + stderr)
+    warned = f"NCCL warned: {res.warnings[0][:300]}" if res.warnings else ""
+    if not res.failures and res.warnings and (exit_code != 0 or not res.rows):
+        return Check("nccl-tests", FAIL, f"all_reduce_perf: {warned}")
     if exit_code != 0 and not res.failures:
         return Check("nccl-tests", NOT_RUN, f"all_reduce_perf failed: {stderr.strip()[-300:]}")
-    return nccl_tests_check(res, cls, gpu_name, gpu_count, overrides)
+    chk = nccl_tests_check(res, cls, gpu_name, gpu_count, overrides)
+    if not warned:
+        return chk
+    return Check(chk.name, WARN if chk.status == PASS else chk.status, f"{chk.detail}; {warned}")
 
 
 def nccl_tests_check(res: nccl_tests.Result, cls: str, gpu_name: str, gpu_count: int | None,
