@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-
 import pytest
 
 from _fixtures import fixture
@@ -425,6 +424,20 @@ def test_a_nic_row_with_a_lost_separator_is_refused_too():
     mangled = _mangle_row(fixture(T02), "NIC0", "PXB     PXB     SYS", "PXB     PXBSYS")
     with pytest.raises(ValueError, match="row NIC0"):
         topo.parse(mangled)
+
+
+def test_a_row_whose_label_lost_its_separator_is_refused_not_dropped():
+    """"GPU1\tNV2\t X" pasted as "GPU1NV2\t X": the row was skipped unseen and the box read as
+    nvlink with GPU1 on no NUMA node."""
+    text = fixture(T04)
+    line = next(ln for ln in text.splitlines() if ln.startswith("GPU1"))
+    mangled = text.replace(line, re.sub(r"^GPU1\s+", "GPU1", line), 1)
+    assert mangled != text
+    with pytest.raises(ValueError, match="row 'GPU1NV"):
+        topo.parse(mangled)
+    dropped = text.replace(line + "\n", "", 1)  # a row lost whole
+    with pytest.raises(ValueError, match="no row for GPU1"):
+        topo.parse(dropped)
 
 
 def test_every_real_capture_and_testbed_profile_still_parses():

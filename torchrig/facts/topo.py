@@ -188,10 +188,15 @@ def parse(text: str) -> Topo:
     device_set = set(devices)
     links: dict[tuple[str, str], str] = {}
     columns: dict[str, dict[str, str]] = {name: {} for name in extra_names}
+    seen: set[str] = set()
     for toks in body:
         label = toks[0]
-        if label not in device_set:
-            continue
+        if label not in device_set or label in seen:
+            # "GPU1NV2 ..." (the label's separator lost) would otherwise drop GPU1's row unseen
+            raise ValueError(f"row {label[:20]!r} of nvidia-smi topo -m names no device column "
+                             "once: the output looks mangled (a lost separator?); capture it "
+                             "again with `nvidia-smi topo -m`")
+        seen.add(label)
         _check_row(toks, devices, extra_names)
         cells = toks[1 : 1 + len(devices)]
         for col, cell in zip(devices, cells):
@@ -199,6 +204,9 @@ def parse(text: str) -> Topo:
         for name, value in zip(extra_names, toks[1 + len(devices) :]):
             columns[name][label] = value
 
+    if missing := [d for d in devices if d not in seen]:
+        raise ValueError(f"nvidia-smi topo -m has no row for {', '.join(missing)} of its header: "
+                         "the output looks mangled; capture it again with `nvidia-smi topo -m`")
     gpus = tuple(d for d in devices if _GPU_RE.match(d))
     nics = tuple(d for d in devices if not _GPU_RE.match(d))
 
