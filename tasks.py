@@ -184,6 +184,9 @@ def hosts(c, inventory=None, host=None, json_=False):
 def exec_(c, command, inventory=None, host=None, sudo=False, timeout=None, parallel=None,
           accept_new_host_keys=False):
     """Run an ad-hoc command on the selected hosts in parallel, output prefixed by host."""
+    if command in ("-h", "--help"):  # Invoke hands it to the positional `command`, not help
+        raise Exit(f"error: exec: {command} would run as the command on every host; for exec's "
+                   "help: invoke --help exec", code=2)
     timeout = None if timeout is None else _number("timeout", timeout, 1)
     from torchrig.execute import run_on
     from torchrig.report import exec_summary

@@ -62,6 +62,19 @@ def test_dash_h_is_the_tasks_help(task):
     assert "-H STRING, --host=STRING" in r.stdout or task == "testbed.up"
 
 
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_exec_dash_h_runs_nothing_and_says_where_its_help_is(flag, tmp_path):
+    """exec's command is positional: Invoke gave it "-h", and exec ran `bash -c -h` on every
+    host (one host here, on a port nothing listens on: no connection may even be tried)."""
+    inv = tmp_path / "inv.yml"
+    inv.write_text("hosts:\n  - {name: a, address: 127.0.0.1, port: 1}\n")
+    r = subprocess.run([sys.executable, "-m", "invoke", "exec", "-i", str(inv), flag], cwd=REPO,
+                       text=True, capture_output=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr.strip() == (f"error: exec: {flag} would run as the command on every host; "
+                                "for exec's help: invoke --help exec")
+
+
 def _doc_commands():
     """(file, line number, task, argv) of every `invoke TASK ...` command in the docs."""
     names = dict(_tasks())
