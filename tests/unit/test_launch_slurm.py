@@ -133,3 +133,21 @@ def test_verify_munge_and_srun_verdicts():
     f = slurm_checks.srun_check(1, "", "srun: error: Unable to allocate resources: timeout\n",
                                 ["gpu1", "gpu2"])
     assert f.status == "FAIL" and "Unable to allocate" in f.detail
+
+
+def test_verify_with_the_slurm_controller_unreachable_fails_the_cluster_check_not_the_report():
+    """A dead controller ended verify with one error line and no table for any host."""
+    from types import SimpleNamespace
+
+    from torchrig.remote import CannotConnect
+    why = "unreachable: SSH to root@10.0.0.1:22 failed: connection refused (...)"
+
+    class DeadController:  # the session's surface cluster_checks uses; every run fails to connect
+        inv = SimpleNamespace(slurm=SimpleNamespace(controller="gpu1", compute=["gpu2", "gpu3"]),
+                              host=lambda name: SimpleNamespace(name=name))
+
+        def run(self, h, *a, **k):
+            raise CannotConnect(h.name, why)
+
+    checks = slurm_checks.cluster_checks(DeadController(), [SimpleNamespace(name="gpu2")], {"gpu2": 2})
+    assert [(c.name, c.status, c.detail) for c in checks] == [("slurm", "FAIL", f"controller gpu1: {why}")]

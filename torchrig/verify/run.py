@@ -156,7 +156,10 @@ def _listen(fleet: Fleet, h: Host, port: int) -> str | None:
 
 
 def _stop_unit(fleet: Fleet, h: Host, unit: str) -> None:
-    fleet.run(h, sh("systemctl", "stop", unit), root=True)
+    try:
+        fleet.run(h, sh("systemctl", "stop", unit), root=True)
+    except CannotConnect:  # the host dropped meanwhile: its row in the report says so
+        pass
 
 
 def _nproc(v: HostVerdict | None, o: HostOpts) -> int:

@@ -6,7 +6,7 @@ the judging is pure."""
 from __future__ import annotations
 
 from ..facts import slurm as facts
-from ..remote import sh
+from ..remote import CannotConnect, describe_error, sh
 from .evaluate import Check
 
 SRUN_TIMEOUT_S = 60
@@ -61,7 +61,10 @@ def cluster_checks(fleet, hosts, gpus_found: dict[str, int]) -> list[Check]:
     if not compute:
         return []
     ctl = fleet.inv.host(s.controller)
-    r = fleet.run(ctl, sh(*facts.SINFO), timeout=30)
+    try:
+        r = fleet.run(ctl, sh(*facts.SINFO), timeout=30)
+    except CannotConnect as e:  # the cluster cannot be checked; the hosts' report stands
+        return [Check("slurm", "FAIL", f"controller {ctl.name}: {e.reason}")]
     if r.exited != 0:
         return [Check("slurm", "FAIL", f"sinfo on {ctl.name}: {r.stderr.strip()[-200:]} "
                       "(slurmctld running? `invoke provision`)")]
@@ -72,11 +75,15 @@ def cluster_checks(fleet, hosts, gpus_found: dict[str, int]) -> list[Check]:
     if len(idle) >= 2:
         pair = idle[:2]
         user = fleet.inv.host(pair[0]).settings.service_user
-        r = fleet.run(ctl, "cd / && " + sh("runuser", "-u", user, "--", "srun", "--nodes=2",
-                                           "--ntasks-per-node=1", f"--nodelist={','.join(pair)}",
-                                           "--time=1", "hostname", "--short"),
-                      root=True, timeout=SRUN_TIMEOUT_S)
-        checks.append(srun_check(r.exited, r.stdout, r.stderr, pair))
+        try:
+            r = fleet.run(ctl, "cd / && " + sh("runuser", "-u", user, "--", "srun", "--nodes=2",
+                                               "--ntasks-per-node=1", f"--nodelist={','.join(pair)}",
+                                               "--time=1", "hostname", "--short"),
+                          root=True, timeout=SRUN_TIMEOUT_S)
+        except CannotConnect as e:
+            checks.append(Check("slurm srun", "FAIL", f"controller {ctl.name}: {e.reason}"))
+        else:
+            checks.append(srun_check(r.exited, r.stdout, r.stderr, pair))
     return checks
 
 
@@ -99,5 +106,5 @@ def _munge(fleet, ctl, computes) -> dict[tuple[str, str], tuple[bool, str]]:
             try:
                 out[(a.name, b.name)] = decode(b, cred(a))
             except Exception as e:  # noqa: BLE001 - an unreachable host is a failed check
-                out[(a.name, b.name)] = (False, str(e))
+                out[(a.name, b.name)] = (False, describe_error(e))
     return out
