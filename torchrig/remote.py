@@ -214,7 +214,14 @@ class SshConnection(Connection):
     def open_gateway(self):
         if not isinstance(self.gateway, Connection):
             return super().open_gateway()
-        self.gateway.open()
+        try:
+            self.gateway.open()
+        except Exception as e:  # noqa: BLE001 - the jump host's own failure, named as such
+            why = _unreachable_why(e)
+            if why is None:
+                raise
+            gw = self.gateway
+            raise JumpHostFailed(gw.user, gw.host, gw.port, why) from e
         return self.gateway.transport.open_channel(
             "direct-tcpip", dest_addr=(self.host, int(self.port)), src_addr=("", 0),
             timeout=CONNECT_TIMEOUT)
@@ -531,6 +538,15 @@ class CannotConnect(TorchrigError):
         self.host, self.reason = host, reason
 
 
+class JumpHostFailed(Exception):
+    """The jump host itself could not be reached: its address and reason, not the target's."""
+
+    def __init__(self, user: str | None, address: str, port: int, why: str):
+        self.login = f"{user + '@' if user else ''}{address}"
+        self.where, self.port, self.why = f"{self.login}:{port}", port, why
+        super().__init__(f"jump host {self.where}: {why}")
+
+
 # errno of the socket error -> what it means for an SSH connection
 _NET_ERRORS = {
     errno.ECONNREFUSED: "connection refused (nothing listens on that port: sshd stopped, or "
@@ -546,6 +562,13 @@ _NET_ERRORS = {
 def _unreachable_why(exc: BaseException) -> str | None:
     """What failed when a host could not be reached over the network, or None when `exc` is
     not that (authentication, host keys: their own words in describe_error)."""
+    if isinstance(exc, JumpHostFailed):
+        return f"the jump host {exc.where} could not be reached: {exc.why}"
+    if isinstance(exc, paramiko.ChannelException):  # direct-tcpip refused by the jump host
+        return (f"the jump host could not open a connection to it ({exc.text or exc.code}: "
+                "the host is down, sshd stopped, or a wrong address or port)")
+    if isinstance(exc, paramiko.ssh_exception.ProxyCommandFailure):
+        return f"its ProxyCommand failed ({exc})"
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
         exc = next(iter(exc.errors.values()), exc)  # one per address tried; the first says it
     if isinstance(exc, socket.gaierror):
@@ -575,10 +598,13 @@ def cannot_connect(host: Host, cxn, exc: BaseException) -> CannotConnect:
     user, port = getattr(cxn, "user", None), getattr(cxn, "port", None) or 22
     where = f"{user + '@' if user else ''}{host.address}:{port}"
     via = f" through jump host {host.jump}" if host.jump else ""
-    return CannotConnect(host.name, (
-        f"unreachable: SSH to {where}{via} failed: {why}; check that the host is up and "
-        f"sshd runs there, and its address and port in the inventory (try: ssh -p {port} "
-        f"{user + '@' if user else ''}{host.address})"))
+    if isinstance(exc, JumpHostFailed):  # the jump host is the one to look at
+        hint = (f"check that the jump host is up and sshd runs there (try: ssh -p {exc.port} "
+                f"{exc.login})")
+    else:
+        hint = (f"check that the host is up and sshd runs there, and its address and port in "
+                f"the inventory (try: ssh -p {port} {user + '@' if user else ''}{host.address})")
+    return CannotConnect(host.name, f"unreachable: SSH to {where}{via} failed: {why}; {hint}")
 
 
 def describe_error(exc: BaseException) -> str:

@@ -157,6 +157,27 @@ def test_proxyjump_through_bastion(testbed, inventory_doc, tmp_path):
     assert f"gpu2 | from={ip1}" in r.stdout  # the connection came from the bastion
 
 
+def test_a_dead_host_behind_a_jump_host_and_a_dead_jump_host_say_which(testbed, inventory_doc,
+                                                                        tmp_path):
+    """Behind a jump host an unreachable target read `SSH error: ChannelException(2, 'Connect
+    failed')`, and a dead jump host was blamed on the target."""
+    doc = copy.deepcopy(inventory_doc)
+    doc["hosts"][1]["jump"] = "gpu1"
+    doc["hosts"][1]["port"] = 2  # nothing listens there: gpu1's sshd refuses to forward
+    doc["hosts"][2]["jump"] = "gpu4"
+    doc["hosts"][3]["port"] = 2  # the jump host gpu4 itself is dead
+    inv = write_inventory(tmp_path, doc)
+    r = invoke("exec", "-i", str(inv), "-H", "gpu2", "true")
+    assert r.returncode == 1 and "ChannelException" not in r.stdout + r.stderr, r.stdout + r.stderr
+    assert "through jump host gpu1 failed: the jump host could not open a connection to it" in r.stderr
+    r = invoke("exec", "-i", str(inv), "-H", "gpu3", "true")
+    assert r.returncode == 1, r.stdout + r.stderr
+    ip4 = doc["hosts"][3]["address"]
+    assert re.search(rf"through jump host gpu4 failed: the jump host \w+@{re.escape(ip4)}:2 could "
+                     rf"not be reached: connection refused .*; check that the jump host is up "
+                     rf"and sshd runs there \(try: ssh -p 2 \w+@{re.escape(ip4)}\)", r.stderr), r.stderr
+
+
 def test_ssh_config_is_honoured(testbed, inventory_doc, tmp_path):
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)

@@ -241,10 +241,6 @@ def test_exec_of_one_long_line_is_linear(tmp_path):
     # through a jump host: the target refused by it, or the jump host itself down
     (paramiko.ChannelException(2, "Connect failed"), "the jump host could not open a connection "
      "to it (Connect failed: the host is down, sshd stopped, or a wrong address or port)"),
-    (__import__("torchrig.remote").remote.JumpHostFailed(
-        "ops@10.0.0.1:22", "connection refused (nothing listens on that port: sshd stopped, or a "
-        "wrong port)"), "the jump host ops@10.0.0.1:22 could not be reached: connection refused "
-                        "(nothing listens on that port: sshd stopped, or a wrong port)"),
 ])
 def test_an_unreachable_host_is_classified_once(exc, why):
     """The one classification (remote.cannot_connect, used by Fleet.conn for every task): which
@@ -263,6 +259,21 @@ def test_an_unreachable_host_is_classified_once(exc, why):
                       "address and port in the inventory (try: ssh -p 2222 ops@10.0.0.9)")
     assert describe_error(e) == e.reason == str(e)[len("gpu9: "):]
     assert describe_error(exc) == f"unreachable: {why}"
+
+
+def test_a_dead_jump_host_is_named_with_its_own_address_and_hint():
+    from torchrig.inventory import Host
+    from torchrig.remote import JumpHostFailed, cannot_connect
+
+    class Cxn:
+        user, port = "ops", 2222
+    h = Host(name="gpu9", connection="ssh", address="10.0.0.9", port=2222, user="ops",
+             identity_file=None, jump="bastion", gpus=None, groups=())
+    e = cannot_connect(h, Cxn(), JumpHostFailed("ops", "10.0.0.1", 22, "connection refused (x)"))
+    assert str(e) == ("gpu9: unreachable: SSH to ops@10.0.0.9:2222 through jump host bastion "
+                      "failed: the jump host ops@10.0.0.1:22 could not be reached: connection "
+                      "refused (x); check that the jump host is up and sshd runs there (try: "
+                      "ssh -p 22 ops@10.0.0.1)")
 
 
 def test_a_refused_login_is_not_called_unreachable():
