@@ -509,7 +509,10 @@ def test_driver_is_pinned_at_its_exact_build_before_it_is_installed():
     assert pin < install
     lines = [ln for ln in ch[pin].content.splitlines() if not ln.startswith("#")]
     assert lines == ["Package: *nvidia* cuda-drivers* libcuda* libnvcuvid* libnvoptix* libxnvctrl*",
-                     f"Pin: version {DEFAULTS.driver_deb}", "Pin-Priority: 1001"]
+                     f"Pin: version {DEFAULTS.driver_version}-*", "Pin-Priority: 1001"]
+    # any packaging revision of that version: NVIDIA's Ubuntu packages of the driver are
+    # 570.172.08-0ubuntu1 beside the metapackage's -1; an exact "-1" pin matched none of them
+    assert DEFAULTS.driver_deb.startswith(f"{DEFAULTS.driver_version}-")
     # a pin another version of the driver asks for replaces it
     again = fresh(files={PIN: {"content": ch[pin].content, "mode": 0o644, "owner": "root",
                                "group": "root", "is_dir": False, "sha256": sha(ch[pin].content)}})

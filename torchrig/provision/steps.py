@@ -235,7 +235,7 @@ def driver(c: Ctx) -> list[Change]:
         out.append(Cmd("rebuild the initramfs without nouveau",
                        "if command -v update-initramfs >/dev/null; then update-initramfs -u; fi"))
     # the pin first: the install then takes this build of every package the metapackage needs
-    out += managed.DRIVER_PIN.change(c.facts, globs=" ".join(DRIVER_PIN_GLOBS), version=s.driver_deb)
+    out += managed.DRIVER_PIN.change(c.facts, globs=" ".join(DRIVER_PIN_GLOBS), version=s.driver_version)
     pins = {c.driver_pkg: s.driver_deb}
     if c.nvswitch:
         pins[s.fabricmanager_pkg] = s.driver_deb
