@@ -7,7 +7,9 @@ by the hash. The testbed test (tests/integration/test_4_fetch.py) adds a real SS
 import getpass
 import json
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -22,14 +24,34 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the node side runs th
 SECRET = b"root:SECRET-HASH-7f3a:19000:0:99999:7:::\n"
 
 
+@pytest.fixture(scope="module")
+def prefix():
+    """The node's prefix: a venv any uid can run, as a node's /opt/torchrig/venv is (fetch's
+    load check runs as a uid no account has). This machine's own Python may live under /root
+    (0700), so the venv is Debian's python3 of the same minor version reading this one's
+    packages (torch) through a .pth file, in a folder every uid can traverse."""
+    import shutil
+    import sysconfig
+    import tempfile
+    base = Path(tempfile.mkdtemp(prefix="torchrig-test-prefix-"))
+    os.chmod(base, 0o755)
+    py = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+    subprocess.run([py, "-m", "venv", "--without-pip", str(base / "venv")], check=True)
+    site = base / f"venv/lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
+    (site / "outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    probe = subprocess.run(["setpriv", "--reuid=1610612736", "--regid=1610612736", "--clear-groups",
+                            str(base / "venv/bin/python"), "-I", "-c", "import torch"],
+                           capture_output=True, text=True)
+    assert probe.returncode == 0, ("a uid with no account cannot import torch from this venv "
+                                   f"(its folders must be world-readable): {probe.stderr[-300:]}")
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.fixture
-def node(tmp_path):
-    """A local 'node': a venv whose python is this one, a job folder with checkpoints 10, 20,
+def node(tmp_path, prefix):
+    """A local 'node': a venv any uid can run (prefix), a job folder with checkpoints 10, 20,
     a corrupt 30, and a symlink (40, to a root-only file) and a FIFO (50) planted by the job."""
-    venv_bin = tmp_path / "prefix/venv/bin"
-    venv_bin.mkdir(parents=True)
-    (venv_bin / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
-    (venv_bin / "python").chmod(0o755)
     job = tmp_path / "ckpt/j1"
     job.mkdir(parents=True)
     for step in (10, 20, 30):
@@ -44,7 +66,7 @@ def node(tmp_path):
     os.mkfifo(job / "ckpt_00000050.pt")
     inv_file = tmp_path / "inv.yml"
     inv_file.write_text(json.dumps({"hosts": [{"name": "n1", "connection": "local", "vars": {
-        "prefix": str(tmp_path / "prefix"), "checkpoint_dir": str(tmp_path / "ckpt"),
+        "prefix": str(prefix), "checkpoint_dir": str(tmp_path / "ckpt"),
         "log_dir": str(tmp_path / "log"), "data_dir": str(tmp_path / "data"),
         "service_user": getpass.getuser()}}]}))
     return inventory.load(inv_file), job, tmp_path / "out"

@@ -1,13 +1,14 @@
 """Runs ON THE NODE (the request appended as `main("<base64 JSON>")`). Two kinds of op:
 
 - as the job's user, never as root (`runuser -u SERVICE_USER -- VENV/bin/python -I -
-  torchrig-fetch OP`): list the job's folder, hash (--all), stream a file of it (read), and
-  load-check the file open on a descriptor it is handed (load);
+  torchrig-fetch OP`): list the job's folder, hash (--all), stream a file of it (read);
+- as a uid no account or process has (setpriv, no groups, no new privileges): load-check the
+  file open on a descriptor it is handed (load), so the job cannot ptrace the check;
 - as root (`python3 -I - torchrig-fetch OP`): snapshot, send, drop. A checkpoint is checked
   and sent from ONE copy: root copies the bytes the job's user reads (read, once) into a
   private root-only folder (mktemp -d, 0700) beside the job folders (same file system, one
-  file at a time, removed after the transfer), hashes them on the way, has the job's user
-  load-check that copy through a read-only descriptor (the user cannot open the copy itself),
+  file at a time, removed after the transfer), hashes them on the way, has an unallocated
+  uid load-check that copy through a read-only descriptor (nobody else can open the copy),
   and sends exactly that copy. Rewriting the checkpoint in place after it was read changes
   nothing that is checked or sent.
 
@@ -15,8 +16,8 @@ The checkpoint folder is the job's: it can hold a symlink to /etc/shadow, a hard
 Running as the job's user means nothing the job could not read itself can leak; on top of that
 the folder and every file are opened with O_NOFOLLOW (a symlink is refused, not followed),
 non-blocking (a FIFO never hangs the open), and only a regular file with one link is read.
-The load check (torch.load with weights_only=True) runs here too, as that user: a crafted
-pickle never meets root. Replies: JSON on stdout (list, check) or the raw bytes (read);
+The load check (torch.load with weights_only=True) runs as neither root nor the job's user: a
+crafted pickle never meets root, and the job cannot reach into the check. Replies: JSON on stdout (list, check) or the raw bytes (read);
 a refusal is one `error:` line on stderr and exit 3."""
 import base64
 import errno
@@ -36,6 +37,7 @@ CHUNK = 1 << 20
 SNAPSHOT_PREFIX = ".torchrig-fetch-"  # root's private folders in the checkpoint folder
 SNAPSHOT_RE = re.compile(re.escape(SNAPSHOT_PREFIX) + r"[A-Za-z0-9_]{4,32}")
 STALE_S = 86400  # a snapshot folder no transfer touched for a day: its fetch is gone
+LOAD_TIMEOUT_S = 1800  # torch.load of the largest checkpoints a node holds takes minutes
 
 
 def fail(msg):
@@ -202,9 +204,32 @@ def op_load(req):
 
 # ---- root's side: one private copy, checked and sent ------------------------------------
 
-def as_user(req, op, child, pass_fds=()):
-    """Popen of this script's op `op` as the job's user, its request on stdin."""
-    argv = ["runuser", "-u", req["user"], "--", req["python"], "-I", "-", "torchrig-fetch", op]
+def nobodys_uid():
+    """A uid no account and no process has (drawn per check from a range distributions leave
+    unallocated): the load check runs there, so no process of the job's user can ptrace it
+    and forge its verdict, and it can read nothing but what it is handed and world-readable
+    files (the venv)."""
+    while True:
+        uid = 0x60000000 + int.from_bytes(os.urandom(3), "big")
+        if not any(st.st_uid == uid for st in _procs()):
+            return uid
+
+
+def _procs():
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                yield os.stat(f"/proc/{pid}")
+            except OSError:
+                continue
+
+
+def as_user(req, op, child, pass_fds=(), uid=None):
+    """Popen of this script's op `op` as the job's user (or, with `uid`, as that uid with no
+    groups and no new privileges), its request on stdin."""
+    who = (["runuser", "-u", req["user"], "--"] if uid is None else
+           ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--"])
+    argv = [*who, req["python"], "-I", "-", "torchrig-fetch", op]
     p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, cwd="/", pass_fds=pass_fds)
     b64 = base64.b64encode(json.dumps(child).encode()).decode()
@@ -276,27 +301,40 @@ def copy_one(req, name, size, sfd, slot):
         while b := p.stdout.read(CHUNK):
             h.update(b)
             n += len(b)
+            if n > size:  # never more than the listed size onto root's disk
+                p.kill()
+                break
             view = memoryview(b)
             while view:
                 view = view[os.write(out, view):]
         os.fsync(out)
     finally:
         os.close(out)
-        err = p.stderr.read()
-        p.wait()
-    if p.returncode != 0:
-        return None, user_error(p, err)
+        if n > size:
+            p.wait()
+            err = b""
+        else:
+            err = p.stderr.read()
+            p.wait()
     if n > size:
         return None, "it grew while it was copied"
+    if p.returncode != 0:
+        return None, user_error(p, err)
     return h.hexdigest(), n
 
 
 def load_one(req, sfd, slot):
-    """The job's user load-checks the snapshot through a read-only descriptor -> (why, torch)."""
+    """An unallocated uid (not the job's: a job's process could ptrace its own user's check)
+    load-checks the snapshot through a read-only descriptor -> (why, torch)."""
     fd = os.open(slot, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=sfd)
     try:
-        p = as_user(req, "load", {"op": "load", "fd": fd}, pass_fds=(fd,))
-        out, err = p.communicate()
+        p = as_user(req, "load", {"op": "load", "fd": fd}, pass_fds=(fd,), uid=nobodys_uid())
+        try:
+            out, err = p.communicate(timeout=LOAD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            return f"the load check did not end within {LOAD_TIMEOUT_S} s", None
     finally:
         os.close(fd)
     if p.returncode != 0:
