@@ -418,3 +418,22 @@ def test_a_tree_reads_at_most_its_files(tmp_path):
                                     "most": 3}}})["tree"]["t"]
     assert sorted(got["files"]) == [f"j_1/attempt_0/{r}/stdout.log" for r in range(3)]
     assert got["cut"] == {"files_left_out": 2, "most": 3}
+
+
+def test_a_journal_read_keeps_a_bounded_number_of_ranks_and_bytes(monkeypatch):
+    """A worker writes `[defaultN]:` lines with a new N each: every one was kept (a deque per
+    rank), 500,000 lines of 64 KiB in the root probe. Ranks past MAX_RANKS and bytes past
+    MAX_KEPT (the oldest lines) are left out now, and said so."""
+    from torchrig.facts import probe_host
+    monkeypatch.setattr(probe_host, "MAX_KEPT", 10_000)
+    flood = [(i, f"[default{i}]:" + "x" * 100) for i in range(1000)]
+    cut = {}
+    kept = probe_host.keep_lines(iter([(0, "Started torchrig-j.service")] + flood), keep=20, cut=cut)
+    assert {ln.split("]:")[0] for _, ln in kept if ln.startswith("[default")} <= {
+        f"[default{i}" for i in range(probe_host.MAX_RANKS)}
+    assert cut["ranks_left_out"] == 1000 - probe_host.MAX_RANKS
+    assert sum(len(ln) + 1 for _, ln in kept) <= 10_000 and kept[-1] == flood[probe_host.MAX_RANKS - 1]
+    assert cut["oldest_dropped"] == probe_host.MAX_RANKS + 1 - len(kept)
+    note = probe.cut_note(cut, "the journal")
+    assert f"{1000 - probe_host.MAX_RANKS} line(s) of ranks past the first 256 left out" in note
+    assert "line(s) left out (at most 10000 bytes kept)" in note

@@ -44,6 +44,12 @@ def cut_note(cut: dict | None, what: str) -> str | None:
         parts.append(f"{cut['lines']} line(s) longer than {cut['max_line']} bytes cut")
     if cut.get("dropped_bytes"):
         parts.append(f"{cut['dropped_bytes']} bytes past the first {cut['max_bytes']} left out")
+    if cut.get("ranks_left_out"):
+        parts.append(f"{cut['ranks_left_out']} line(s) of ranks past the first "
+                     f"{cut['max_ranks']} left out")
+    if cut.get("oldest_dropped"):
+        parts.append(f"the oldest {cut['oldest_dropped']} line(s) left out (at most "
+                     f"{cut['max_kept']} bytes kept)")
     if cut.get("files_left_out"):
         parts.append(f"{cut['files_left_out']} file(s) past the first {cut['most']} left out")
     return f"{what} was cut on the node: " + "; ".join(parts)

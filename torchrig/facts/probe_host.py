@@ -61,7 +61,9 @@ NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 MAX_LINE = 64 << 10    # bytes of one output line
 MAX_BYTES = 32 << 20   # bytes of one command's stdout (its stderr: MAX_ERR)
 MAX_ERR = 1 << 20
-MAX_FILES = 4096       # files one tree request reads
+MAX_FILES = 256        # files one tree request reads (each a 64 KiB tail at most: 16 MiB)
+MAX_RANKS = 256        # distinct [defaultN] ranks kept in a journal read (a node has a few)
+MAX_KEPT = 16 << 20    # bytes of journal lines one read keeps (the oldest go first)
 
 
 def lines(stream, max_line, cut):
@@ -252,10 +254,12 @@ def tree(spec):
 TEE = re.compile(r"^\[default(\d+)\]:")
 
 
-def keep_lines(numbered, keep, others=5000):
+def keep_lines(numbered, keep, others=5000, cut=None):
     """[(i, line)] in journal order -> the lines kept of the unit's newest start on: systemd's
-    and the agent's (the newest `others`) and each rank's last `keep` lines, in order. The
-    operator's `status --watch` keeps its journal with it too (logs/diagnose.py)."""
+    and the agent's (the newest `others`) and each rank's last `keep` lines, in order; at most
+    MAX_RANKS ranks and MAX_KEPT bytes in all (a worker can write any `[defaultN]:` line to
+    its journal), what that left out counted in `cut`. The operator's `status --watch` keeps
+    its journal with it too (logs/diagnose.py)."""
     import collections
     other = collections.deque(maxlen=others)
     ranks = {}
@@ -264,11 +268,23 @@ def keep_lines(numbered, keep, others=5000):
             other.clear()
             ranks.clear()
         m = TEE.match(line)
-        if m:
+        if m and (m.group(1) in ranks or len(ranks) < MAX_RANKS):
             ranks.setdefault(m.group(1), collections.deque(maxlen=keep)).append((i, line))
+        elif m:
+            if cut is not None:
+                cut["ranks_left_out"] = cut.get("ranks_left_out", 0) + 1
+                cut["max_ranks"] = MAX_RANKS
         else:
             other.append((i, line))
-    return sorted(list(other) + [x for d in ranks.values() for x in d])
+    kept = sorted(list(other) + [x for d in ranks.values() for x in d])
+    total, first = 0, len(kept)
+    while first > 0 and total + len(kept[first - 1][1]) + 1 <= MAX_KEPT:
+        first -= 1
+        total += len(kept[first][1]) + 1
+    if first and cut is not None:
+        cut["oldest_dropped"] = cut.get("oldest_dropped", 0) + first
+        cut["max_kept"] = MAX_KEPT
+    return kept[first:]
 
 
 CURSOR = "-- cursor: "
@@ -292,7 +308,7 @@ def journal(spec):
             else:
                 read += 1
                 yield i, line
-    kept = keep_lines(numbered(), spec["keep"])
+    kept = keep_lines(numbered(), spec["keep"], cut=cut)
     if p.wait() != 0 and spec.get("after_cursor"):  # the cursor is gone: read afresh
         return {**journal({k: v for k, v in spec.items() if k != "after_cursor"}), "reset": True}
     start = run(["systemctl", "show", "-p", "ExecMainStartTimestamp", "--value", "--", spec["unit"]])["out"].strip()
