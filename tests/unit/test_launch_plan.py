@@ -59,6 +59,23 @@ def test_run_id_is_random_per_launch_and_only_in_a_root_file():
     assert "/etc/torchrig/jobs/exp1.run" in plan.job_paths("exp1")  # removed with the job
 
 
+def test_a_job_never_starts_without_the_firewall_table_where_it_is_on():
+    """A table that failed to load at boot (the unit's dependency fails: the job does not
+    start), or that the operator's `nft flush ruleset` removed (launch loads it again, or
+    refuses): the job's ports were open to anyone while the job trained."""
+    import dataclasses
+    from torchrig.launch import run
+    j = job(2)
+    on = dataclasses.replace(j.nodes[0], firewall=True)
+    unit = plan.render_unit(j, on)
+    assert "Requires=torchrig-firewall.service" in unit and "After=torchrig-firewall.service" in unit
+    assert "torchrig-firewall" not in plan.render_unit(j, j.nodes[0])  # firewall: false
+    script = run.start_script(j, exclusive=False, firewall=True)
+    assert "if [ 1 = 1 ] && ! nft list table inet torchrig" in script
+    assert "systemctl restart torchrig-firewall.service" in script
+    assert "if [ 0 = 1 ]" in run.start_script(j, exclusive=False)
+
+
 def test_unit_has_the_settings_that_matter():
     j = job(2)
     unit = plan.render_unit(j, j.nodes[1])

@@ -47,6 +47,13 @@ def test_rules_admit_the_fleet_to_the_job_ports_and_only_owners_to_the_rendezvou
     assert "tcp dport { 2222, 9100 } accept" in rules     # SSH and node_exporter left alone
     assert ("tcp dport 29400-29899 ct state new meta skuid != { root, torchrig, admin } reject"
             in rules)
+    # the job's other listeners (gloo, NCCL, a one-node job's store) on this node and the
+    # fleet's: other local users were let through on lo and to every fleet address
+    for to in ('oif "lo"', "ip daddr @fleet4", "ip6 daddr @fleet6"):
+        assert (f"tcp dport 40000-50000 ct state new {to} meta skuid != {{ root, torchrig, admin }}"
+                " reject" in rules), to
+    unit = managed.FIREWALL_UNIT.render(rules=managed.FIREWALL_RULES.path())
+    assert "PartOf=nftables.service" in unit and "ReloadPropagatedFrom=nftables.service" in unit
     other = firewall.render_rules(steps.Ctx(fresh(), settings_for(
         "h", {"rdzv_port": 31000, "service_user": "jobs"}, "inv.yml"), "h", [], "", fleet=FLEET,
         login="root"))

@@ -91,6 +91,7 @@ class Node:
     env: dict[str, str] = field(default_factory=dict)
     metrics_dir: str | None = None   # node_exporter's textfile folder (None: no .prom file)
     gpu_metrics: bool = True         # False where dcgm-exporter exports the GPU series
+    firewall: bool = False           # provision's job-port firewall: the job needs it loaded
 
 
 @dataclass
@@ -192,7 +193,7 @@ def launch_marker(job: Job) -> str:
 
 
 def render_unit(job: Job, n: Node) -> str:
-    return managed.JOB_UNIT.render(marker=launch_marker(job),
+    return managed.JOB_UNIT.render(marker=launch_marker(job), firewall=n.firewall,
                   job=job.name, host=n.host, node_rank=n.node_rank, nnodes=job.nnodes,
                   user=n.user, workdir=systemd_path(job.release), env_file=env_path(job.name),
                   run_id_file=managed.JOB_RUN_ID.path(job.name),

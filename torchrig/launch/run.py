@@ -84,7 +84,8 @@ def _node(inv: Inventory, h: Host, rank: int, nproc: str, interface: str | None)
             raise TorchrigError(f"--nproc-per-node {nproc!r}: a positive number or 'gpu'") from None
     return Node(h.name, h.address, rank, s.venv, s.service_user, s.log_dir, s.checkpoint_dir,
                 s.data_dir, n, interface, s.job_env,
-                metrics_dir=s.metrics_dir if s.node_exporter else None, gpu_metrics=s.gpu_metrics)
+                metrics_dir=s.metrics_dir if s.node_exporter else None, gpu_metrics=s.gpu_metrics,
+                firewall=s.firewall)
 
 
 def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
@@ -272,20 +273,30 @@ START = """set -eu
 if [ {exclusive} = 1 ] && [ -n "$busy" ]; then
   echo "error: another job started on this node's GPUs meanwhile: $(echo $busy)" >&2; exit 3
 fi
+# the job ports' firewall: its table can be gone while its unit reads active (the operator's
+# `nft flush ruleset`); loaded again here, and no job starts without it
+if [ {firewall} = 1 ] && ! nft list table {table} >/dev/null 2>&1; then
+  systemctl restart {firewall_unit} && nft list table {table} >/dev/null 2>&1 || {{
+    echo "error: torchrig's firewall table ({table}) does not load on this node: the job's ports would be open to anyone; see journalctl -u {firewall_unit}, or run invoke provision" >&2; exit 3; }}
+fi
 systemctl start {name}
 """
 
 
-def start_script(job: Job, exclusive: bool) -> str:
-    """The root script that starts the job's unit on a node (exclusive: a GPU node)."""
+def start_script(job: Job, exclusive: bool, firewall: bool = False) -> str:
+    """The root script that starts the job's unit on a node (exclusive: a GPU node; firewall:
+    the node's job-port firewall must be loaded)."""
+    from ..facts.netfilter import TABLE
+    from ..provision.firewall import UNIT
     return START.format(jobs=sh(JOBS_DIR), busy_units=BUSY_UNITS, name=sh(unit_name(job.name)),
+                        firewall=int(firewall), table=" ".join(TABLE), firewall_unit=sh(UNIT),
                         unit_file=sh(unit_path(job.name)), marker=sh(launch_marker(job)),
                         job=job.name, unit_re=sh(rf"torchrig-{JOB_RE.pattern}\.service"),
                         exclusive=int(exclusive))
 
 
 def _start(fleet: Fleet, h: Host, job: Job) -> None:
-    script = start_script(job, h.settings.accelerator == "cuda")
+    script = start_script(job, h.settings.accelerator == "cuda", h.settings.firewall)
     r = fleet.run(h, "bash -s", root=True, timeout=400, data=script)
     if r.exited != 0:
         raise TorchrigError(refusal(r.stderr) or f"systemctl start failed: {r.stderr.strip()[-300:]}")
