@@ -378,6 +378,11 @@ def test_rendezvous_port_closed_to_strangers_while_the_job_trains(testbed):
     for p in (port, *gloo):
         with pytest.raises(OSError):
             socket.create_connection((store, p), timeout=5).close()
+    # gloo's listeners on the nodes: the service user reaches them, another local user does
+    # not (on the node itself, and from the other node of the fleet)
+    assert connects(testbed, "gpu1", "torchrig", store, gloo[0]) == "open"
+    assert connects(testbed, "gpu1", "mallory", store, gloo[0]) == "closed"
+    assert connects(testbed, "gpu4", "mallory", store, gloo[0]) == "closed"
     # the job still trains across both nodes
     wait_step(testbed, job, step + 10)
     run_id = sh(testbed, "gpu1", f"cat /etc/torchrig/jobs/{job}.run").split("PET_RDZV_ID=")[1].split()[0]
