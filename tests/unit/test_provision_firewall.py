@@ -113,3 +113,16 @@ def test_login_user_that_nft_cannot_name_is_refused():
                                        ("5000 1024", (32768, 60999))])
 def test_ephemeral_range(text, want):
     assert parse_ephemeral(text) == want
+
+
+def test_a_slurm_hosts_rules_let_slurmctld_call_srun_back():
+    """slurmctld (user slurm) connects to srun's ephemeral listener on the job's node: without
+    that user among the owners, every Slurm job of the fleet hung at its start."""
+    from types import SimpleNamespace
+
+    from torchrig.provision.slurm import USER
+    c = ctx(fresh(firewall={"loaded": False, "ephemeral": "40000 50000\n"}))
+    c.cluster = SimpleNamespace(roles=lambda host: {"compute"} if host == c.host else set())
+    assert f"skuid != {{ root, torchrig, admin, {USER} }}" in firewall.render_rules(c)
+    c.cluster = SimpleNamespace(roles=lambda host: set())  # a host outside the cluster
+    assert USER not in firewall.render_rules(c)

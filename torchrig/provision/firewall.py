@@ -20,6 +20,7 @@ from ..facts.netfilter import TABLE, loaded_argv, parse_ephemeral
 from ..remote import sh
 from ..settings import RDZV_PORTS
 from . import managed
+from .slurm import USER as slurm_user
 from .changes import Cmd, FileChange
 
 PACKAGE = "nftables"   # the distribution's package
@@ -57,7 +58,9 @@ def render_rules(c) -> str:
     s = c.s
     ips = [ipaddress.ip_address(a) for a in c.fleet]
     lo, hi = parse_ephemeral(c.facts["firewall"]["ephemeral"])
-    owners = list(dict.fromkeys(["root", s.service_user, *([c.login] if c.login else [])]))
+    # slurmctld (user slurm) calls srun back on an ephemeral port of the job's node
+    slurm = [slurm_user] if c.cluster is not None and c.cluster.roles(c.host) else []
+    owners = list(dict.fromkeys(["root", s.service_user, *([c.login] if c.login else []), *slurm]))
     for o in owners:  # nft resolves the names when it loads the table; no quoting there
         if not USER_RE.fullmatch(o):
             raise TorchrigError(f"host {c.host}: login user {o!r} is not a plain Linux user "

@@ -16,6 +16,7 @@ from . import managed
 STATE_DIR = "/var/lib/slurm/slurmctld"   # StateSaveLocation: slurmctld's, on the controller
 SPOOL_DIR = "/var/lib/slurm/slurmd"      # SlurmdSpoolDir
 LOG_DIR = "/var/log/slurm"
+USER = "slurm"  # SlurmUser: the distributions' packages create it and run slurmctld as it
 # What makes a GPU model a GRES type name: the marketing prefixes dropped, the first word,
 # its first dash-part, lowercased ("Tesla V100S-PCIE-32GB" -> v100s, "NVIDIA H100 80GB" -> h100).
 _VENDOR_WORDS = {"nvidia", "tesla", "geforce", "quadro", "rtx"}
@@ -127,6 +128,7 @@ def plan_cluster(spec: Slurm, facts: dict[str, object], new_key: Callable[[], st
         nodes.append(n)
     controller = facts[spec.controller].node().get("hostname") or spec.controller
     values = dict(cluster_name=spec.cluster_name, controller_hostname=controller.split(".")[0],
+                  slurm_user=USER,
                   state_dir=STATE_DIR, spool_dir=SPOOL_DIR, cgroup=spec.cgroup,
                   partition=spec.partition, nodes=nodes, kill_wait=_kill_wait(),
                   def_mem_per_cpu=min(n.mem_mib // n.cpus for n in nodes))

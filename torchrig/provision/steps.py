@@ -570,9 +570,9 @@ STEPS = [
     Step("service-user", service_user),
     Step("node-exporter", node_exporter,  # after service-user: its textfile folder is that user's
          enabled=lambda c: node_exporter_skip(c)),
-    # after service-user: the rules name that user
-    Step("firewall", firewall.plan),
     Step("slurm-packages", slurm_packages, enabled=_in_cluster),
+    # after service-user and slurm-packages: the rules name their users
+    Step("firewall", firewall.plan),
     Step("munge", munge, enabled=lambda c: _in_cluster(c) or (
         f"Slurm waits: {c.cluster.missing}" if c.cluster.missing else None)),
     Step("slurm-config", slurm_config, enabled=_cluster_ready),
