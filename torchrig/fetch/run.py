@@ -27,7 +27,7 @@ from ..facts import probe
 from ..inventory import Host
 from ..launch.plan import check_job_name
 from ..localfiles import fsync_dir, write_atomic
-from ..remote import CannotConnect, ConnectionLost, login_user, privileged, sh
+from ..remote import CannotConnect, ConnectionLost, describe_error, login_user, privileged, sh
 from ..settings import job_folder
 from ..session import Fleet
 from . import plan
@@ -268,7 +268,7 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
                                 _stdin(request), write, err.extend, silence=SILENCE)
                 alive = cxn.is_connected and not cxn.lost
             except DROPS as e:
-                alive, why = False, str(e) or type(e).__name__
+                alive, why = False, describe_error(e) or type(e).__name__  # the host is named already
             outcome = plan.after_read(rc, alive, start, offset, size)
             if outcome == "done":
                 break
