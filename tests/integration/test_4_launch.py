@@ -260,7 +260,7 @@ def test_survivor_restart_clears_its_folder_and_logs_says_so(testbed):
     notes = re.findall(r"^logs: (gpu\d): (\S+) started over \(.*?\); (\d+) line\(s\) read from it "
                        r"before are no longer on disk", err, re.M)
     assert notes and {n for n, _, _ in notes} == {"gpu1"}, err
-    assert all(re.fullmatch(r"t-clear_\w+/attempt_0", f) and int(k) > 0 for _, f, k in notes), notes
+    assert all(re.fullmatch(r"[0-9a-f]{32}_\w+/attempt_0", f) and int(k) > 0 for _, f, k in notes), notes
     total = sum(int(sh(testbed, h, "cat /var/log/torchrig/t-clear/*/attempt_*/*/std*.log | wc -l"))
                 for h in ("gpu1", "gpu4"))
     assert len(out.strip().splitlines()) == total + sum(int(k) for _, _, k in notes), err
