@@ -17,6 +17,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -67,11 +68,17 @@ def invoke(*args, timeout=600, check=False, env=None) -> subprocess.CompletedPro
     return r
 
 
+def _sigint_default():
+    """Ctrl-C (SIGINT) as a terminal delivers it: a test run started in the background (`&`,
+    nohup) hands its children SIGINT ignored, and a follower the test interrupts never ends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def invoke_bg(*args) -> subprocess.Popen:
     """The CLI in the background (a follower, a concurrent launch); the caller bounds its wait."""
     return subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO,
                             env={**os.environ, **ENV}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
 
 
 def sh(inv, host, cmd, sudo=True, check=True) -> str:

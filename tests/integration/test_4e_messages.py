@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import ENV, NODES, REPO, invoke, ip_of, launch, stop, unit_state, wait_step, \
+from conftest import ENV, _sigint_default, NODES, REPO, invoke, ip_of, launch, stop, unit_state, wait_step, \
     wait_until, write_inventory
 
 
@@ -84,7 +84,7 @@ def _interrupted(*args, ready=lambda line: True) -> subprocess.CompletedProcess:
     p = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO, text=True,
                          env={**__import__("os").environ, **ENV}, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                         preexec_fn=_sigint_default)
     try:
         first = ""
         while not first or not ready(first.splitlines()[-1]):
