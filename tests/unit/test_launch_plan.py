@@ -68,11 +68,11 @@ def test_a_job_never_starts_without_the_firewall_table_where_it_is_on():
     j = job(2)
     on = dataclasses.replace(j.nodes[0], firewall=True)
     unit = plan.render_unit(j, on)
-    assert "Requires=torchrig-firewall.service" in unit and "After=torchrig-firewall.service" in unit
-    assert "torchrig-firewall" not in plan.render_unit(j, j.nodes[0])  # firewall: false
+    assert "Requires=torchrig.firewall.service" in unit and "After=torchrig.firewall.service" in unit
+    assert "torchrig.firewall" not in plan.render_unit(j, j.nodes[0])  # firewall: false
     script = run.start_script(j, exclusive=False, firewall=True)
     assert "if [ 1 = 1 ] && ! nft list table inet torchrig" in script
-    assert "systemctl restart torchrig-firewall.service" in script
+    assert "systemctl restart torchrig.firewall.service" in script
     assert "if [ 0 = 1 ]" in run.start_script(j, exclusive=False)
 
 

@@ -64,8 +64,8 @@ def test_fresh_host_installs_writes_enables_and_loads():
     got = [c.describe() for c in firewall.plan(ctx(fresh()))]
     assert got == ["install nftables",
                    "write /etc/torchrig/firewall.nft (mode 0644, root:root)",
-                   "write /etc/systemd/system/torchrig-firewall.service (mode 0644, root:root)",
-                   "enable torchrig-firewall.service",
+                   "write /etc/systemd/system/torchrig.firewall.service (mode 0644, root:root)",
+                   "enable torchrig.firewall.service",
                    "load torchrig's nftables table (its rules changed)"]
     assert steps.STEPS.index(next(s for s in steps.STEPS if s.name == "firewall")) > \
         steps.STEPS.index(next(s for s in steps.STEPS if s.name == "service-user"))
@@ -85,9 +85,9 @@ def test_converged_plans_nothing_and_a_flushed_table_is_loaded_again():
 def test_switched_off_removes_what_an_earlier_provision_put_there():
     off = [c.describe() for c in firewall.plan(steps.Ctx(converged(), settings_for(
         "h", {"firewall": False}, "inv.yml"), "h", [], "", fleet=FLEET))]
-    assert off == ["stop and disable torchrig-firewall.service (var firewall: false)",
+    assert off == ["stop and disable torchrig.firewall.service (var firewall: false)",
                    "remove /etc/torchrig/firewall.nft",
-                   "remove /etc/systemd/system/torchrig-firewall.service"]
+                   "remove /etc/systemd/system/torchrig.firewall.service"]
     assert firewall.plan(steps.Ctx(fresh(), settings_for("h", {"firewall": False}, "inv.yml"),
                                    "h", [], "", fleet=FLEET)) == []
 
@@ -126,3 +126,13 @@ def test_a_slurm_hosts_rules_let_slurmctld_call_srun_back():
     assert f"skuid != {{ root, torchrig, admin, {USER} }}" in firewall.render_rules(c)
     c.cluster = SimpleNamespace(roles=lambda host: set())  # a host outside the cluster
     assert USER not in firewall.render_rules(c)
+
+
+def test_the_firewall_unit_is_not_read_as_a_job():
+    """It was torchrig-firewall.service: active (a oneshot that stays), so launch on a GPU node
+    refused every job ("already runs job(s) firewall on its GPUs")."""
+    from torchrig.launch.run import busy_jobs
+    listed = f"{firewall.UNIT} loaded active exited torchrig firewall\n" \
+             "torchrig-exp1.service loaded active running torchrig job exp1\n"
+    assert busy_jobs(listed) == ["exp1"]
+    assert managed.FIREWALL_UNIT.path().endswith("/" + firewall.UNIT)

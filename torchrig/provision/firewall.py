@@ -1,6 +1,6 @@
 """The job ports' firewall: torchrig's own nftables table (`table inet torchrig`), rendered
 whole from templates/etc/torchrig/firewall.nft.j2 and loaded atomically by
-torchrig-firewall.service (`nft -f`, at boot too). The operator's own tables are never touched.
+torchrig.firewall.service (`nft -f`, at boot too). The operator's own tables are never touched.
 
 The job ports are the rendezvous ports (rdzv_port and the RDZV_PORTS above it, one per job)
 and the kernel's ephemeral range (net.ipv4.ip_local_port_range, read from the host), where
@@ -24,7 +24,9 @@ from .slurm import USER as slurm_user
 from .changes import Cmd, FileChange
 
 PACKAGE = "nftables"   # the distribution's package
-UNIT = "torchrig-firewall.service"
+# not torchrig-<name>.service: launch reads those as jobs (busy GPUs), and a job named
+# "firewall" would be this unit
+UNIT = "torchrig.firewall.service"
 USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 
 

@@ -54,7 +54,7 @@ CGROUP_CONF = ManagedFile("etc/slurm/cgroup.conf.j2")
 SLURM_FILES = (MUNGE_KEY, SLURM_CONF, GRES_CONF, CGROUP_CONF)
 # the job ports' firewall (provision/firewall.py): torchrig's nftables table and its unit
 FIREWALL_RULES = ManagedFile("etc/torchrig/firewall.nft.j2")
-FIREWALL_UNIT = ManagedFile("etc/systemd/system/torchrig-firewall.service.j2")
+FIREWALL_UNIT = ManagedFile("etc/systemd/system/torchrig.firewall.service.j2")
 PROVISION_FILES = (CUDA_SOURCES, CUDA_AUTH, NOUVEAU_BLACKLIST, UNATTENDED_HOLD, DRIVER_PIN,
                    CUDA_ENV, NODE_EXPORTER_ARGS, *SLURM_FILES, FIREWALL_RULES, FIREWALL_UNIT)
 
