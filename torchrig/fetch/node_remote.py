@@ -310,12 +310,8 @@ def copy_one(req, name, size, sfd, slot):
         os.fsync(out)
     finally:
         os.close(out)
-        if n > size:
-            p.wait()
-            err = b""
-        else:
-            err = p.stderr.read()
-            p.wait()
+        err = b"" if n > size else p.stderr.read()  # killed past the size: nothing to say
+        p.wait()
     if n > size:
         return None, "it grew while it was copied"
     if p.returncode != 0:
