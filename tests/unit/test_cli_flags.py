@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-import tasks  # noqa: E402
+from torchrig.cli import tasks  # noqa: E402
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "Makefile"]
 

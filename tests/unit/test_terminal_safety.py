@@ -10,7 +10,7 @@ import types
 import pytest
 from invoke import Context, Exit
 
-import tasks
+from torchrig.cli import tasks
 from torchrig import report, terminal
 from torchrig.errors import TorchrigError
 from torchrig.execute import PrefixedLines
