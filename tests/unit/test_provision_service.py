@@ -1,6 +1,7 @@
 """provision's service over pure plans: saved plan files (format, no secrets, 0600, refusal of a
 changed host or a different plan) and the progress lines when stderr is not a terminal."""
 
+import dataclasses
 import io
 import json
 import os
@@ -14,6 +15,7 @@ from torchrig.errors import TorchrigError
 from types import SimpleNamespace
 from torchrig.provision import live, planfile, service, steps
 from torchrig.provision.apply import Planned
+from torchrig.provision.changes import FileChange
 from torchrig.provision.engine import build_plan
 from torchrig.secrets import Redactor
 
@@ -84,6 +86,40 @@ def test_saved_plan_refuses_when_the_inventory_makes_a_different_plan(tmp_path):
     assert "the plan made from them now differs" in res.failed[0].error
 
 
+def test_saved_plan_refuses_after_an_upgrade_that_changes_what_a_step_runs(tmp_path, monkeypatch):
+    """The same facts and inventory and the same rows shown, but the generated scripts differ
+    (as after an upgrade of torchrig): the saved plan no longer matches."""
+    from torchrig.provision import apply
+    path = tmp_path / "plan.json"
+    service.save(fleet_plan(planned(drifted(), **secret_vars())), str(path))
+    saved = planfile.read(str(path))
+    upgraded = apply.preamble
+    monkeypatch.setattr(apply, "preamble", lambda t: upgraded(t) + "echo upgraded\n")
+    p = planned(drifted(), **secret_vars())
+    assert fleet_plan(p).reports()[0].as_dict() == saved.hosts["h"].report  # same rows shown
+    res = service.against_saved(fleet_plan(p), saved)
+    assert not res.planned and "torchrig itself changed" in res.failed[0].error
+
+
+def test_saved_plan_digest_covers_file_bodies_without_holding_a_secret():
+    p = planned(drifted(), **secret_vars())
+    red = Redactor([TOKEN])
+    scripts = apply_scripts(p, red)
+    assert scripts and not any(TOKEN in s for s in scripts)
+    # a file's body reaches the digest as its hash: another body, another digest
+    sp = next(sp for sp in p.plan.steps if any(isinstance(c, FileChange) and not c.secret
+                                               and c.content for c in sp.changes))
+    i, c = next((i, c) for i, c in enumerate(sp.changes)
+                if isinstance(c, FileChange) and not c.secret and c.content)
+    sp.changes[i] = dataclasses.replace(c, content=c.content + "# another body\n")
+    assert apply_scripts(p, red) != scripts
+
+
+def apply_scripts(p, red):
+    from torchrig.provision.apply import scripts_for_digest
+    return scripts_for_digest(p, red)
+
+
 def test_saved_plan_refuses_a_host_it_does_not_cover(tmp_path):
     path = tmp_path / "plan.json"
     path.write_text(planfile.dumps([planfile.SavedHost("other", "f", "d", {}, {})]))
@@ -95,8 +131,10 @@ def test_saved_plan_refuses_a_host_it_does_not_cover(tmp_path):
     ("not json", "not JSON"),
     ('{"hosts": []}', 'no "kind"'),
     ('{"kind": "torchrig-provision-plan", "version": 9, "hosts": []}', "version 9"),
-    ('{"kind": "torchrig-provision-plan", "version": 1, "hosts": [{"host": "h"}]}', "lacks"),
-    ('{"kind": "torchrig-provision-plan", "version": 1, "hosts": []}', "no hosts"),
+    ('{"kind": "torchrig-provision-plan", "version": 2, "hosts": [{"host": "h"}]}', "lacks"),
+    ('{"kind": "torchrig-provision-plan", "version": 2, "hosts": []}', "no hosts"),
+    # a plan saved by a torchrig whose digest covered only the rows shown
+    ('{"kind": "torchrig-provision-plan", "version": 1, "hosts": []}', "version 1, this torchrig reads version 2"),
 ])
 def test_not_a_plan_file_is_one_clear_error(tmp_path, text, why):
     f = tmp_path / "x.json"

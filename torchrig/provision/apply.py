@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -13,9 +14,10 @@ from ..inventory import Host
 from ..remote import login_user, privileged, sh
 from ..resources import PAYLOAD
 from ..remote import Result, describe_error
+from ..secrets import Redactor
 from ..session import Fleet
 from . import firewall, slurm
-from .changes import b64, preamble
+from .changes import FileChange, b64, preamble
 from .desired import Settings
 from .engine import Plan, build_plan
 from .factview import fingerprint, what_changed
@@ -234,15 +236,32 @@ def _apply_plan(cxn, plan: Plan, s: Settings, rep: HostReport,
     return waiting
 
 
-def step_script(step: Step, changes: list, s: Settings) -> str:
-    """One step's root script: the preamble, the step's upload if it has one, then each
-    change's snippet."""
+def step_script(step: Step, changes: list, s: Settings, upload=lambda data: b64(data)) -> str:
+    """One step's root script: the preamble, the step's upload if it has one (its bytes as
+    `upload` gives them), then each change's snippet."""
     body = "\n".join(c.script for c in changes)
     up = step.upload(s)
     if up:
         # the operator's file travels inside the root script, into its private folder
-        body = f"printf %s {sh(b64(_read_upload(up)))} | base64 -d > {up.dest}\n" + body
+        body = f"printf %s {sh(upload(_read_upload(up)))} | base64 -d > {up.dest}\n" + body
     return preamble(s.apt_lock_timeout) + body + "\n"
+
+
+def scripts_for_digest(p: Planned, red: Redactor) -> list[str]:
+    """Every planned step's root script as a saved plan's digest covers it: the very script
+    apply would run (so a torchrig upgrade that changes a generated script or a file's body
+    changes the digest), with each file body and upload as its SHA-256, a secret file's as its
+    masked text, and the rest through the redactor: no secret shapes the digest (secrets are
+    read from the inventory when the plan is applied)."""
+    def body(c):
+        if not isinstance(c, FileChange) or c.content is None:
+            return c
+        shown = red.text(c.shown or "(secret)") if c.secret else \
+            hashlib.sha256(c.content.encode()).hexdigest()
+        return replace(c, content=shown, current=None)
+    return [red.text(step_script(sp.step, [body(c) for c in sp.changes], p.settings,
+                                 upload=lambda data: hashlib.sha256(data).hexdigest()))
+            for sp in p.plan.steps if sp.status == "planned"]
 
 
 def _read_upload(up: Upload) -> bytes:

@@ -19,15 +19,17 @@ from ..errors import TorchrigError
 from ..localfiles import write_atomic
 
 KIND = "torchrig-provision-plan"
-VERSION = 1
+VERSION = 2  # 2: the digest covers the scripts apply runs, not only the rows shown
 
 
-def plan_digest(report) -> str:
-    """A hash of a (redacted) plan report's rows: step, status, changes, diffs, reason.
-    Secrets never reach it (the report is redacted first), so equal digests mean the
-    operator would read the same plan."""
+def plan_digest(report, scripts: list[str]) -> str:
+    """A hash of a (redacted) plan report's rows (step, status, changes, diffs, reason) and of
+    the root scripts apply would run for it (apply.scripts_for_digest: file bodies as hashes,
+    secrets masked). Equal digests mean the operator would read the same plan and the hosts
+    would run the same scripts: a plan saved before an upgrade of torchrig that changed what a
+    step runs no longer matches after it."""
     rows = [[s.name, s.status, s.changes, s.diffs, s.error] for s in report.steps]
-    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps([rows, scripts], sort_keys=True).encode()).hexdigest()[:16]
 
 
 def fact_digests(raw: dict) -> dict:

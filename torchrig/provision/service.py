@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from ..secrets import Redactor
 from ..session import Fleet
 from . import planfile
-from .apply import HostReport, Planned, apply_host, merge_steps, plan_hosts
+from .apply import HostReport, Planned, apply_host, merge_steps, plan_hosts, scripts_for_digest
 from .factview import what_changed
 
 
@@ -102,9 +102,10 @@ def mismatch(p: Planned, red: Redactor, saved: planfile.SavedPlan) -> str | None
                 + (", ".join(what) if what else f"fingerprint {entry.fingerprint} -> "
                    f"{p.plan.fingerprint}")
                 + "): " + again)
-    if planfile.plan_digest(red.data(p.report)) != entry.digest:
+    if planfile.plan_digest(red.data(p.report), scripts_for_digest(p, red)) != entry.digest:
         return (f"the host's facts match the saved plan but the plan made from them now differs "
-                f"(the inventory, its settings or the payload changed since {saved.created}): "
+                f"(the inventory, its settings, the payload or torchrig itself changed since "
+                f"{saved.created}): "
                 + again)
     return None
 
@@ -115,7 +116,7 @@ def save(fp: FleetPlan, path: str) -> int:
     for p in fp.planned:
         rep = fp.red.data(p.report)
         entries.append(planfile.SavedHost(p.host.name, p.plan.fingerprint,
-                                          planfile.plan_digest(rep),
+                                          planfile.plan_digest(rep, scripts_for_digest(p, fp.red)),
                                           planfile.fact_digests(p.ctx.facts.raw), rep.as_dict()))
     planfile.write(path, planfile.dumps(entries))
     return len(entries)
