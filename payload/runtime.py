@@ -178,9 +178,13 @@ _STOP = {"flag": False, "sig": None}
 
 def _on_signal(signum, frame):
     if _STOP["flag"]:
-        # Second signal: fall back to the default action (terminate / KeyboardInterrupt).
-        signal.signal(signum, signal.SIG_DFL if signum != signal.SIGINT else signal.default_int_handler)
-        os.kill(os.getpid(), signum)
+        # A repeated SIGTERM is the same request, not an escalation: Slurm's scancel signals
+        # every process of the step and torchrun forwards its own, so a worker gets it twice;
+        # supervisors escalate with SIGKILL after their grace (KillWait, TimeoutStopSec).
+        # A second SIGINT is a person at a terminal insisting: KeyboardInterrupt now.
+        if signum == signal.SIGINT:
+            signal.signal(signum, signal.default_int_handler)
+            os.kill(os.getpid(), signum)
         return
     _STOP["flag"] = True
     _STOP["sig"] = signal.Signals(signum).name

@@ -392,16 +392,22 @@ def _check_stopped_checkpoint(out, ck):
 LONG = ["--max-steps", 100000, "--log-every", 1, "--dump-param-hash"]
 
 
-def test_sigterm_to_workers_checkpoints_and_exits_0(tmp_path):
-    """What torchrun does on stop: SIGTERM every worker. All stop at one step, exit 0."""
+@pytest.mark.parametrize("times", [1, 2])
+def test_sigterm_to_workers_checkpoints_and_exits_0(tmp_path, times):
+    """What torchrun does on stop: SIGTERM every worker. All stop at one step, exit 0.
+    times=2: Slurm's scancel (proctrack/cgroup) signals every process of the step, so each
+    worker gets SIGTERM from slurmstepd and again from torchrun, which forwards its own; the
+    repeat is the same request, not an escalation."""
     ck = tmp_path / "ck"
     proc, rd = _start(_torchrun_cmd([*LONG, "--ckpt-dir", ck]))
     try:
         pids = [int(rd.wait_for(rf"^start rank={r} .* pid=(\d+)").rsplit("pid=", 1)[1])
                 for r in (0, 1)]
         rd.wait_for(r"^step=3 ")
-        for pid in pids:
-            os.kill(pid, signal.SIGTERM)
+        for i in range(times):
+            time.sleep(0.1 * i)  # the handlers ran; the ranks agree on the stop within about 1 s
+            for pid in pids:
+                os.kill(pid, signal.SIGTERM)
         rc = proc.wait(120)
     finally:
         if proc.poll() is None:
@@ -412,6 +418,20 @@ def test_sigterm_to_workers_checkpoints_and_exits_0(tmp_path):
     hashes = HASH_RE.findall(out)
     assert {(int(s)) for _, s, _ in hashes} == {stop_step} and len({h for *_, h in hashes}) == 1
     assert len(hashes) == 2
+
+
+def test_second_sigint_interrupts_at_once(tmp_path):
+    """Ctrl-C twice at a terminal: the second SIGINT is a person insisting (KeyboardInterrupt,
+    no checkpoint wait)."""
+    code = ("import os, signal, sys, time; sys.path.insert(0, sys.argv[1]); import runtime\n"
+            "runtime.install_signal_handlers()\n"
+            "os.kill(os.getpid(), signal.SIGINT); os.kill(os.getpid(), signal.SIGTERM)\n"
+            "assert runtime.stop_requested() and runtime.stopped_by() == 'SIGINT'\n"
+            "try:\n    os.kill(os.getpid(), signal.SIGINT); time.sleep(5)\n"
+            "except KeyboardInterrupt:\n    print('interrupted'); sys.exit(3)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(TRAIN.parent)], env=_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout) == (3, "interrupted\n"), r.stderr
 
 
 def test_sigterm_to_torchrun_checkpoints(tmp_path):
