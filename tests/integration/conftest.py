@@ -51,6 +51,29 @@ NODES = "gpu1,gpu4"  # the two V100S pairs the launch tests train on
 WORKER = "'^/opt/torchrig/venv/bin/python[0-9.]* -u train.py'"  # pgrep -f: a job's rank process
 
 
+# The order a full run takes the files in (each file also runs alone, in any order): the
+# fresh-path provision tests first, then the files that share the hosts they leave
+# provisioned; the testbed's down/up before the file that wants a fresh host again; Slurm last.
+FILE_ORDER = [
+    "test_provision.py", "test_verify.py", "test_ssh.py", "test_fetch.py", "test_launch.py",
+    "test_logs_hostile_files.py", "test_launch_hardening.py", "test_launch_failures.py",
+    "test_metrics_node_exporter.py", "test_tensorboard_service.py", "test_error_messages.py",
+    "test_probe_caps.py", "test_testbed_hosts.py", "test_secrets_on_hosts.py",
+    "test_report_chromium.py", "test_slurm_provision.py", "test_slurm_jobs.py",
+]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Integration items in FILE_ORDER (stable: within a file, pytest's order), after the rest."""
+    here = Path(__file__).parent
+    rank = {name: i for i, name in enumerate(FILE_ORDER)}
+    unplaced = sorted({it.path.name for it in items if it.path.parent == here} - set(rank))
+    if unplaced:
+        raise pytest.UsageError(f"{', '.join(unplaced)}: not in FILE_ORDER "
+                                f"({Path(__file__).relative_to(REPO)}); add it where it belongs")
+    items.sort(key=lambda it: (it.path.parent == here, rank.get(it.path.name, len(rank))))
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "provisioned(*hosts): the test needs these testbed hosts "
                                        "provisioned (the session's fleet does it once)")

@@ -2,7 +2,7 @@
 runuser, with the real torch load check): the job's user here is root, so the O_NOFOLLOW and
 regular-file checks alone must keep a planted symlink to a root-only file out; a corrupt newest
 checkpoint is refused; a partial file from an earlier run is resumed, and a wrong one caught
-by the hash. The testbed test (tests/integration/test_4_fetch.py) adds a real SSH drop."""
+by the hash. The testbed test (tests/integration/test_fetch.py) adds a real SSH drop."""
 
 import getpass
 import json

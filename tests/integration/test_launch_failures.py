@@ -160,7 +160,7 @@ def test_worker_over_its_memory_limit_is_named(testbed):
 
 
 FAULT = '''import os, signal, sys, time
-# test_4c_failures only (written and removed by the test): node 0's ranks finish at once,
+# test_launch_failures only (written and removed by the test): node 0's ranks finish at once,
 # node 1's local rank 1 kills itself once a little later
 print(f"start rank={os.environ['RANK']} local_rank={os.environ['LOCAL_RANK']}", flush=True)
 if os.environ["GROUP_RANK"] == "0":
@@ -176,7 +176,7 @@ time.sleep(600)
 
 def test_worker_dies_while_others_finish_status_says_what_each_waits_for(testbed):
     job = unique("t-finish")
-    script = REPO / "payload" / "_test_4c_fault.py"
+    script = REPO / "payload" / "_test_launch_failures_fault.py"
     script.write_text(FAULT)
     try:
         r = launch(testbed, job, "--script", script.name, "--max-restarts", "1",

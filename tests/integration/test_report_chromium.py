@@ -1,6 +1,6 @@
 """`invoke report` for a finished demo-like job on two testbed nodes, opened in real headless
 chromium: every plot drawn with its data, no console message, no network; a screenshot.
-Reuses what the session already has: test_4_launch's finished job t-basic and verify's kept
+Reuses what the session already has: test_launch's finished job t-basic and verify's kept
 busbw sweep of gpu1 when those ran; otherwise it makes them (a 30-step job, verify --bandwidth
 of gpu1 alone)."""
 
@@ -14,7 +14,7 @@ from conftest import NODES, REPO, invoke, launch, logs, status
 
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 import _browser  # noqa: E402
-from test_4_launch import ssh_logins  # noqa: E402
+from test_launch import ssh_logins  # noqa: E402
 
 pytestmark = [pytest.mark.provisioned("gpu1", "gpu4"),
               pytest.mark.skipif(_browser.BROWSER is None,
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.provisioned("gpu1", "gpu4"),
 
 
 def _finished_job(inv) -> str:
-    """t-basic when test_4_launch ran it to the end this session, else the same job anew."""
+    """t-basic when test_launch ran it to the end this session, else the same job anew."""
     _, st = status(inv, "t-basic")
     if st and all("error" not in n and n["unit"]["ActiveState"] == "inactive"
                   for n in st["nodes"].values()) \

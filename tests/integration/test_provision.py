@@ -99,7 +99,7 @@ def test_fresh_provision_waits_for_lock_reboots_and_converges(testbed, fleet):
     out, err = p.communicate(timeout=1200)
     assert p.returncode == 0, err + out
     data = json.loads(out)
-    fleet.mark("gpu2", "test_1_provision's fresh provision")
+    fleet.mark("gpu2", "test_provision's fresh provision")
     rep, st = steps_of(data, "gpu2")
     assert rep["rebooted"] is True
     # the first apt step waited for the holder instead of failing
@@ -226,7 +226,7 @@ def test_reboot_needed_is_reported_then_reboot_path(testbed, fleet):
     assert r.returncode == 0, r.stderr
     rep, st = steps_of(data, "gpu1")
     assert rep["rebooted"] and st["driver-services"]["status"] in ("changed", "ok")  # enabled: starts at boot
-    fleet.mark("gpu1", "test_1_provision's reboot path")
+    fleet.mark("gpu1", "test_provision's reboot path")
     assert sh(testbed, "gpu1", "systemctl is-active nvidia-persistenced") == "active"
 
 

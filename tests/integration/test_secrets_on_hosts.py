@@ -2,7 +2,7 @@
 credentials, served by a server that refuses anything without them. Every output mode, every
 file the host wrote and every process's command line on this machine (the hosts' processes
 included) is searched for each secret form. The first test needs a fresh gpu1 (in a full run,
-test_5's down/up gives one); the others need it provisioned."""
+test_testbed_hosts's down/up gives one); the others need it provisioned."""
 
 import base64
 import json
@@ -188,7 +188,7 @@ def test_no_secret_in_any_output_file_or_command_line(testbed, fleet, secret_inv
         r = invoke("provision", "-i", inv, "-H", HOST, "--yes", "--json", timeout=600)
         outputs["provision --json"] = r.stdout + r.stderr
         assert r.returncode == 0, r.stdout + r.stderr
-        fleet.mark(HOST, "test_6_secrets")
+        fleet.mark(HOST, "test_secrets_on_hosts")
         steps = {s["name"]: s for s in json.loads(r.stdout)[0]["steps"]}
         assert steps["nccl-tests"]["status"] == "changed"
         sampler.stop()  # launch's --env below is the operator's own command line
