@@ -1,4 +1,4 @@
-"""`invoke exec`: one ad-hoc command on many hosts, output prefixed per host (like pdsh)."""
+"""`torchrig exec`: one ad-hoc command on many hosts, output prefixed per host (like pdsh)."""
 
 from __future__ import annotations
 

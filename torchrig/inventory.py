@@ -266,8 +266,8 @@ def load(path: str | os.PathLike) -> Inventory:
         data = Path(path).read_bytes()
     except OSError as e:
         raise InventoryError(
-            f"{path}: cannot read the inventory ({e.strerror}); pass --inventory PATH "
-            "or copy inventory/example.yml to inventory/hosts.yml"
+            f"{path}: cannot read the inventory ({e.strerror}); pass --inventory PATH, set "
+            "TORCHRIG_INVENTORY, or start one with: torchrig init"
         ) from None
     try:
         text = data.decode("utf-8-sig")

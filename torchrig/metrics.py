@@ -1,4 +1,4 @@
-"""`invoke metrics`: every node's torchrig_* series, fetched from its node_exporter ON the node
+"""`torchrig metrics`: every node's torchrig_* series, fetched from its node_exporter ON the node
 over the task's SSH session (no port open to the operator), and the scrape targets provision
 prints. The metric definitions are payload/metrics.py's (the sampler's), loaded here as
 torchrig/progress.py loads the progress protocol: one definition, no copy."""
@@ -25,7 +25,7 @@ url = sys.argv[1]
 try:
     body = u.build_opener(u.ProxyHandler({})).open(url, timeout=20).read(64 << 20)
 except Exception as e:
-    sys.stderr.write("error: node_exporter does not answer on %s (%s): run `invoke provision` "
+    sys.stderr.write("error: node_exporter does not answer on %s (%s): run `torchrig provision` "
                      "on this host, or check var node_exporter_address\\n" % (url, e))
     sys.exit(3)
 for line in body.decode(errors="replace").splitlines():
@@ -43,7 +43,7 @@ def scrape_targets(hosts: list[Host]) -> list[tuple[str, str]]:
 
 @dataclass
 class JobView:
-    """One job on one node, from its series: what `invoke metrics` prints per row (series
+    """One job on one node, from its series: what `torchrig metrics` prints per row (series
     by their short key: METRICS' fourth field)."""
     job: str
     node: str

@@ -46,7 +46,7 @@ ALIVE_COUNT = 3
 
 # paramiko logs its own tracebacks (e.g. "Error reading SSH protocol banner") through Python's
 # last-resort handler onto the terminal, before torchrig's one error line. A handler here keeps
-# them out; `invoke --debug` (a root handler) still shows them.
+# them out; `torchrig --debug` (a root handler) still shows them.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 

@@ -206,7 +206,7 @@ def _num(v: float | None, fmt: str = "{:g}") -> str:
 
 
 def metrics_table(title: str, results) -> None:
-    """`invoke metrics`: one row per job and node from the torchrig_* series."""
+    """`torchrig metrics`: one row per job and node from the torchrig_* series."""
     t = Table(title=title)
     for col in ("node", "job", "state", "step", "loss", "tok/s", "samples/s", "MFU", "restarts",
                 "last progress", "GPUs (util% / mem GiB / °C / W)"):

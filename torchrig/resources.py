@@ -1,7 +1,7 @@
-"""Where the files torchrig ships live, in one place: templates/ and payload/ stay top-level
-folders of the checkout (the layout readers know); torchrig/shipped/ links to them, so the
-same paths work in a checkout, an editable install and a wheel (`pip install .` copies the
-linked files into the package)."""
+"""Where the files torchrig ships live, in one place: templates/, payload/ and
+inventory/example.yml stay in the checkout's top-level folders (the layout readers know);
+torchrig/shipped/ links to them, so the same paths work in a checkout, an editable install
+and a wheel (`pip install .` copies the linked files into the package)."""
 
 import importlib.util
 import sys
@@ -11,6 +11,7 @@ from types import ModuleType
 SHIPPED = Path(__file__).resolve().parent / "shipped"
 TEMPLATES = (SHIPPED / "templates").resolve()   # Jinja2 templates, mirroring target paths
 PAYLOAD = (SHIPPED / "payload").resolve()       # what launch pushes to the nodes
+EXAMPLE_INVENTORY = (SHIPPED / "example.yml").resolve()  # inventory/example.yml, for `torchrig init`
 
 
 def payload_module(name: str) -> ModuleType:

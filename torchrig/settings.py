@@ -26,7 +26,7 @@ JOBS_DIR = f"{ETC_DIR}/jobs"                         # env files (0600) and the 
 SYSTEMD_DIR = "/etc/systemd/system"
 UTIL_FILE = "gpu_util.csv"                           # its samples, in the job's log folder
 TENSORBOARD_DIR = "tensorboard"                      # its events, in the job's log folder
-MEM_FILE = "gpu_mem.csv"                             # its memory samples (invoke report), there too
+MEM_FILE = "gpu_mem.csv"                             # its memory samples (torchrig report), there too
 
 RDZV_PORTS = 500  # each job's rendezvous port is one of rdzv_port .. rdzv_port + RDZV_PORTS - 1
 CPU_PROCS = 2  # processes per node where accelerator is cpu: two gloo ranks make a real all-reduce
@@ -137,7 +137,7 @@ class Settings(BaseModel):
     low_util_minutes: int = _var(30, "status", "... for this long is flagged", ge=1)
     tensorboard: bool = _var(False, "provision, launch, tensorboard",
                              "install TensorBoard in the venv; train.py jobs then log to "
-                             "`<log_dir>/<job>/tensorboard` (see `invoke tensorboard`)")
+                             "`<log_dir>/<job>/tensorboard` (see `torchrig tensorboard`)")
     tensorboard_version: str = _var("2.21.0", "provision", "its version")
     tensorboard_index_url: str | None = _var(
         None, "provision", "wheel index for TensorBoard and its dependencies (the torch index "
@@ -228,7 +228,7 @@ class Settings(BaseModel):
         return {k: str(v) for k, v in self.env.items()}
 
     def node_exporter_listen(self, address: str) -> str:
-        """host:port node_exporter binds (and `invoke metrics` fetches on the node)."""
+        """host:port node_exporter binds (and `torchrig metrics` fetches on the node)."""
         host = self.node_exporter_address or address
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"  # IPv6

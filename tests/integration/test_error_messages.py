@@ -72,7 +72,7 @@ def test_stop_of_a_job_that_is_not_there_fails(testbed):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "stopped on" not in r.stdout
     assert r.stderr.strip() == (f"error: no job 'nosuchjob' on {NODES.replace(',', ', ')}; "
-                                "nothing was stopped (`invoke status` shows the newest job; "
+                                "nothing was stopped (`torchrig status` shows the newest job; "
                                 "check --job and --host)"), r.stderr
 
 
@@ -106,7 +106,7 @@ def test_ctrl_c_in_a_follower_exits_130_and_the_job_keeps_running(job, args):
     r = _interrupted(args[0], "--inventory", str(job), "--host", NODES, "--job", JOB, *args[1:])
     assert r.returncode == 130, r.stderr
     assert r.stderr.strip().splitlines()[-1] == (
-        f"interrupted: job {JOB} keeps running on {NODES}; stop it with: invoke stop "
+        f"interrupted: job {JOB} keeps running on {NODES}; stop it with: torchrig stop "
         f"--inventory {job} --host {NODES} --job {JOB}"), r.stderr
     assert "Traceback" not in r.stderr
     for h in NODES.split(","):
@@ -122,7 +122,7 @@ def test_ctrl_c_in_launch_follow_exits_130_and_the_job_keeps_running(job):
                          ready=lambda line: line.startswith("[gpu"))  # following the ranks
         assert r.returncode == 130, r.stdout + r.stderr
         assert r.stderr.strip().splitlines()[-1] == (
-            f"interrupted: job {j} keeps running on {NODES}; stop it with: invoke stop "
+            f"interrupted: job {j} keeps running on {NODES}; stop it with: torchrig stop "
             f"--inventory {inv} --host {NODES} --job {j}"), r.stderr
         assert unit_state(inv, NODES.split(",")[0], f"torchrig-{j}.service") == "active"
     finally:

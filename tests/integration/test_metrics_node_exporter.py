@@ -1,6 +1,6 @@
 """Prometheus metrics on the testbed: provision's node_exporter (Debian's package, from the
 testbed's mirror of real Debian packages) serves the job sampler's torchrig_* series for a
-running job, with the values of the job's own progress lines; `invoke metrics` shows them over
+running job, with the values of the job's own progress lines; `torchrig metrics` shows them over
 SSH. One job, sampled on demand (the sampler's unit, as its timer starts it), then stopped."""
 
 import json

@@ -1,4 +1,4 @@
-"""`invoke report` for a finished demo-like job on two testbed nodes, opened in real headless
+"""`torchrig report` for a finished demo-like job on two testbed nodes, opened in real headless
 chromium: every plot drawn with its data, no console message, no network; a screenshot.
 Reuses what the session already has: test_launch's finished job t-basic and verify's kept
 busbw sweep of gpu1 when those ran; otherwise it makes them (a 30-step job, verify --bandwidth

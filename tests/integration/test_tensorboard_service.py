@@ -1,7 +1,7 @@
 """TensorBoard through SSH and the end of a job in `status`, on one testbed node (gpu1): var
 tensorboard installs TensorBoard (from the testbed's wheel index), a train.py job writes events
 (stopped once `status --watch` saw it train),
-`invoke tensorboard` serves them through a forwarded port, Ctrl-C (or the operator vanishing)
+`torchrig tensorboard` serves them through a forwarded port, Ctrl-C (or the operator vanishing)
 leaves nothing running on the node. One job serves every test here."""
 
 import json
@@ -21,7 +21,7 @@ from conftest import (invoke, invoke_bg, launch, provision, sh, status, wait_uni
 pytestmark = pytest.mark.provisioned("gpu1")
 HOST = "gpu1"
 JOB = "t-tb"
-# the unit and its process: nothing of either may be left once `invoke tensorboard` ended
+# the unit and its process: nothing of either may be left once `torchrig tensorboard` ended
 WATCHED: list[str] = []  # status --json --watch 1's output while the job trained
 LEFT = ("systemctl list-units --all --plain --no-legend 'torchrig.tensorboard*'; "
         "pgrep -a -f '[b]in/tensorboard' || true")
@@ -90,7 +90,7 @@ def _start(inv, port):
     p = invoke_bg("tensorboard", "-i", str(inv), "-H", HOST, "--job", JOB, "--port", str(port))
     out: list[str] = []
     threading.Thread(target=lambda: out.extend(iter(p.stdout.readline, "")), daemon=True).start()
-    wait_until("invoke tensorboard to say where it serves",
+    wait_until("torchrig tensorboard to say where it serves",
                lambda: any("http://127.0.0.1:" in ln for ln in out) or p.poll() is not None, 180, 0.3)
     assert p.poll() is None, ("".join(out), p.stderr.read())
     return p, out

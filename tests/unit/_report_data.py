@@ -1,4 +1,4 @@
-"""Probe replies for `invoke report`'s tests, shaped as gather.request() gets them back:
+"""Probe replies for `torchrig report`'s tests, shaped as gather.request() gets them back:
 journalctl -o json lines (newest first, as journalctl 252 prints them with --grep and -n), the
 sampler's files, the unit's properties."""
 

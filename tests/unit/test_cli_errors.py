@@ -62,7 +62,7 @@ ROWS = [
      r"--timeout '5s': expected a whole number >= 1"),
     ("plan-not-a-plan", ["provision", "-i", "{inv}", "--plan", "{inv}"], HOST,
      r"--plan {inv}: not a torchrig provision plan \(not JSON: .*\); make one with: "
-     r"invoke provision --dry-run --save-plan FILE"),
+     r"torchrig provision --dry-run --save-plan FILE"),
     ("save-plan-applies-nothing", ["provision", "-i", "{inv}", "--save-plan", "p.json"], HOST,
      r"--save-plan saves a plan without applying it: add --dry-run"),
     ("nodes-word", ["launch", "-i", "{inv}", "--nodes", "two"], TWO,

@@ -72,7 +72,7 @@ def test_exec_dash_h_runs_nothing_and_says_where_its_help_is(flag, tmp_path):
                        text=True, capture_output=True, timeout=60)
     assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
     assert r.stderr.strip() == (f"error: exec: {flag} would run as the command on every host; "
-                                "for exec's help: invoke --help exec")
+                                "for exec's help: torchrig --help exec")
 
 
 def _doc_commands():

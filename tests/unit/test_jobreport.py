@@ -1,4 +1,4 @@
-"""`invoke report`'s pure parts: the journal filter, the probe replies -> data, data -> figures
+"""`torchrig report`'s pure parts: the journal filter, the probe replies -> data, data -> figures
 -> HTML, verify's kept busbw sweeps, and the sampler script's two history files."""
 
 import calendar

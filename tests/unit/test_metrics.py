@@ -1,6 +1,6 @@
 """Prometheus metrics: the one definition (payload/metrics.py), the sampler run for real on
 files laid out as torchrun writes them (stand-ins for nvidia-smi and systemctl only), the
-provision step's plan, `invoke metrics`' grouping, and the examples in examples/monitoring/."""
+provision step's plan, `torchrig metrics`' grouping, and the examples in examples/monitoring/."""
 
 import json
 import os
@@ -154,7 +154,7 @@ def test_sampler_writes_the_progress_line_values_and_gpu_series_atomically(tmp_p
     prom = out / "torchrig_exp1.prom"
     assert stat.S_IMODE(prom.stat().st_mode) == 0o644  # node_exporter's user reads it
     assert sorted(p.name for p in out.iterdir()) == ["torchrig_exp1.prom"]  # no temp file left
-    assert (logdir / "gpu_util.csv").read_text().strip().endswith(",97,95")  # invoke status's line
+    assert (logdir / "gpu_util.csv").read_text().strip().endswith(",97,95")  # torchrig status's line
     assert (logdir / "gpu_mem.csv").read_text().strip().endswith(",30000,81559,30100,81559")
 
 
@@ -250,7 +250,7 @@ def test_scrape_targets_default_to_the_inventory_address():
     assert ops.scrape_targets([h]) == [("gpu1", "10.1.2.3:9100")]
 
 
-# --- invoke metrics' grouping ---------------------------------------------------------------
+# --- torchrig metrics' grouping ---------------------------------------------------------------
 
 def test_views_group_by_job_and_node_and_filter_a_job():
     text = M.render(M.gpu_samples(CSV, "exp1", "gpu1")

@@ -1,4 +1,4 @@
-"""`invoke report`'s page in real headless chromium (Debian's package; `make deps` installs
+"""`torchrig report`'s page in real headless chromium (Debian's package; `make deps` installs
 it): it renders with no network, every plot draws one marker per data point, and nothing
 reaches the console. The negative controls show the checks can fail."""
 

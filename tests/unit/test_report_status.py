@@ -1,4 +1,4 @@
-"""`invoke status` prints a line the job wrote (its latest progress): terminal control
+"""`torchrig status` prints a line the job wrote (its latest progress): terminal control
 sequences in it are shown, not obeyed (a job could clear the operator's screen or retitle it)."""
 
 import io

@@ -1,4 +1,4 @@
-"""invoke tensorboard's pure parts: the port TensorBoard announces, the node-side start
+"""torchrig tensorboard's pure parts: the port TensorBoard announces, the node-side start
 script (quoted, run as the job's user, bound to 127.0.0.1), launch's --tensorboard argument,
 and the local forward (real sockets: a local echo server stands in for the SSH channel)."""
 

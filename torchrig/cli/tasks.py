@@ -1,7 +1,7 @@
 """torchrig: turn SSH-reachable bare-metal GPU servers into a PyTorch DDP fleet.
 
 Thin Invoke layer: parse flags, load the inventory, call the library, print. Heavy modules
-are imported inside tasks so `invoke --list` stays fast.
+are imported inside tasks so `torchrig --list` stays fast.
 """
 
 from __future__ import annotations
@@ -9,12 +9,18 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import sys
 
 import invoke
 from invoke import Collection, Exit
 
-INVENTORY_HELP = "inventory YAML file (default: torchrig.inventory in invoke.yaml, else inventory/hosts.yml)"
+# The inventory a task reads, first that applies: -i/--inventory, $TORCHRIG_INVENTORY, the config
+# files' torchrig.inventory (torchrig.yaml for the torchrig command, invoke.yaml in a checkout),
+# ./inventory/hosts.yml (inventory.DEFAULT_INVENTORY). See _inventory_path().
+INVENTORY_ENV = "TORCHRIG_INVENTORY"
+INVENTORY_HELP = ("inventory YAML file (default: $TORCHRIG_INVENTORY, else torchrig.inventory "
+                  "from the config file, else inventory/hosts.yml)")
 HOST_HELP = "host names or group names, comma-separated (default: every host)"
 ACCEPT_HELP = ("record unknown host keys in the known_hosts file in use (like OpenSSH's "
                "accept-new); changed keys are always refused")
@@ -22,7 +28,7 @@ ACCEPT_HELP = ("record unknown host keys in the known_hosts file in use (like Op
 FLEET_HELP = {"inventory": INVENTORY_HELP, "host": HOST_HELP, "accept_new_host_keys": ACCEPT_HELP}
 
 # The one short-flag set: a letter means the same flag in every task that has the flag, and
-# every other flag is long only. `-h` stays Invoke's help (`invoke provision -h`), so the
+# every other flag is long only. `-h` stays Invoke's help (`torchrig provision -h`), so the
 # host gets -H; --json has no letter (-j is --job). Invoke's automatic letters (the first free
 # letter of each name, in signature order) gave --json -j, -s or -o depending on the task.
 SHORT_FLAGS = {"inventory": "i", "host": "H", "job": "j", "follow": "f", "dry_run": "n",
@@ -47,7 +53,7 @@ def task(**kwargs):
 
 def user_errors(fn):
     """Turn a TorchrigError into its message and exit status 1, never a traceback. Anything
-    else is a torchrig bug: one line too, with the traceback under `invoke --debug`. Every
+    else is a torchrig bug: one line too, with the traceback under `torchrig --debug`. Every
     error line, a task's own included, goes through the redactor (URL credentials) and the
     terminal sanitiser (it may quote a node's or a job's text)."""
     @functools.wraps(fn)
@@ -70,10 +76,10 @@ def user_errors(fn):
                 raise Exit(line(e.message), code=e.code) from None
             raise
         except Exception as e:  # noqa: BLE001
-            if logging.getLogger().isEnabledFor(logging.DEBUG):  # invoke --debug
+            if logging.getLogger().isEnabledFor(logging.DEBUG):  # torchrig --debug
                 raise
             raise Exit(line(f"error: {fn.__name__.rstrip('_')}: unexpected "
-                            f"{type(e).__name__}: {e} (a torchrig bug; `invoke --debug "
+                            f"{type(e).__name__}: {e} (a torchrig bug; `torchrig --debug "
                             "...` shows the traceback)"), code=1) from None
     return wrapper
 
@@ -107,9 +113,15 @@ def _warm(module: str) -> None:
     threading.Thread(target=importlib.import_module, args=(module,), daemon=True).start()
 
 
+def _inventory_path(c, flag: str | None) -> str:
+    """Which inventory file a task reads (the order is INVENTORY_HELP's)."""
+    from torchrig.inventory import DEFAULT_INVENTORY
+    return flag or os.environ.get(INVENTORY_ENV) or c.config.torchrig.inventory or DEFAULT_INVENTORY
+
+
 def _inventory(c, path: str | None):
     from torchrig import inventory
-    return inventory.load(path or c.config.torchrig.inventory)
+    return inventory.load(_inventory_path(c, path))
 
 
 def fleet_task(help: dict | None = None, **kwargs):
@@ -151,7 +163,7 @@ def _job_keeps_running(fleet, job: str):
         yield
     except KeyboardInterrupt:
         hosts = ",".join(h.name for h in fleet.hosts)
-        raise Exit(f"interrupted: job {job} keeps running on {hosts}; stop it with: invoke stop "
+        raise Exit(f"interrupted: job {job} keeps running on {hosts}; stop it with: torchrig stop "
                    f"--inventory {shlex.quote(fleet.inv.path)} --host {hosts} --job {job}",
                    code=130) from None
 
@@ -176,6 +188,26 @@ def hosts(c, inventory=None, host=None, json_=False):
         hosts_table(inv, chosen, red)
 
 
+@task(help={"inventory": "where to write it (default: where tasks read the inventory, "
+                         "see --inventory of any task)"})
+@user_errors
+def init(c, inventory=None):
+    """Start an inventory: write the commented example (every field explained) to edit."""
+    from pathlib import Path
+    from torchrig.resources import EXAMPLE_INVENTORY
+    path = Path(_inventory_path(c, inventory))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "x", encoding="utf-8") as f:  # "x": an existing inventory is never replaced
+            f.write(EXAMPLE_INVENTORY.read_text(encoding="utf-8"))
+    except FileExistsError:
+        raise Exit(f"error: {path} exists: edit it, or pass --inventory NEW_PATH", code=1) from None
+    except OSError as e:
+        raise Exit(f"error: {path}: cannot write it ({e.strerror})", code=1) from None
+    print(f"wrote {path}: set your hosts' addresses, users and GPUs in it, then check with: "
+          "torchrig hosts; next: torchrig provision --dry-run")
+
+
 @fleet_task(name="exec",
             help={"command": "the shell command line to run on every selected host",
                   "sudo": "run the command as root (root login, or passwordless sudo)",
@@ -186,7 +218,7 @@ def exec_(c, command, inventory=None, host=None, sudo=False, timeout=None, paral
     """Run an ad-hoc command on the selected hosts in parallel, output prefixed by host."""
     if command in ("-h", "--help"):  # Invoke hands it to the positional `command`, not help
         raise Exit(f"error: exec: {command} would run as the command on every host; for exec's "
-                   "help: invoke --help exec", code=2)
+                   "help: torchrig --help exec", code=2)
     timeout = None if timeout is None else _number("timeout", timeout, 1)
     from torchrig.execute import run_on
     from torchrig.report import exec_summary
@@ -234,7 +266,7 @@ def _provision(fleet, dry_run, yes, reboot, json_, save_plan=None, saved=None):
     if save_plan:
         n = service.save(fp, save_plan)
         print(f"plan for {n} host(s) saved to {save_plan}; apply exactly it with: "
-              f"invoke provision --plan {save_plan}", file=sys.stderr)
+              f"torchrig provision --plan {save_plan}", file=sys.stderr)
     # a saved plan was reviewed when it was made: --plan applies it without asking again
     if dry_run or (fp.todo and not yes and saved is None):
         if json_ and dry_run:
@@ -278,7 +310,7 @@ def verify(c, inventory=None, host=None, bandwidth=False, json_=False, accept_ne
     _warm("torchrig.report")
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
         rep = run_verify(fleet, fleet.hosts, bandwidth=bandwidth)
-    if bandwidth:  # the sweeps, for `invoke report` (the nodes keep nothing of them)
+    if bandwidth:  # the sweeps, for `torchrig report` (the nodes keep nothing of them)
         from torchrig.verify import store
         store.save(rep.bandwidth, {h.name: h.address for h in fleet.hosts})
     rep.redact(red := _redactor(fleet.inv))
@@ -384,9 +416,9 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", scrip
     inv_flag = f" -i {inventory}" if inventory else ""
     print(f"job {j.name} started on {sel} ({j.nnodes} node(s) x {j.nodes[0].nproc} process(es)) "
           f"in {res.seconds:.1f}s")
-    print(f"  follow:  invoke logs{inv_flag} --host {sel} --job {j.name} -f")
-    print(f"  status:  invoke status{inv_flag} --host {sel} --job {j.name}")
-    print(f"  stop:    invoke stop{inv_flag} --host {sel} --job {j.name}")
+    print(f"  follow:  torchrig logs{inv_flag} --host {sel} --job {j.name} -f")
+    print(f"  status:  torchrig status{inv_flag} --host {sel} --job {j.name}")
+    print(f"  stop:    torchrig stop{inv_flag} --host {sel} --job {j.name}")
     if follow:  # from here on, a Ctrl-C leaves the started job running: say so
         with _job_keeps_running(fleet, j.name):
             logs(c, inventory=inventory, host=sel, job=j.name, follow=True,
@@ -412,9 +444,9 @@ def _launch_slurm(c, fleet, o, nodes, partition, time_limit, inventory, follow,
         st = sj.state
         _say(f"job {j.name} queued as slurm job {sj.job_id} "
              f"({st.state if st else '?'}: {st.reason if st else '?'})")
-    print(f"  follow:  invoke logs{inv_flag} --job {j.name} -f")
-    print(f"  status:  invoke status{inv_flag} --job {j.name}")
-    print(f"  stop:    invoke stop{inv_flag} --job {j.name}")
+    print(f"  follow:  torchrig logs{inv_flag} --job {j.name} -f")
+    print(f"  status:  torchrig status{inv_flag} --job {j.name}")
+    print(f"  stop:    torchrig stop{inv_flag} --job {j.name}")
     if follow and res.started:
         logs(c, inventory=inventory, job=j.name, follow=True,
              accept_new_host_keys=accept_new_host_keys)
@@ -491,7 +523,7 @@ def _status(fleet, job, json_, watch):
                 _say(f"first failure: rank {f['rank']} on {f['host']} (local rank "
                      f"{f['local_rank']}, pid {f['pid']}) {f['cause']}"
                      + (f": {f['error']}" if f["error"] else "")
-                     + f" (its last lines: invoke logs --failures --job {job})")
+                     + f" (its last lines: torchrig logs --failures --job {job})")
         if not watch:
             break
         _time.sleep(watch)
@@ -545,7 +577,7 @@ def tensorboard(c, inventory=None, host=None, job=None, port=None, accept_new_ho
     _say(f"{board.host}: TensorBoard {board.stopped}", flush=True)
     if board.ended_by_itself:
         raise Exit(f"error: TensorBoard for job {job} ended on {board.host} by itself "
-                   f"(see: invoke exec --host {board.host} --sudo 'journalctl -u {board.unit}')", code=1)
+                   f"(see: torchrig exec --host {board.host} --sudo 'journalctl -u {board.unit}')", code=1)
 
 
 @fleet_task(name="report",
@@ -773,8 +805,8 @@ def testbed_up(c, hosts=None, profile=None, inventory="inventory/testbed.yml"):
     for name, h in st["hosts"].items():
         print(f"{name}  {h['ip']}  profile={h['profile']}")
     print(f"testbed up in {st['seconds']}s; inventory: {inventory} "
-          f"(e.g. invoke exec --inventory {inventory} \"nvidia-smi -L || true\"); "
-          "take it down with: invoke testbed.down")
+          f"(e.g. torchrig exec --inventory {inventory} \"nvidia-smi -L || true\"); "
+          "take it down with: torchrig testbed.down")
 
 
 @task(name="down")
@@ -848,23 +880,23 @@ def demo(c, steps=None):
     s = run_summary(seen)
     stage("summary")
     if s is None:
-        raise Exit(f"error: demo job {job} did not finish; see: invoke logs -i {inv_path} --job {job}",
+        raise Exit(f"error: demo job {job} did not finish; see: torchrig logs -i {inv_path} --job {job}",
                    code=1)
     rate = "?" if s["median_tok_s"] is None else f"{s['median_tok_s']:.0f}"
     print(f"job {job}: {s['steps']} steps, loss {s['first_loss'] or '?'} -> {s['last_loss']}, "
           f"median {rate} tokens/s (4 ranks, CPU), checkpoint {s['ckpt']} (on the rank-0 node)")
-    print(f"a report with plots: invoke report -i {inv_path} --job {job}")
+    print(f"a report with plots: torchrig report -i {inv_path} --job {job}")
     print(f"demo done in {_time.monotonic() - t0:.0f}s. The testbed is still up: "
-          f"invoke exec -i {inv_path} 'hostname'; take it down with: invoke testbed.down")
+          f"torchrig exec -i {inv_path} 'hostname'; take it down with: torchrig testbed.down")
 
 
 testbed = Collection("testbed", testbed_up, testbed_down, testbed_status)
 
-ns = Collection(hosts, exec_, provision, verify, launch, logs, status, job_report, stop,
+ns = Collection(init, hosts, exec_, provision, verify, launch, logs, status, job_report, stop,
                 metrics, tensorboard, fetch, demo, testbed)
 ns.configure({
     "torchrig": {
-        "inventory": "inventory/hosts.yml",  # override in invoke.yaml or INVOKE_TORCHRIG_INVENTORY
+        "inventory": None,  # a config file's torchrig.inventory (see _inventory_path)
         # hosts at once; sshd's MaxStartups bounds one host. Text, so that a bad
         # INVOKE_TORCHRIG_PARALLEL reaches torchrig's check, not Invoke's int() (a traceback).
         "parallel": "16",

@@ -1,4 +1,4 @@
-"""A job's state for `invoke status`: its unit, torchrun's per-rank logs, GPU use and the
+"""A job's state for `torchrig status`: its unit, torchrun's per-rank logs, GPU use and the
 sampler's utilisation file, as probe reads, and the probe's raw reply back as status's dict
 (pure). Everything under the log folder was written by the job: the probe reads it without
 following links (probe_host.py), and every value here is parsed defensively."""

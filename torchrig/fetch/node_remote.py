@@ -256,7 +256,7 @@ def base_dir(path):
     if st.st_uid != 0 or st.st_mode & 0o022:
         os.close(fd)
         fail(f"{path} is not root's alone (owner uid {st.st_uid}, mode {st.st_mode & 0o7777:o}): "
-             "root keeps no snapshot there; run `invoke provision` on this host")
+             "root keeps no snapshot there; run `torchrig provision` on this host")
     return fd
 
 

@@ -1,4 +1,4 @@
-"""`invoke fetch`: a job's checkpoint from the node that holds it to the operator, verified.
+"""`torchrig fetch`: a job's checkpoint from the node that holds it to the operator, verified.
 
 Every read of the job's folder on the node goes through node_remote.py as the job's user (see
 there why). Here: find the node with the newest checkpoint; have root there copy candidates

@@ -1,4 +1,4 @@
-"""`invoke report --job J`: one self-contained HTML page for a job (loss and tokens/s over
+"""`torchrig report --job J`: one self-contained HTML page for a job (loss and tokens/s over
 steps, GPU utilisation and memory per GPU over time on every node, starts, restarts and
 failures on the time axis, verify's busbw sweeps). gather.py is the edge (one probe round trip
 per node); data.py and html.py are pure."""

@@ -1,4 +1,4 @@
-"""`invoke report`'s data: the nodes' raw probe replies (gather.py) -> what the report shows.
+"""`torchrig report`'s data: the nodes' raw probe replies (gather.py) -> what the report shows.
 Pure: text in, data out. Everything here was written by the job or about it (progress lines,
 sampler files): values are parsed defensively (a bad or non-finite number is skipped).
 

@@ -1,4 +1,4 @@
-"""`invoke report`'s edge: one probe round trip per node (as root, over the task's fleet
+"""`torchrig report`'s edge: one probe round trip per node (as root, over the task's fleet
 session) reads the job's unit, its journal (torchrun's agent lines and the ranks' progress
 lines, filtered on the node by journalctl), the kernel's OOM lines, the node's clock and the
 sampler's GPU history files; the operator keeps verify's busbw sweeps (verify/store.py).

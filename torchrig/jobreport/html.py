@@ -1,4 +1,4 @@
-"""`invoke report`'s page: data.Report -> Plotly figures (plain dicts) -> one self-contained
+"""`torchrig report`'s page: data.Report -> Plotly figures (plain dicts) -> one self-contained
 HTML file. Pure, except that the page inlines plotly.js from the `report` extra (plotly's
 Python package ships it), so the file opens with no network.
 
@@ -26,7 +26,7 @@ def plotly_js() -> str:
     try:
         from plotly.offline import get_plotlyjs
     except ImportError:
-        raise TorchrigError(f"invoke report needs plotly, torchrig's '{EXTRA}' extra: "
+        raise TorchrigError(f"torchrig report needs plotly, torchrig's '{EXTRA}' extra: "
                             f"pip install 'torchrig[{EXTRA}]' (make venv installs it)") from None
     return get_plotlyjs()
 

@@ -14,7 +14,7 @@ import pwd
 import stat
 import sys
 
-FIX = ("run `invoke provision` on this host (it makes the log and checkpoint roots root-owned) "
+FIX = ("run `torchrig provision` on this host (it makes the log and checkpoint roots root-owned) "
        "or set the path var to a folder that root alone can write")
 
 
@@ -87,6 +87,6 @@ a = json.loads(sys.argv[1])
 try:
     pw = pwd.getpwnam(a["user"])
 except KeyError:
-    fail(f"no service user {a['user']!r} on this host: run `invoke provision` first")
+    fail(f"no service user {a['user']!r} on this host: run `torchrig provision` first")
 for root, job in a["dirs"]:
     job_dir(root, job, pw.pw_uid, pw.pw_gid)

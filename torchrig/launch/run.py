@@ -96,7 +96,7 @@ def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
     nodes = [_node(inv, h, i, o.nproc, interfaces.get(h.name)) for i, h in enumerate(hosts)]
     if o.script == "train.py" and not any(a.startswith("--ckpt-dir") for a in args):
         args = ["--ckpt-dir", job_folder(nodes[0].checkpoint_dir, o.job)] + args
-    # where the node has TensorBoard (var tensorboard), rank 0 logs for `invoke tensorboard`
+    # where the node has TensorBoard (var tensorboard), rank 0 logs for `torchrig tensorboard`
     first = hosts[0].settings
     if (o.script == "train.py" and first.tensorboard
             and not any(a.startswith("--tensorboard") for a in args)):
@@ -127,7 +127,7 @@ def _gate(fleet: Fleet, hosts: list[Host], job: str) -> dict[str, str | None]:
         _refuse_busy(h, job, rep.also[h.name]["busy"])
     if rep.gate[0] != "PASS":
         raise TorchrigError("nothing started: the version gate failed: " + "; ".join(rep.gate[2])
-                            + " (run `invoke verify` for details, `invoke provision` to fix)")
+                            + " (run `torchrig verify` for details, `torchrig provision` to fix)")
     bad = [f"{v.host}: {c.name}: {c.detail}" for v in rep.hosts for c in v.checks
            if c.status == "FAIL" and c.name in ("driver", "torch")]
     if bad:
@@ -153,7 +153,7 @@ def _refuse_busy(h: Host, job: str, listed: dict) -> None:
     if job in running:
         raise TorchrigError(f"nothing started: job {job!r} is already running on {h.name} "
                             "(or still stopping); "
-                            f"`invoke stop --job {job}` first, or pick another --job")
+                            f"`torchrig stop --job {job}` first, or pick another --job")
     if running and h.settings.accelerator == "cuda":
         raise TorchrigError(f"nothing started: {h.name} already runs job(s) "
                             f"{', '.join(running)} on its GPUs; two jobs would share them. "
@@ -277,7 +277,7 @@ fi
 # `nft flush ruleset`); loaded again here, and no job starts without it
 if [ {firewall} = 1 ] && ! nft list table {table} >/dev/null 2>&1; then
   systemctl restart {firewall_unit} && nft list table {table} >/dev/null 2>&1 || {{
-    echo "error: torchrig's firewall table ({table}) does not load on this node: the job's ports would be open to anyone; see journalctl -u {firewall_unit}, or run invoke provision" >&2; exit 3; }}
+    echo "error: torchrig's firewall table ({table}) does not load on this node: the job's ports would be open to anyone; see journalctl -u {firewall_unit}, or run torchrig provision" >&2; exit 3; }}
 fi
 systemctl start {name}
 """
@@ -409,7 +409,7 @@ def nowhere(out: Outcome, job: str, hosts: list[Host]) -> Outcome:
     """The stop's outcome, or the error that no selected node has the job at all."""
     if out.results and all(r.ok and r.value is None for r in out):
         raise TorchrigError(f"{no_job(job).replace('this host', ', '.join(h.name for h in hosts))}"
-                            "; nothing was stopped (`invoke status` shows the newest job; "
+                            "; nothing was stopped (`torchrig status` shows the newest job; "
                             "check --job and --host)")
     return out
 

@@ -37,7 +37,7 @@ def cluster(inv):
     s = getattr(inv, "slurm", None)
     if s is None:
         raise TorchrigError(f"{inv.path}: no `slurm:` section, so no Slurm cluster to launch on; "
-                            "add one (see inventory/example.yml) and run `invoke provision`, or "
+                            "add one (see inventory/example.yml) and run `torchrig provision`, or "
                             "use --backend systemd")
     return s
 
@@ -265,7 +265,7 @@ def launch(fleet: Fleet, hosts: list[Host], o, nnodes: int | None, partition: st
     running = live_job_named(fleet, ctl, o.job)
     if running:
         raise TorchrigError(f"nothing submitted: job {o.job!r} is already slurm job {running}; "
-                            f"`invoke stop --job {o.job}` first, or pick another --job")
+                            f"`torchrig stop --job {o.job}` first, or pick another --job")
     interfaces = _gate(fleet, candidates, o.job)  # a systemd job on these GPUs: refused too
     _same_ids(fleet, [ctl] + [h for h in candidates if h is not ctl],
               candidates[0].settings.service_user)
@@ -348,5 +348,5 @@ def _confirm(fleet: Fleet, ctl: Host, job: Job, sj: SlurmJob, timeout: float) ->
             fleet.run(ctl, sh("scancel", sj.job_id), root=True, timeout=60)
             raise TorchrigError(f"slurm job {sj.job_id}: workers not started on every node within "
                                 f"{timeout:.0f}s ({st.state} on {','.join(st.nodes)}), so it was "
-                                f"cancelled; see `invoke logs --failures --job {job.name}`")
+                                f"cancelled; see `torchrig logs --failures --job {job.name}`")
         time.sleep(1)

@@ -1,4 +1,4 @@
-"""`invoke tensorboard`: TensorBoard on a job's rank-0 node, reached from the operator's machine.
+"""`torchrig tensorboard`: TensorBoard on a job's rank-0 node, reached from the operator's machine.
 
 On the node TensorBoard runs as a transient systemd unit, as the job's unprivileged user (it
 reads files the job wrote, so never as root), bound to 127.0.0.1 there. The operator reaches it
@@ -39,7 +39,7 @@ def unit_name(job: str) -> str:
 START = """set -eu
 tb={tb}
 [ -x "$tb" ] || {{ echo "error: TensorBoard is not installed in {venv} on this node: set var \
-tensorboard: true for it and run invoke provision" >&2; exit 3; }}
+tensorboard: true for it and run torchrig provision" >&2; exit 3; }}
 # checked as the job's user: root follows no path in the job's folder
 runuser -u {user} -- test -d {logdir} || {{ echo "error: no TensorBoard folder {logdir} on this \
 node: was job {job} launched with var tensorboard set (and has it started logging)?" >&2; exit 3; }}

@@ -1,4 +1,4 @@
-"""`invoke logs`: run follow_remote.py on every node over SSH and merge what comes back.
+"""`torchrig logs`: run follow_remote.py on every node over SSH and merge what comes back.
 
 One thread per node. A dropped connection (or one silent past the heartbeat timeout) is
 reopened with the offsets (and file identities) the Tracker holds, so lines are neither lost

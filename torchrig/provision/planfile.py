@@ -69,7 +69,7 @@ def loads(text: str, path: str) -> SavedPlan:
     """The saved plan, or one TorchrigError saying why FILE is not one torchrig can apply."""
     def bad(why: str) -> TorchrigError:
         return TorchrigError(f"--plan {path}: not a torchrig provision plan ({why}); make one "
-                             "with: invoke provision --dry-run --save-plan FILE")
+                             "with: torchrig provision --dry-run --save-plan FILE")
     try:
         doc = json.loads(text)
     except ValueError as e:

@@ -91,7 +91,7 @@ def against_saved(fp: FleetPlan, saved: planfile.SavedPlan) -> FleetPlan:
 def mismatch(p: Planned, red: Redactor, saved: planfile.SavedPlan) -> str | None:
     """Why the host's plan now is not the saved one, or None when it is."""
     entry = saved.hosts.get(p.host.name)
-    again = ("nothing was applied; review a new plan (invoke provision --dry-run --save-plan "
+    again = ("nothing was applied; review a new plan (torchrig provision --dry-run --save-plan "
              f"{saved.path})")
     if entry is None:
         return (f"not in the saved plan {saved.path} (it has "

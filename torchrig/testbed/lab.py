@@ -36,7 +36,7 @@ def require_root() -> None:
         raise TorchrigError("the testbed needs Linux (systemd-nspawn, overlayfs, netns)")
     if os.geteuid() != 0:
         raise TorchrigError("the testbed needs root (mounts, network namespaces, nspawn); "
-                            "rerun as root, e.g. `sudo -E invoke testbed.up`")
+                            "rerun as root, e.g. `sudo -E torchrig testbed.up`")
 
 
 def parse_profiles(spec: str | None, names: list[str]) -> dict[str, str]:
@@ -112,7 +112,7 @@ def up(n: int, profile: str | None, inventory_path: str, log=print) -> dict:
     previous = _state().get("hosts", {})
     extra = [h for h in previous if h not in names]
     if extra:
-        raise TorchrigError(f"a testbed with {len(previous)} hosts is up; run `invoke "
+        raise TorchrigError(f"a testbed with {len(previous)} hosts is up; run `torchrig "
                             "testbed.down` first to change the number of hosts")
     t0 = time.monotonic()
     with _cache_lock(log):
@@ -226,8 +226,8 @@ def write_inventory(path: str, names: list[str], peers: dict[str, str],
                   for n in names],
     }
     # the GPU profiles as a comment: torchrig itself reads nothing of the testbed's
-    header = ("# Written by `invoke testbed.up`: hosts of the local TESTBED SIMULATION\n"
-              "# (systemd-nspawn containers with stand-in GPUs). `invoke testbed.down` removes it.\n"
+    header = ("# Written by `torchrig testbed.up`: hosts of the local TESTBED SIMULATION\n"
+              "# (systemd-nspawn containers with stand-in GPUs). `torchrig testbed.down` removes it.\n"
               + "".join(f"# {n}: GPU profile {profiles[n]}\n" for n in names))
     tmp = Path(path).with_suffix(".tmp")
     tmp.parent.mkdir(parents=True, exist_ok=True)

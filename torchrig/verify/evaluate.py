@@ -142,7 +142,7 @@ def _stack(v: HostVerdict, facts: dict, gpus, accelerator: str, expected_gpus) -
     rt = facts.get("torch_runtime")
     if not facts.get("venv_exists") or not v.versions["torch"]:
         v.checks.append(Check("torch", FAIL, "no venv with torch at the provisioned prefix: "
-                                             "run `invoke provision`"))
+                                             "run `torchrig provision`"))
         return
     if rt is None:
         v.checks.append(Check("torch", PASS, f"torch {v.versions['torch']} installed"))

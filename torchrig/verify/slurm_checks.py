@@ -20,7 +20,7 @@ def node_checks(sinfo: dict[str, facts.NodeState], compute: list[str],
         n = sinfo.get(name)
         if n is None:
             out.append(Check(f"slurm node {name}", "FAIL", "not registered with slurmctld "
-                             "(not in sinfo): run `invoke provision` on the cluster's hosts"))
+                             "(not in sinfo): run `torchrig provision` on the cluster's hosts"))
             continue
         problems = []
         if not n.idle:
@@ -41,7 +41,7 @@ def munge_check(results: dict[tuple[str, str], tuple[bool, str]]) -> Check:
     bad = [f"{a} -> {b}: {why}" for (a, b), (ok, why) in results.items() if not ok]
     return Check("munge", "FAIL" if bad else "PASS",
                  "; ".join(bad) + (" (same /etc/munge/munge.key everywhere? clocks in sync? "
-                                   "`invoke provision` distributes the key)" if bad else "")
+                                   "`torchrig provision` distributes the key)" if bad else "")
                  or f"{len(results)} credential(s) decoded across the cluster")
 
 
@@ -67,7 +67,7 @@ def cluster_checks(fleet, hosts, gpus_found: dict[str, int]) -> list[Check]:
         return [Check("slurm", "FAIL", f"controller {ctl.name}: {e.reason}")]
     if r.exited != 0:
         return [Check("slurm", "FAIL", f"sinfo on {ctl.name}: {r.stderr.strip()[-200:]} "
-                      "(slurmctld running? `invoke provision`)")]
+                      "(slurmctld running? `torchrig provision`)")]
     checks = node_checks(facts.parse_sinfo(r.stdout), compute, gpus_found)
     checks.append(munge_check(_munge(fleet, ctl, [fleet.inv.host(c) for c in compute
                                                   if c != ctl.name])))

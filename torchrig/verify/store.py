@@ -1,4 +1,4 @@
-"""verify --bandwidth's busbw sweeps, kept on the operator's side for `invoke report`.
+"""verify --bandwidth's busbw sweeps, kept on the operator's side for `torchrig report`.
 
 The nodes keep nothing of a benchmark run (it runs from a private temporary folder), so the
 operator keeps the last sweep per host: STATE_DIR/bandwidth/<host>.json (folder 0700, files 0600,
