@@ -62,7 +62,7 @@ def test_report_says_its_journal_was_cut_and_keeps_the_short_lines(testbed, tmp_
 
 def test_status_watch_reads_the_journal_after_its_cursor(testbed):
     from torchrig import inventory
-    from torchrig.launch.run import status
+    from torchrig.launch.status import node_states as status
     from torchrig.session import Fleet as Session
     job = start_unit(testbed)
     inv = inventory.load(testbed)

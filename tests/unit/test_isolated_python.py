@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from torchrig import inventory
-from torchrig.launch.run import INSTALL, status
+from torchrig.launch.run import INSTALL
+from torchrig.launch.status import node_states as status
 from torchrig.provision.apply import gather as provision_gather
 from torchrig.session import Fleet
 from torchrig.verify.run import HostOpts, _bench_cmd, gather, host_opts

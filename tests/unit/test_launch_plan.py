@@ -6,7 +6,7 @@ import pytest
 
 from torchrig.errors import TorchrigError
 from torchrig.launch import plan
-from torchrig.launch.run import low_utilisation
+from torchrig.launch.status import low_utilisation
 from torchrig.render import env_quote, render, systemd_quote
 
 

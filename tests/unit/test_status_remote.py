@@ -48,7 +48,7 @@ def test_status_is_one_probe_round_trip_per_node_journal_included(tmp_path, monk
     diagnosis); now one probe per node carries both. Local hosts, stand-in systemctl and
     journalctl on PATH; every command the fleet runs is counted."""
     from torchrig import inventory
-    from torchrig.launch.run import status
+    from torchrig.launch.status import node_states as status
     from torchrig.logs import diagnose
     from torchrig.session import Fleet
     bin_ = tmp_path / "bin"

@@ -87,16 +87,14 @@ def test_status_table_and_its_lines(capsys):
 def test_status_diagnosis_lines_and_error_line(monkeypatch, capsys):
     """status' lines under the table (a node's wait, the first failure's error, Slurm's state)
     quote the journal; its error line quotes the nodes."""
-    from torchrig.launch import run as launch_run
+    from torchrig.launch import status
 
-    res = launch_run.JobStatus("job j", [Result("gpu1", True, {"unit": {}, "gpus": []}),
-                                         Result("gpu2", False, error=HOSTILE)])
-    monkeypatch.setattr(launch_run, "status", lambda *a, **k: res)
-    monkeypatch.setattr(tasks, "_slurm_job", lambda fleet, job: None)
-    monkeypatch.setattr(tasks, "_diagnosis", lambda *a, **k: {
+    res = status.JobStatus("job j", [Result("gpu1", True, {"unit": {}, "gpus": []}),
+                                     Result("gpu2", False, error=HOSTILE)])
+    monkeypatch.setattr(status, "look", lambda fleet, job, journals: status.StatusRound(job, res, {
         "waiting": {"gpu1": "waits for " + HOSTILE},
         "failure": {"rank": 1, "host": "gpu1", "local_rank": 1, "pid": 9, "cause": "exit 1",
-                    "error": HOSTILE}})
+                    "error": HOSTILE}}))
     monkeypatch.setattr(report, "status_table", lambda *a, **k: None)
     fleet = types.SimpleNamespace(inv=types.SimpleNamespace(hosts=[]), hosts=[])
     with pytest.raises(Exit) as e:

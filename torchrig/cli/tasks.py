@@ -334,20 +334,8 @@ def _nodes(chosen, nodes):
 
 
 def _latest_job(fleet) -> str:
-    """The newest job on the first selected host (the one whose env file was written last)."""
-    from torchrig.remote import sh
-    from torchrig.settings import JOBS_DIR
-    first = fleet.hosts[0]
-    newest = f"cd {sh(JOBS_DIR)} 2>/dev/null && stat -c '%Y %n' -- *{{ext}} 2>/dev/null | sort -n | tail -1"
-    found = []  # (mtime, job): systemd jobs on the first host, Slurm jobs on the controller
-    for h, ext in ((first, ".env"),) + (((fleet.inv.host(fleet.inv.slurm.controller), ".slurm"),)
-                                          if getattr(fleet.inv, "slurm", None) else ()):
-        out = fleet.run(h, newest.format(ext=ext)).stdout.split()
-        if len(out) == 2 and out[0].isdigit():
-            found.append((int(out[0]), out[1][:-len(ext)]))
-    if not found:
-        raise Exit(f"error: no torchrig job found on {first.name}; pass --job NAME", code=1)
-    return max(found)[1]
+    from torchrig.launch.status import latest_job
+    return latest_job(fleet)
 
 
 @fleet_task(iterable=["env"],
@@ -452,16 +440,6 @@ def _launch_slurm(c, fleet, o, nodes, partition, time_limit, inventory, follow,
              accept_new_host_keys=accept_new_host_keys)
 
 
-def _slurm_job(fleet, job):
-    """The job's Slurm record when the inventory has a cluster and Slurm runs it, with the
-    fleet narrowed to its nodes in Slurm's order; else None (a systemd job)."""
-    from torchrig.launch import slurm
-    sj = slurm.find(fleet, job)
-    if sj is not None and sj.nodes:
-        fleet.hosts = slurm.hosts_of(fleet, sj)
-    return sj
-
-
 @fleet_task(help={"job": "job name (default: the newest job on the first host)",
                   "json": "print the status as JSON",
                   "watch": "refresh every N seconds until interrupted (0: once), with a "
@@ -480,22 +458,14 @@ def status(c, inventory=None, host=None, job=None, json_=False, watch=None,
 def _status(fleet, job, json_, watch):
     import time as _time
     from torchrig import report
-    from torchrig.launch.run import status as run_status
+    from torchrig.launch.status import look
     from torchrig.trend import Trend
-    job = job or _latest_job(fleet)
     red = _redactor(fleet.inv)  # the inventory's secrets do not change between --watch rounds
     trend = Trend() if watch else None  # the watch's samples: a sparkline per node
     journals = {} if watch else None  # each round reads the journal after the last one's cursor
     while True:
-        sj = _slurm_job(fleet, job)
-        if sj is not None and not sj.nodes:
-            raise Exit(f"error: job {job}: slurm job {sj.job_id} {sj.as_dict()['state']} "
-                       f"({sj.as_dict()['reason']}), on no node yet", code=1)
-        # one probe per node, journal included
-        res = run_status(fleet, fleet.hosts, job, sj.as_dict()["state"] if sj else None,
-                         _ident(job, sj), journals)
-        diag = red.data(_diagnosis(fleet, res.journals, job, sj))
-        res = red.data(res)
+        rnd = look(fleet, job, journals)
+        sj, diag, res = rnd.slurm, red.data(rnd.diagnosis), red.data(rnd.nodes)
         if trend is not None:
             for r in res:
                 if r.ok:
@@ -529,30 +499,6 @@ def _status(fleet, job, json_, watch):
         _time.sleep(watch)
     if not res.ok:
         raise Exit(f"error: job {job}: " + "; ".join(res.failures), code=1)
-
-
-def _diagnosis(fleet, journals, job, sj=None) -> dict:
-    """From the nodes' journals: the job's first failed rank and what each node waits for;
-    for a Slurm job, also its nodes whose journal could not be read (lost)."""
-    from torchrig.launch.plan import unit_name
-    from torchrig.logs import diagnose
-    found = diagnose.failures(journals, unit_name(job))
-    return {"failure": found[0].as_dict() if found else None,
-            "waiting": diagnose.waiting(journals, len(fleet.hosts)),
-            **({"lost_nodes": _lost_nodes(fleet, journals, sj)} if sj is not None else {})}
-
-
-def _ident(job, sj):
-    from torchrig.launch import slurm
-    return slurm.identifier(job) if sj is not None else None
-
-
-def _lost_nodes(fleet, nodes, sj) -> list[str]:
-    """A Slurm job's nodes whose journal could not be read (powered off, unreachable)."""
-    if sj is None:
-        return []
-    read = {n.host for n in nodes}
-    return [h.name for h in fleet.hosts if h.name not in read]
 
 
 @fleet_task(help={"job": "job name (default: the newest job on the first host)",
@@ -700,9 +646,10 @@ def _color(value) -> bool:
 
 def _logs(fleet, job, follow, rank, grep, when, failures, color):
     from torchrig.launch.plan import check_job_name, unit_name
+    from torchrig.launch.status import journal_ident, lost_nodes, slurm_record
     from torchrig.logs.stream import Options, failure_report, follow as run_follow
     job = check_job_name(job or _latest_job(fleet))
-    sj = _slurm_job(fleet, job)
+    sj = slurm_record(fleet, job)
     inv, chosen = fleet.inv, fleet.hosts
     o = Options(job, {h.name: h.settings.job_log_dir(job) for h in chosen},
                 unit_name(job), follow=follow and not failures,
@@ -715,10 +662,10 @@ def _logs(fleet, job, follow, rank, grep, when, failures, color):
         res = run_follow(fleet, chosen, o, printer=_NullPrinter())
         # torchrun's agent saw every exit (a signal leaves no error.json); error.json alone
         # when no journal could be read
-        journals = diagnose.fetch(fleet, chosen, unit_name(job), ident=_ident(job, sj))
+        journals = diagnose.fetch(fleet, chosen, unit_name(job), ident=journal_ident(job, sj))
         found = diagnose.failures(journals, unit_name(job), res.errors)
         text = diagnose.report(found) or failure_report(res.errors)
-        lost = _lost_nodes(fleet, journals, sj)
+        lost = lost_nodes(fleet, journals, sj)
         if lost:  # a powered-off node leaves no agent line: say which it was
             text = (f"slurm job {sj.job_id} {sj.as_dict()['state']}: node(s) "
                     f"{', '.join(lost)} lost (unreachable)" + ("\n" + text if text else ""))

@@ -1,0 +1,160 @@
+"""`torchrig status`: a job's state on its nodes, one probe round trip per node (unit, restarts,
+progress, GPU use and the unit's journal); from those journals the first failed rank and what
+each node waits for (logs/diagnose.py); the job's Slurm record when Slurm runs it; and which
+job is the newest when the operator names none (every job task's default)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import TorchrigError
+from ..facts import job_state, probe
+from ..inventory import Host
+from ..logs import diagnose
+from ..remote import sh
+from ..session import Fleet, Outcome
+from ..settings import JOBS_DIR
+from . import slurm
+from .plan import check_job_name, unit_name
+from .run import no_job
+
+
+def latest_job(fleet: Fleet) -> str:
+    """The newest job: the systemd job on the first selected host whose env file was written
+    last, or the newest Slurm job on the inventory's controller, whichever is newer."""
+    first = fleet.hosts[0]
+    newest = f"cd {sh(JOBS_DIR)} 2>/dev/null && stat -c '%Y %n' -- *{{ext}} 2>/dev/null | sort -n | tail -1"
+    found = []  # (mtime, job)
+    for h, ext in ((first, ".env"),) + (((fleet.inv.host(fleet.inv.slurm.controller), ".slurm"),)
+                                          if getattr(fleet.inv, "slurm", None) else ()):
+        out = fleet.run(h, newest.format(ext=ext)).stdout.split()
+        if len(out) == 2 and out[0].isdigit():
+            found.append((int(out[0]), out[1][:-len(ext)]))
+    if not found:
+        raise TorchrigError(f"no torchrig job found on {first.name}; pass --job NAME")
+    return max(found)[1]
+
+
+def slurm_record(fleet: Fleet, job: str) -> slurm.SlurmJob | None:
+    """The job's Slurm record when the inventory has a cluster and Slurm runs it, with the
+    fleet narrowed to its nodes in Slurm's order; else None (a systemd job)."""
+    sj = slurm.find(fleet, job)
+    if sj is not None and sj.nodes:
+        fleet.hosts = slurm.hosts_of(fleet, sj)
+    return sj
+
+
+def journal_ident(job: str, sj: slurm.SlurmJob | None) -> str | None:
+    """The identifier a Slurm job's agent lines carry in the journal (None: the unit's own)."""
+    return slurm.identifier(job) if sj is not None else None
+
+
+def lost_nodes(fleet: Fleet, journals: list, sj: slurm.SlurmJob | None) -> list[str]:
+    """A Slurm job's nodes whose journal could not be read (powered off, unreachable)."""
+    if sj is None:
+        return []
+    read = {n.host for n in journals}
+    return [h.name for h in fleet.hosts if h.name not in read]
+
+
+def diagnosis(fleet: Fleet, journals: list, job: str, sj: slurm.SlurmJob | None = None) -> dict:
+    """From the nodes' journals: the job's first failed rank and what each node waits for;
+    for a Slurm job, also its nodes whose journal could not be read (lost)."""
+    found = diagnose.failures(journals, unit_name(job))
+    return {"failure": found[0].as_dict() if found else None,
+            "waiting": diagnose.waiting(journals, len(fleet.hosts)),
+            **({"lost_nodes": lost_nodes(fleet, journals, sj)} if sj is not None else {})}
+
+
+@dataclass
+class StatusRound:
+    """One look at a job: its nodes' states, the diagnosis, its Slurm record (or None)."""
+    job: str
+    nodes: "JobStatus"
+    diagnosis: dict
+    slurm: slurm.SlurmJob | None = None
+
+
+def look(fleet: Fleet, job: str, journals_kept: dict | None = None) -> StatusRound:
+    """`torchrig status`'s one round (a --watch repeats it, carrying journals_kept)."""
+    sj = slurm_record(fleet, job)
+    if sj is not None and not sj.nodes:
+        d = sj.as_dict()
+        raise TorchrigError(f"job {job}: slurm job {sj.job_id} {d['state']} ({d['reason']}), "
+                            "on no node yet")
+    res = node_states(fleet, fleet.hosts, job, sj.as_dict()["state"] if sj else None,
+                      journal_ident(job, sj), journals_kept)
+    return StatusRound(job, res, diagnosis(fleet, res.journals, job, sj), sj)
+
+
+@dataclass
+class JobStatus(Outcome):
+    """status's result: per node the job's state (Outcome), and the nodes' unit journals read
+    in the same probe, for diagnose (first failure, what each node waits for)."""
+    journals: list = field(default_factory=list)
+
+
+# status runs often (--watch): the journal's newest lines only, no rank lines (the waits
+# and an ended job's failure are at the end)
+STATUS_JOURNAL_LINES = 20000
+# each line cut at this (the agent's lines are short; the unit's journal keeps whatever a job
+# writes to it, up to journald's 48 KiB a line): the 5000 kept lines stay a few MB
+STATUS_JOURNAL_MAX_LINE = 4 << 10
+
+
+def node_states(fleet: Fleet, hosts: list[Host], job: str, slurm_state: str | None = None,
+           ident: str | None = None, journals_kept: dict | None = None) -> JobStatus:
+    """Per node: unit state, restarts, attempt, uptime, latest progress, GPUs, util samples,
+    and its journal: one probe round trip per node. slurm_state: Slurm runs the job (no unit
+    on the nodes): its state stands in the unit's, and the journal is read by the job's
+    identifier `ident`. journals_kept: {host: journal} carried from one `--watch` round to
+    the next: each round reads only the journal lines after the last round's cursor."""
+    check_job_name(job)
+    unit = unit_name(job)
+    journals: dict[str, object] = {}
+    ranks = {h.name: i for i, h in enumerate(hosts)}
+
+    def one(h: Host) -> dict:
+        s = h.settings
+        window = s.low_util_minutes * 60
+        req = job_state.probe_request(unit, s.job_log_dir(job), s.util_file(job))
+        kept = None if journals_kept is None else journals_kept.get(h.name)
+        req["journal"] = diagnose.journal_request(unit, keep=0, lines=STATUS_JOURNAL_LINES,
+                                                  ident=ident,
+                                                  after_cursor=kept and kept.get("cursor"))
+        req["journal"]["max_line"] = STATUS_JOURNAL_MAX_LINE
+        r = fleet.run(h, probe.COMMAND, root=True, timeout=60, data=probe.stdin(req))
+        raw = probe.reply(r.exited, r.stdout, r.stderr, "status")
+        doc = diagnose.merge_journal(kept, raw["journal"], keep=0)
+        if journals_kept is not None:
+            journals_kept[h.name] = doc
+        journals[h.name] = diagnose.node_from(h.name, ranks[h.name], doc)
+        d = job_state.state(unit, raw, window)
+        d["journal_cut"] = probe.cut_note(raw["journal"].get("cut"), "the journal")
+        if slurm_state is not None:
+            d["unit"] = {"ActiveState": slurm_state.lower(), "SubState": "slurm"}
+        elif d["unit"].get("LoadState") == "not-found":
+            raise TorchrigError(no_job(job))
+        d["low_util"] = low_utilisation(d["util_samples"], window,
+                                        s.low_util_percent)
+        return d
+    res = fleet.fan_out(one, hosts)
+    return JobStatus(f"job {job}", res, [f"{r.host}: unit failed" for r in res
+                                         if r.ok and r.value["unit"].get("ActiveState") in FAILED],
+                     [journals[h.name] for h in hosts if h.name in journals])
+
+
+FAILED = ("failed", "node_fail", "timeout", "out_of_memory", "boot_fail", "deadline")  # unit, Slurm
+
+
+def low_utilisation(samples: list, window_s: int, threshold: float) -> str | None:
+    """A warning when every GPU sample over the last window_s seconds is below threshold %
+    (the guide: a job idling at 15% for a weekend wastes real money). None otherwise."""
+    recent = [(age, u) for age, u in samples if age <= window_s]
+    if not recent or max(age for age, _ in recent) < window_s * 0.9:
+        return None  # not enough history to judge
+    peak = max((max(u) if u else 0.0) for _, u in recent)
+    if peak < threshold:
+        return (f"GPU utilisation below {threshold:g}% (peak {peak:g}%) for the last "
+                f"{window_s // 60} min: check the input pipeline or batch size")
+    return None
