@@ -19,16 +19,12 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       model_validator)
 
 from .errors import TorchrigError
+from .job import MEM_FILE, RDZV_PORTS, TENSORBOARD_DIR, UTIL_FILE, job_folder
 
 # Fixed paths on a host (root's; no inventory var moves them).
 ETC_DIR = "/etc/torchrig"                            # made by provision
 JOBS_DIR = f"{ETC_DIR}/jobs"                         # env files (0600) and the launch lock
 SYSTEMD_DIR = "/etc/systemd/system"
-UTIL_FILE = "gpu_util.csv"                           # its samples, in the job's log folder
-TENSORBOARD_DIR = "tensorboard"                      # its events, in the job's log folder
-MEM_FILE = "gpu_mem.csv"                             # its memory samples (torchrig report), there too
-
-RDZV_PORTS = 500  # each job's rendezvous port is one of rdzv_port .. rdzv_port + RDZV_PORTS - 1
 CPU_PROCS = 2  # processes per node where accelerator is cpu: two gloo ranks make a real all-reduce
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # full match: a trailing newline is not a name
 FORMS = {  # settings that must match a form: (full-match pattern, what it is)
@@ -38,11 +34,6 @@ FORMS = {  # settings that must match a form: (full-match pattern, what it is)
     # node_exporter's ARGS line splits on spaces and takes no quotes
     "metrics_dir": (r"/[A-Za-z0-9._/-]*", "an absolute path of letters, digits, '.', '_', '-', '/'"),
 }
-
-
-def job_folder(base: str, job: str) -> str:
-    """A job's own folder under a settings folder (log_dir, checkpoint_dir)."""
-    return f"{base}/{job}"
 
 
 def procs_per_node(accelerator: str, gpus: int) -> int:

@@ -359,7 +359,7 @@ def test_rendezvous_port_closed_to_strangers_while_the_job_trains(testbed):
     bridge, is refused, as on gloo's ports), and on the nodes only root and the service user
     (another local user is refused on the store's node and on the other node), while the job
     trains across both nodes. The run id is random, never the job name, and only root reads it."""
-    from torchrig.launch.plan import job_port
+    from torchrig.job import job_port
     job, port = "t-fw", job_port("t-fw", 29400)
     r = launch(testbed, job, "--args", "--max-steps 1000000 --log-every 5 --ckpt-every 1000")
     assert r.returncode == 0, r.stderr

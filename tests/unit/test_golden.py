@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from test_provision_plan import CAPTURED, H100, UBUNTU, ctx, drifted, fresh
+from torchrig import job as job_mod
 from torchrig.launch import plan as lplan
 from torchrig.launch import push, run
 from torchrig.provision.apply import plan_report, step_script
@@ -119,8 +120,8 @@ def launch_scripts():
                 ("start (CPU node)", run.start_script(j, False)),
                 ("undo (keep files)", run.undo_script(j, False)),
                 ("undo (remove files)", run.undo_script(j, True)),
-                ("stop", run.STOP_CHECK.format(unit=lplan.unit_name(j.name),
-                                              sampler=lplan.gpumon_name(j.name)))]
+                ("stop", run.STOP_CHECK.format(unit=job_mod.unit_name(j.name),
+                                              sampler=job_mod.gpumon_name(j.name)))]
     base, h, src = "/opt/torchrig/payload", "0123456789abcdef", "fedcba9876543210"
     scripts += [("push probe", push.PROBE.format(base=base, h=h)),
                 ("push install", push.INSTALL.format(base=base, h=h, src=src)),

@@ -5,6 +5,7 @@ import re
 import pytest
 
 from torchrig.errors import TorchrigError
+from torchrig import job as job_mod
 from torchrig.launch import plan
 from torchrig.launch.status import low_utilisation
 from torchrig.render import env_quote, render, systemd_quote
@@ -21,13 +22,13 @@ def job(nodes=2, **kw):
 
 @pytest.mark.parametrize("name", ["exp1", "a", "gpt2-run_7"])
 def test_good_job_names(name):
-    assert plan.check_job_name(name) == name
+    assert job_mod.check_job_name(name) == name
 
 
 @pytest.mark.parametrize("name", ["", "Exp", "a b", "x;rm", "../x", "-x", "a" * 49, "name.service"])
 def test_bad_job_names(name):
     with pytest.raises(TorchrigError, match="--job"):
-        plan.check_job_name(name)
+        job_mod.check_job_name(name)
 
 
 def test_single_node_is_standalone_multi_node_is_c10d():
@@ -84,7 +85,7 @@ def test_unit_has_the_settings_that_matter():
                    "EnvironmentFile=/etc/torchrig/jobs/exp1.env",
                    "WorkingDirectory=/opt/torchrig/payload/releases/abc"):
         assert needle in unit
-    assert plan.TORCHRUN_GRACE < 120  # the stop timeout outlasts torchrun's own grace
+    assert job_mod.TORCHRUN_GRACE < 120  # the stop timeout outlasts torchrun's own grace
 
 
 def test_env_file_redacts_secrets_only_when_shown():
@@ -137,8 +138,8 @@ def test_env_and_args_parsing():
 
 
 def test_job_ports_differ_per_job():
-    assert plan.job_port("a", 29400) != plan.job_port("b", 29400)
-    assert 29400 <= plan.job_port("a", 29400) < 29900
+    assert job_mod.job_port("a", 29400) != job_mod.job_port("b", 29400)
+    assert 29400 <= job_mod.job_port("a", 29400) < 29900
 
 
 def test_missing_template_value_names_the_template():
@@ -160,7 +161,7 @@ def test_low_utilisation_flag():
 @pytest.mark.parametrize("name", ["exp1\n", "exp1\n\n", "\nexp1"])
 def test_job_name_with_newline_refused(name):
     with pytest.raises(TorchrigError, match="--job"):
-        plan.check_job_name(name)
+        job_mod.check_job_name(name)
 
 
 @pytest.mark.parametrize("item", ["FOO\n=bar", "FOO\n\n=bar", "A B=1", "=x"])
@@ -194,8 +195,8 @@ def test_samplers_are_not_jobs():
               "torchrig-gpumon@exp1.service loaded activating start torchrig job exp1: sample\n"
               "torchrig-old.service loaded deactivating stop-sigterm torchrig job old\n")
     assert busy_jobs(listed) == ["exp1", "old"]
-    assert plan.job_of_unit(plan.gpumon_name("x")) is None
-    assert plan.job_of_unit(plan.unit_name("x-gpumon")) == "x-gpumon"
+    assert job_mod.job_of_unit(job_mod.gpumon_name("x")) is None
+    assert job_mod.job_of_unit(job_mod.unit_name("x-gpumon")) == "x-gpumon"
 
 
 def test_busy_check_counts_stopping_jobs():

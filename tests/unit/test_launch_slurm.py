@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from torchrig.errors import TorchrigError
+from torchrig.job import STOP_GRACE_S
 from torchrig.launch import plan, slurm
 from torchrig.verify import slurm_checks
 from _fixtures import fixture
@@ -57,7 +58,7 @@ def test_batch_script_is_valid_bash_with_the_sbatch_options(tmp_path):
     opts = [ln for ln in script.splitlines() if ln.startswith("#SBATCH ")]
     assert "#SBATCH --job-name=torchrig-exp1" in opts and "#SBATCH --nodes=2" in opts
     assert "#SBATCH --partition=gpu" in opts and "#SBATCH --time=2:00:00" in opts
-    assert f"#SBATCH --signal=TERM@{slurm.GRACE_S}" in opts and "#SBATCH --gres=gpu:4" in opts
+    assert f"#SBATCH --signal=TERM@{STOP_GRACE_S}" in opts and "#SBATCH --gres=gpu:4" in opts
     assert "#SBATCH --exclude=gpu9" in opts and "#SBATCH --no-requeue" in opts
     assert "#SBATCH --output=/var/log/torchrig/exp1/.slurm-%j.out" in opts
     assert plan.launch_marker(job(launch_id="abc")) in slurm.render_sbatch(

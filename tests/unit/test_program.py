@@ -99,7 +99,7 @@ def test_init_writes_the_example_where_tasks_read_it_and_never_replaces_one(user
     written.write_text("# mine\n")
     r = user("init")
     assert r.returncode == 1
-    assert r.stderr == f"error: inventory/hosts.yml exists: edit it, or pass --inventory NEW_PATH\n"
+    assert r.stderr == "error: inventory/hosts.yml exists: edit it, or pass --inventory NEW_PATH\n"
     assert written.read_text() == "# mine\n"
     r = user("init", extra_env={"TORCHRIG_INVENTORY": str(user.tmp / "lab/a.yml")})
     assert r.returncode == 0 and (user.tmp / "lab/a.yml").is_file(), r.stderr

@@ -38,7 +38,7 @@ def test_start_script_runs_as_the_jobs_user_on_localhost_only(tmp_path):
     unit = tb.unit_name("exp1")
     assert unit.startswith("torchrig.tensorboard-exp1-") and unit.endswith(".service")
     # not a job unit: launch and status count torchrig-<job>.service units as jobs
-    from torchrig.launch.plan import job_of_unit
+    from torchrig.job import job_of_unit
     assert job_of_unit(unit) is None
     script = tb.start_script(h, "exp1", unit, 0)
     run = next(ln for ln in script.splitlines() if ln.startswith("systemd-run"))

@@ -15,6 +15,8 @@ import sys
 import invoke
 from invoke import Collection, Exit
 
+from torchrig.job import DEFAULTS  # launch's defaults, quoted in its help (a light module)
+
 # The inventory a task reads, first that applies: -i/--inventory, $TORCHRIG_INVENTORY, the config
 # files' torchrig.inventory (torchrig.yaml for the torchrig command, invoke.yaml in a checkout),
 # ./inventory/hosts.yml (inventory.DEFAULT_INVENTORY). See _inventory_path().
@@ -342,40 +344,42 @@ def _latest_job(fleet) -> str:
       help={"nodes": "use the first N selected hosts (the first one hosts the rendezvous)",
             "nproc_per_node": "processes per node: a number, or 'gpu' = one per GPU "
                               "(2 on hosts with var accelerator: cpu)",
-            "script": "the training script, a path inside payload/ (default train.py)",
+            "script": f"the training script, a path inside payload/ (default {DEFAULTS.script})",
             "args": "arguments for the script, quoted as in a shell",
             "job": "job name (default job-YYYYmmdd-HHMMSS); names the unit and log directory",
-            "max_restarts": "torchrun restarts of the worker group after a failure (default 3)",
+            "max_restarts": "torchrun restarts of the worker group after a failure "
+                            f"(default {DEFAULTS.max_restarts})",
             "env": "KEY=VALUE for the job's environment (repeatable); secret-looking names "
                    "and the inventory's secret_env are redacted everywhere they are shown",
             "dry_run": "show per node the job's files as diffs against the node's; change nothing",
             "follow": "after starting, stream every rank's log lines until the job ends",
-            "start_timeout": "seconds to wait for every node's workers (default 180)",
+            "start_timeout": "seconds to wait for every node's workers "
+                             f"(default {DEFAULTS.start_timeout})",
             "rdzv_timeout": "seconds nodes wait for each other at (re)start; after a node is lost "
-                            "the survivors end after this (default 300)",
+                            f"the survivors end after this (default {DEFAULTS.rdzv_timeout})",
             "exit_barrier_timeout": "seconds a node whose workers finished waits for the other "
-                                    "nodes to finish (torchrun's exit barrier; default 120)",
+                                    "nodes to finish (torchrun's exit barrier; default "
+                                    f"{DEFAULTS.exit_barrier_timeout})",
             "backend": "systemd (torchrig's units) or slurm (sbatch on the inventory's `slurm:` "
                        "cluster; Slurm picks --nodes N of the selected compute hosts); "
                        "default: the `backend` var",
             "partition": "slurm: the partition (default: the cluster's default one)",
             "time": "slurm: the job's time limit (e.g. 2:00:00); the payload gets SIGTERM "
                     "2 minutes before it, to checkpoint"})
-def launch(c, inventory=None, host=None, nodes=None, nproc_per_node="gpu", script="train.py",
+def launch(c, inventory=None, host=None, nodes=None, nproc_per_node=DEFAULTS.nproc,
+           script=DEFAULTS.script,
            args="", job=None, max_restarts=None, env=None, dry_run=False, follow=False,
            start_timeout=None, rdzv_timeout=None, exit_barrier_timeout=None,
            backend=None, partition=None, time=None, accept_new_host_keys=False):
     """Run a torchrun DDP job under systemd (or Slurm) on the nodes: everywhere or nowhere."""
-    import time as _time
+    from torchrig.job import default_job_name
     from torchrig.launch.run import LaunchOptions, launch as run_launch
-    numbers = {k: _number(k, v, m) for k, v, m in (
-        ("max_restarts", 3 if max_restarts is None else max_restarts, 0),
-        ("start_timeout", 180 if start_timeout is None else start_timeout, 1),
-        ("rdzv_timeout", 300 if rdzv_timeout is None else rdzv_timeout, 1),
-        ("exit_barrier_timeout", 120 if exit_barrier_timeout is None else exit_barrier_timeout, 1))}
+    numbers = {k: _number(k, getattr(DEFAULTS, k) if v is None else v, m) for k, v, m in (
+        ("max_restarts", max_restarts, 0), ("start_timeout", start_timeout, 1),
+        ("rdzv_timeout", rdzv_timeout, 1), ("exit_barrier_timeout", exit_barrier_timeout, 1))}
     if nodes is not None:
         _number("nodes", nodes, 1)
-    o = LaunchOptions(job=job or _time.strftime("job-%Y%m%d-%H%M%S"), script=script, args=args,
+    o = LaunchOptions(job=job or default_job_name(), script=script, args=args,
                       env=list(env or []), nproc=str(nproc_per_node), dry_run=dry_run,
                       max_restarts=numbers["max_restarts"],
                       start_timeout=numbers["start_timeout"], rdzv_timeout=numbers["rdzv_timeout"],
@@ -578,7 +582,7 @@ def metrics(c, inventory=None, host=None, job=None, json_=False, accept_new_host
     """Every node's torchrig_* Prometheus series (GPU and job), fetched from its node_exporter
     on the node over SSH: no port needs to be open to this machine."""
     from torchrig import report
-    from torchrig.launch.plan import check_job_name
+    from torchrig.job import check_job_name
     from torchrig.metrics import collect
     if job is not None:
         check_job_name(job)
@@ -645,7 +649,7 @@ def _color(value) -> bool:
 
 
 def _logs(fleet, job, follow, rank, grep, when, failures, color):
-    from torchrig.launch.plan import check_job_name, unit_name
+    from torchrig.job import check_job_name, unit_name
     from torchrig.launch.status import journal_ident, lost_nodes, slurm_record
     from torchrig.logs.stream import Options, failure_report, follow as run_follow
     job = check_job_name(job or _latest_job(fleet))
@@ -806,7 +810,7 @@ def demo(c, steps=None):
            args=f"--max-steps {steps} --log-every 10 --ckpt-every 20")
     stage("logs: every rank, followed until the job ends")
     from torchrig import inventory as _inv
-    from torchrig.launch.plan import unit_name
+    from torchrig.job import unit_name
     from torchrig.logs.stream import Options, Printer, follow as run_follow
     inv = _inv.load(inv_path)
     hosts = inv.select(None)[:2]

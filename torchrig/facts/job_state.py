@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from .. import progress as protocol
+from ..job import RUNNING_STATES  # still runs (or stops) its job: an uptime, not an end
 from ..resources import payload_module
 from . import systemd
 
@@ -15,8 +16,6 @@ _metrics = payload_module("metrics")  # the one definition of a node's restarts
 
 UNIT_PROPS = ["ActiveState", "SubState", "Result", "NRestarts", "ActiveEnterTimestampMonotonic",
               "InactiveEnterTimestampMonotonic", "ExecMainStatus", "LoadState"]
-# a unit in these states still runs (or stops) its job: it has an uptime, not an end
-RUNNING_STATES = ("active", "activating", "deactivating", "reloading")
 GPU_QUERY = ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total",
              "--format=csv,noheader,nounits"]
 

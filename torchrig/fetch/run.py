@@ -25,7 +25,7 @@ import paramiko
 from ..errors import TorchrigError
 from ..facts import probe
 from ..inventory import Host
-from ..launch.plan import check_job_name
+from ..job import check_job_name
 from ..localfiles import fsync_dir, write_atomic
 from ..remote import CannotConnect, ConnectionLost, describe_error, login_user, privileged, sh
 from ..settings import job_folder

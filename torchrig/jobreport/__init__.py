@@ -16,7 +16,7 @@ def make(fleet, job: str, out_dir: str, red) -> tuple[Path, "data.Report"]:
     """Write <out_dir>/<job>-report.html (a temporary name in that folder, then renamed);
     everything shown goes through the redactor `red`. plotly is checked before any host is
     asked anything."""
-    from ..launch.plan import check_job_name, unit_name
+    from ..job import check_job_name, unit_name
     from . import data, gather, html
     check_job_name(job)
     js = html.plotly_js()

@@ -7,7 +7,7 @@ Everything is parsed on the operator side (data.py)."""
 from __future__ import annotations
 
 from ..facts import probe, systemd
-from ..launch.plan import unit_name
+from ..job import unit_name
 from ..progress import protocol
 from ..verify import store
 

@@ -3,9 +3,7 @@ Pure: nothing here connects or runs anything."""
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 import shlex
 from dataclasses import dataclass, field
 
@@ -15,44 +13,8 @@ from ..provision import managed
 from ..provision.changes import FileChange
 from ..render import env_quote, systemd_path, systemd_quote
 from ..secrets import MASK, is_secret, redact_text, url_credentials
-from ..settings import ENV_NAME, MEM_FILE, RDZV_PORTS, UTIL_FILE, job_folder
-
-# fullmatch everywhere: `$` would also accept a trailing newline (`exp1\n`)
-JOB_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,47}")
-TORCHRUN_GRACE = 30          # torchrun: SIGTERM to workers, then SIGKILL after this long
-FINAL_CHECKPOINT_S = 90      # room for one more step and a checkpoint write
-
-
-def check_job_name(job: str) -> str:
-    if not isinstance(job, str) or not JOB_RE.fullmatch(job):
-        raise TorchrigError(f"--job {job!r}: use 1-48 lowercase letters, digits, '-' or '_' "
-                            "(it names a systemd unit and a log directory)")
-    return job
-
-
-def unit_name(job: str) -> str:
-    return f"torchrig-{job}.service"
-
-
-def gpumon_name(job: str, kind: str = "service") -> str:
-    """The job's GPU sampler unit. '@' cannot occur in a job name, so no job's main unit
-    (torchrig-<job>.service) can ever be another job's sampler (job `x` vs `x-gpumon`)."""
-    return f"torchrig-gpumon@{job}.{kind}"
-
-
-def job_of_unit(unit: str) -> str | None:
-    """The job a `torchrig-<job>.service` unit runs; None for anything else (samplers, ...)."""
-    if unit.startswith("torchrig-") and unit.endswith(".service"):
-        job = unit[len("torchrig-"):-len(".service")]
-        if JOB_RE.fullmatch(job):
-            return job
-    return None
-
-
-def job_port(job: str, base: int) -> int:
-    """A c10d port per job, so two jobs on the same nodes never share a rendezvous store."""
-    return base + int(hashlib.sha256(job.encode()).hexdigest(), 16) % RDZV_PORTS
-
+from ..job import MEM_FILE, SAMPLER, STOP_GRACE_S, UTIL_FILE, job_folder, unit_name
+from ..settings import ENV_NAME
 
 def check_env_key(key: str, where: str) -> str:
     if not isinstance(key, str) or not ENV_NAME.fullmatch(key):
@@ -198,11 +160,8 @@ def render_unit(job: Job, n: Node) -> str:
                   user=n.user, workdir=systemd_path(job.release), env_file=env_path(job.name),
                   run_id_file=managed.JOB_RUN_ID.path(job.name),
                   exec_start=" ".join(systemd_quote(a) for a in torchrun_argv(job, n)),
-                  stop_timeout=TORCHRUN_GRACE + FINAL_CHECKPOINT_S,
+                  stop_timeout=STOP_GRACE_S,
                   max_restarts=job.max_restarts, start_limit_interval=600)
-
-
-SAMPLER = "gpumon.py"  # in the payload release (root's), beside progress.py and metrics.py
 
 
 def util_file(n: Node, job: str, name: str = UTIL_FILE) -> str:

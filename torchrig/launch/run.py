@@ -15,18 +15,18 @@ from ..remote import flock_lines, refusal, sh
 from ..resources import PAYLOAD
 from ..settings import JOBS_DIR, job_folder, procs_per_node
 from ..verify.run import verify
-from .plan import (JOB_RE, Job, Node, check_job_name, env_path, gpumon_name, gpumon_paths,
-                   job_changes, job_of_unit, job_paths, job_port, launch_marker, parse_env, redact_env, split_args,
-                   unit_name, unit_path)
+from ..job import (DEFAULTS, JOB_RE, RUNNING_STATES, check_job_name, gpumon_name, job_of_unit, job_port,
+                   unit_name)
+from .plan import (Job, Node, job_changes, job_paths, launch_marker, parse_env, redact_env,
+                   split_args, unit_path)
 from ..session import Fleet, Outcome
 from .push import push
 
 GPU_SAMPLE_S = 30  # seconds between samples (GPU use for status, metrics for node_exporter)
 # a job holds its GPUs (and its release) from start until its unit is fully down: a job that is
 # stopping (deactivating) still writes its last checkpoint for up to TimeoutStopSec
-BUSY_STATES = "active,activating,deactivating,reloading"
-BUSY_ARGV = ["systemctl", "list-units", "torchrig-*.service", f"--state={BUSY_STATES}", "--plain",
-             "--no-legend"]
+BUSY_ARGV = ["systemctl", "list-units", "torchrig-*.service",
+             "--state=" + ",".join(RUNNING_STATES), "--plain", "--no-legend"]
 BUSY_UNITS = sh(*BUSY_ARGV)  # the same list, re-read under the lock by the start script
 # Install, start and undo on a node hold a lock (a 0600 file of root's in the jobs folder: the
 # folder itself can be opened, so flock'ed, by any local user), so two launches at once see
@@ -34,7 +34,7 @@ BUSY_UNITS = sh(*BUSY_ARGV)  # the same list, re-read under the lock by the star
 LOCK = flock_lines("{jobs}", "another launch held the lock on {jobs}", 3)
 # refuses when the job's own unit is busy: a launch of the same job started it meanwhile
 OWN_BUSY = """case "$(systemctl show -p ActiveState --value {name})" in
-  active|activating|deactivating|reloading)
+  """ + "|".join(RUNNING_STATES) + """)
     echo "error: job {job} was started on this node meanwhile (another launch at the same time?)" >&2
     exit 3;;
 esac
@@ -44,15 +44,15 @@ esac
 @dataclass
 class LaunchOptions:
     job: str
-    script: str = "train.py"
+    script: str = DEFAULTS.script
     args: str = ""
     env: list[str] = field(default_factory=list)
-    nproc: str = "gpu"
-    max_restarts: int = 3
+    nproc: str = DEFAULTS.nproc
+    max_restarts: int = DEFAULTS.max_restarts
     dry_run: bool = False
-    start_timeout: int = 180
-    rdzv_timeout: int = 300
-    exit_barrier_timeout: int = 120
+    start_timeout: int = DEFAULTS.start_timeout
+    rdzv_timeout: int = DEFAULTS.rdzv_timeout
+    exit_barrier_timeout: int = DEFAULTS.exit_barrier_timeout
 
 
 def check_options(o: LaunchOptions) -> None:

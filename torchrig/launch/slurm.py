@@ -18,15 +18,15 @@ from ..render import render
 from ..session import Fleet
 from ..settings import JOBS_DIR, job_folder
 from ..torchrun import RUN_ID_ENV
-from .plan import FINAL_CHECKPOINT_S, TORCHRUN_GRACE, Job, launch_marker, node_env, torchrun_argv
+from ..job import STOP_GRACE_S
+from .plan import Job, launch_marker, node_env, torchrun_argv
 
 # `--time` as sbatch takes it: minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or UNLIMITED
 TIME_RE = re.compile(r"(\d+)(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED|unlimited|infinite")
 PARTITION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 ENDPOINT = "\0endpoint"  # stands for "$TORCHRIG_RDZV_ENDPOINT" in a rendered command line
-GRACE_S = TORCHRUN_GRACE + FINAL_CHECKPOINT_S  # as the systemd unit's TimeoutStopSec
-# the stop's bound: Slurm's KillWait (provision sets it to GRACE_S) plus room to see the end
-STOP_BOUND_S = GRACE_S + 60
+# the stop's bound: Slurm's KillWait (provision sets it to STOP_GRACE_S) plus room to see the end
+STOP_BOUND_S = STOP_GRACE_S + 60
 # the batch script's output (srun's messages) on the first node, hidden from `logs` (a dot
 # name is no torchrun run folder)
 BATCH_OUT = ".slurm-%j.out"
@@ -84,7 +84,7 @@ def render_sbatch(job: Job, nnodes: int, partition: str | None, time_limit: str 
     payload and folders were prepared on; Slurm picks which)."""
     first = job.nodes[0]
     return render("slurm/JOB.sbatch.j2", job=job.name, marker=launch_marker(job), nnodes=nnodes,
-                  release=job.release, partition=partition, time=time_limit, grace=GRACE_S,
+                  release=job.release, partition=partition, time=time_limit, grace=STOP_GRACE_S,
                   gpus=gpus, exclude=",".join(exclude),
                   output=f"{job_folder(first.log_dir, job.name)}/{BATCH_OUT}",
                   endpoints=[(sh(n.host), sh(f"{n.address}:{job.rdzv_port}")) for n in job.nodes],

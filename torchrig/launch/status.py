@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from ..errors import TorchrigError
 from ..facts import job_state, probe
 from ..inventory import Host
+from ..job import check_job_name, unit_name
 from ..logs import diagnose
 from ..remote import sh
 from ..session import Fleet, Outcome
 from ..settings import JOBS_DIR
 from . import slurm
-from .plan import check_job_name, unit_name
 from .run import no_job
 
 

@@ -24,7 +24,7 @@ from ..forward import Forward
 from ..inventory import Host
 from ..remote import CONNECT_TIMEOUT, login_user, privileged, refusal, sh
 from ..session import Fleet
-from .plan import check_job_name
+from ..job import check_job_name
 
 READY_TIMEOUT = 120  # seconds for TensorBoard to say where it serves (it imports a lot)
 BEAT_S = 2           # the watch script's heartbeat: how soon a vanished operator is noticed

@@ -15,10 +15,12 @@ Arguments (one JSON object, the ARGS string):
                   refilled while the operator was away) is read again from its start.
     follow        false: one pass, then exit. true: keep polling (see exit rules below)
     unit          systemd unit of the job, or null. With follow: exit once
-                  `systemctl is-active UNIT` is no longer active/activating/reloading/deactivating
-                  and one more scan found nothing new (drain)
+                  `systemctl is-active UNIT` is no longer one of `running` and one more scan
+                  found nothing new (drain)
+    running       the unit states that count as running (torchrig.job.RUNNING_STATES)
     slurm_job     the job's Slurm id when Slurm runs it (then `unit` only names it): its
                   state comes from `squeue` instead
+    slurm_live    the Slurm job states that count as running (torchrig.facts.slurm.LIVE)
     poll          seconds between scans in follow mode (default 0.2)
     idle_exit     with follow: exit after this many seconds without new data (null: never)
     heartbeat     seconds between heartbeat records in follow mode (default 5)
@@ -77,7 +79,6 @@ MAX_LINE = 1024 * 1024
 MAX_ERROR_JSON = 4 * 1024 * 1024
 HEAD = 4096  # bytes of a file's start hashed into its identity
 STREAMS = ("stdout.log", "stderr.log", "error.json")  # this order: start line before stderr
-RUNNING = ("active", "activating", "reloading", "deactivating")
 CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | CLOEXEC
 OPEN_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | CLOEXEC  # NONBLOCK: a FIFO never blocks
@@ -446,11 +447,7 @@ class Follower:
         self.out.flush()
 
 
-SLURM_LIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
-              "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED")
-
-
-def slurm_state(job_id):
+def slurm_state(job_id, live):
     """'active' while Slurm holds the job, 'inactive' once it ended, None: cannot ask."""
     try:
         p = subprocess.run(["squeue", "--noheader", "--states", "all", "--jobs", str(job_id),
@@ -460,13 +457,13 @@ def slurm_state(job_id):
         return None
     if p.returncode != 0:
         return None
-    return "active" if p.stdout.strip() in SLURM_LIVE else "inactive"
+    return "active" if p.stdout.strip() in live else "inactive"
 
 
-def unit_state(unit, slurm_job=None):
+def unit_state(unit, slurm_job, slurm_live):
     """'active', 'inactive', ... or None when systemd (Slurm) cannot be asked."""
     if slurm_job:
-        return slurm_state(slurm_job)
+        return slurm_state(slurm_job, slurm_live)
     try:
         p = subprocess.run(["systemctl", "is-active", unit], stdout=subprocess.PIPE,
                            stderr=subprocess.DEVNULL, universal_newlines=True, timeout=15)
@@ -478,7 +475,7 @@ def unit_state(unit, slurm_job=None):
 def main(text):
     try:
         args = json.loads(text)
-        root = args["dir"]
+        root, running, slurm_live = args["dir"], args["running"], args["slurm_live"]
     except (ValueError, KeyError, TypeError) as e:
         sys.stderr.write("follow_remote: bad arguments: %r\n" % (e,))
         return 2
@@ -494,8 +491,8 @@ def main(text):
     over = False  # the unit is known to have stopped
     if not follow:
         if unit:
-            state = unit_state(unit, args.get("slurm_job"))
-            over = state is not None and state not in RUNNING
+            state = unit_state(unit, args.get("slurm_job"), slurm_live)
+            over = state is not None and state not in running
         fol.one_pass(final=True)
     else:
         out.heartbeat()
@@ -507,8 +504,8 @@ def main(text):
             now = time.time()
             if unit and now - last_unit_check >= max(poll, 1.0):
                 last_unit_check = now
-                state = unit_state(unit, args.get("slurm_job"))
-                stopped = state is not None and state not in RUNNING
+                state = unit_state(unit, args.get("slurm_job"), slurm_live)
+                stopped = state is not None and state not in running
             # unit state first, then scan: whatever was written before it stopped is read now
             got = fol.one_pass(final=stopped)
             now = time.time()

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
+from ..facts import slurm as slurm_facts
 from ..inventory import Host
+from ..job import RUNNING_STATES
 from ..remote import describe_error, login_user, privileged
 from ..session import Fleet
 from ..terminal import printable
@@ -56,7 +58,9 @@ class Outcome:
 def follower_input(args: dict) -> str:
     """What goes on the follower's stdin: its arguments as the script's first line, then the
     script. `python3 -` reads its program from stdin, so the arguments (offsets of every file
-    ever read: too long for one argv word after many restarts) never touch argv."""
+    ever read: too long for one argv word after many restarts) never touch argv. The states
+    that count as a running job go with them, from their one definition."""
+    args = {**args, "running": list(RUNNING_STATES), "slurm_live": sorted(slurm_facts.LIVE)}
     return f"ARGS = {json.dumps(args)!r}\n" + FOLLOWER.read_text()
 
 

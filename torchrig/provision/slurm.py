@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..inventory import Slurm
+from ..job import STOP_GRACE_S
 from . import managed
 
 STATE_DIR = "/var/lib/slurm/slurmctld"   # StateSaveLocation: slurmctld's, on the controller
@@ -141,8 +142,7 @@ def plan_cluster(spec: Slurm, facts: dict[str, object], new_key: Callable[[], st
 def _kill_wait() -> int:
     """scancel's SIGTERM-to-SIGKILL wait: as long as the systemd launcher gives a job to
     checkpoint (its units' TimeoutStopSec), so `stop` through Slurm checkpoints too."""
-    from ..launch.slurm import GRACE_S
-    return GRACE_S
+    return STOP_GRACE_S
 
 
 def reconfigure_only(old: str | None, new: str) -> bool:
