@@ -1,4 +1,5 @@
-"""Every benchmark whose figures are in the README, on one bench testbed (`make bench`, root).
+"""Every benchmark whose figures are in docs/benchmarks.md, on one bench testbed (`make bench`,
+root).
 
 1. provision: fresh provision of 8 hosts, no-change reruns on 1 and 8 hosts (median of 5)
 2. launch overhead and log delivery on two of those hosts

@@ -2,8 +2,9 @@
 paths torchrig uses on a host.
 
 The inventory's `vars` (shared < group < host) are validated into one `Settings` per host when
-the inventory loads (`host.settings`); nothing else reads the raw vars. The README's vars table
-is generated from this model (`python -m torchrig.settings` rewrites it; a unit test compares).
+the inventory loads (`host.settings`); nothing else reads the raw vars. The vars table in
+docs/inventory.md is generated from this model (`python -m torchrig.settings --write` rewrites
+it; a unit test compares).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def procs_per_node(accelerator: str, gpus: int) -> int:
 
 
 def _var(default: Any, used_by: str, doc: str, shown: str | None = None, **limits: Any) -> Any:
-    """A setting: its default, who reads it and what it means (the README's vars table)."""
+    """A setting: its default, who reads it and what it means (docs/inventory.md's vars table)."""
     extra = {"used_by": used_by, **({"shown": shown} if shown else {})}
     return Field(default, description=doc, json_schema_extra=extra, **limits)
 
@@ -248,12 +249,12 @@ DEFAULTS = Settings()  # the product's defaults; the testbed's stand-ins take th
 
 
 def check_names(found: dict[str, Any], where: str) -> None:
-    """README: unknown keys are refused. A misspelt var would silently get its default."""
+    """Unknown keys are refused: a misspelt var would silently get its default."""
     for k in found:
         if k not in Settings.model_fields:
             close = difflib.get_close_matches(str(k), KNOWN, n=1)
             hint = (f"did you mean {close[0]!r}?" if close
-                    else "the README's vars table lists the known ones")
+                    else "the vars table in docs/inventory.md lists the known ones")
             raise TorchrigError(f"{where}: var {k!r} is not a var torchrig reads; {hint}")
 
 
@@ -296,9 +297,10 @@ def _num(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)  # 100.0 -> 100
 
 
-# The README's vars table, generated from the model.
-README_BEGIN = "<!-- vars table: generated from torchrig/settings.py by `python -m torchrig.settings` -->"
-README_END = "<!-- end of vars table -->"
+# The vars table of the inventory reference, generated from the model.
+TABLE_FILE = "docs/inventory.md"
+TABLE_BEGIN = "<!-- vars table: generated from torchrig/settings.py by `python -m torchrig.settings` -->"
+TABLE_END = "<!-- end of vars table -->"
 
 
 def _shown(name: str) -> str:
@@ -322,30 +324,31 @@ def vars_table() -> str:
     return "\n".join(rows)
 
 
-def readme_with_table(readme: str) -> str:
-    """The README text with the generated table between its markers."""
-    head, sep, rest = readme.partition(README_BEGIN)
-    _, sep2, tail = rest.partition(README_END)
+def doc_with_table(doc: str) -> str:
+    """The page's text (TABLE_FILE) with the generated table between its markers."""
+    head, sep, rest = doc.partition(TABLE_BEGIN)
+    _, sep2, tail = rest.partition(TABLE_END)
     if not (sep and sep2):
-        raise TorchrigError(f"README: the vars table markers are missing ({README_BEGIN})")
-    return f"{head}{README_BEGIN}\n{vars_table()}\n{README_END}{tail}"
+        raise TorchrigError(f"the vars table markers are missing ({TABLE_BEGIN})")
+    return f"{head}{TABLE_BEGIN}\n{vars_table()}\n{TABLE_END}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m torchrig.settings`: print the vars table; only --write changes a file."""
     import argparse
     ap = argparse.ArgumentParser(prog="python -m torchrig.settings",
-                                 description="Print the README's vars table, generated from "
-                                             "the settings model.")
-    ap.add_argument("--write", metavar="README", nargs="?", const="README.md",
-                    help="put the table between the markers in this file (default README.md)")
+                                 description="Print the vars table of the inventory reference "
+                                             f"({TABLE_FILE}), generated from the settings model.")
+    ap.add_argument("--write", metavar="FILE", nargs="?", const=TABLE_FILE,
+                    help=f"put the table between the markers in this file (default {TABLE_FILE}, "
+                         "relative to the current folder: run it in a checkout's top folder)")
     a = ap.parse_args(argv)
     if a.write is None:
         print(vars_table())
         return 0
     path = Path(a.write)
     try:
-        path.write_text(readme_with_table(path.read_text()))
+        path.write_text(doc_with_table(path.read_text()))
     except (OSError, TorchrigError) as e:
         print(f"error: {path}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
         return 1

@@ -98,7 +98,7 @@ def _start(inv, port):
 
 def test_status_of_an_ended_job_says_when_it_ended_and_how_long_it_ran(tb_inv):
     # a job of its own that runs to its end (the fixture's job was stopped: `stop` resets its
-    # failed state, and systemd then forgets the unit's timestamps: see the README's limits)
+    # failed state, and systemd then forgets the unit's timestamps: docs/how-it-works.md, status)
     job = "t-tb-end"
     r = launch(tb_inv, job, "--args", "--max-steps 10 --log-every 5", hosts=HOST)
     assert r.returncode == 0, r.stderr

@@ -1,10 +1,11 @@
-"""One settings model: its README table, its defaults shared with the testbed, torchrun's
-command line built once, and the product's independence from the testbed."""
+"""One settings model: its vars table (docs/inventory.md), its defaults shared with the
+testbed, torchrun's command line built once, and the product's independence from the testbed."""
 
 from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,31 +20,35 @@ from torchrig.verify.run import HostOpts, cross_node_cmd
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_readme_vars_table_is_generated_from_the_model():
-    readme = (REPO / "README.md").read_text()
-    assert settings.readme_with_table(readme) == readme, (
-        "README's vars table differs from torchrig/settings.py: run `python -m torchrig.settings --write`")
+def test_the_vars_table_is_generated_from_the_model():
+    doc = (REPO / settings.TABLE_FILE).read_text()
+    assert settings.doc_with_table(doc) == doc, (
+        f"{settings.TABLE_FILE}'s vars table differs from torchrig/settings.py: "
+        "run `python -m torchrig.settings --write`")
     for name in Settings.model_fields:  # every var is in it, once
-        assert readme.count(f"| `{name}` |") == 1, name
+        assert doc.count(f"| `{name}` |") == 1, name
 
 
 def test_running_the_module_writes_only_when_asked(tmp_path):
     """`python -m torchrig.settings` rewrote README.md in the current folder unasked: it
-    prints the table; only --write [FILE] changes a file."""
-    import subprocess
-    import sys
-    stale = (REPO / "README.md").read_text().replace("| `accelerator` |", "| `old` |", 1)
-    (tmp_path / "README.md").write_text(stale)
+    prints the table; only --write [FILE] changes a file (by default the inventory reference,
+    relative to the current folder)."""
+    stale = (REPO / settings.TABLE_FILE).read_text().replace("| `accelerator` |", "| `old` |", 1)
+    target = tmp_path / settings.TABLE_FILE
+    target.parent.mkdir()
+    target.write_text(stale)
     run = [sys.executable, "-m", "torchrig.settings"]
-    r = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # this tree's module, from another folder
+    r = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == settings.vars_table(), r.stderr
-    assert (tmp_path / "README.md").read_text() == stale
-    r = subprocess.run([*run, "--write"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and r.stdout == "README.md: vars table written\n", r.stderr
-    assert (tmp_path / "README.md").read_text() == settings.readme_with_table(stale) != stale
+    assert target.read_text() == stale
+    r = subprocess.run([*run, "--write"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout == f"{settings.TABLE_FILE}: vars table written\n", r.stderr
+    assert target.read_text() == settings.doc_with_table(stale) != stale
 
 
-def test_readme_table_follows_a_changed_default(monkeypatch):
+def test_the_table_follows_a_changed_default(monkeypatch):
     table = settings.vars_table()
     assert "| `rdzv_port` | `29400` |" in table and "| `nccl_tests` | true |" in table
     monkeypatch.setattr(Settings.model_fields["rdzv_port"], "default", 29500)

@@ -18,7 +18,7 @@ from .paths import CACHE
 
 SUITE = "bookworm"
 # What a minimal cloud image has, plus what provision may not install itself on a host
-# without a distro mirror (the testbed hosts have none: see README "testbed").
+# without a distro mirror (the testbed hosts have none: see docs/testbed.md).
 PACKAGES = [
     "systemd", "systemd-sysv", "dbus", "openssh-server", "sudo", "iproute2", "procps",
     "python3", "python3-venv", "pciutils", "kmod", "ca-certificates", "gpg", "curl", "less",
