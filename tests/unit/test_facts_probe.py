@@ -325,7 +325,7 @@ def test_launch_start_check_from_the_probe(tmp_path):
 def test_status_counts_restarts_as_the_metrics_and_the_report_do(capsys):
     """status showed the unit's NRestarts alone; metrics and report counted torchrun's restarts
     too. One definition now: payload/metrics.py restarts() = NRestarts + torchrun's attempt."""
-    from torchrig import report
+    from torchrig import tables
     from torchrig.metrics import defs
     from torchrig.remote import Result
     cap = json.loads((FIXTURES / "probe_02_status_reply_testbed_running_job.json").read_text())
@@ -335,7 +335,7 @@ def test_status_counts_restarts_as_the_metrics_and_the_report_do(capsys):
     dirs.append([dirs[0][0].replace("attempt_0", "attempt_2"), dirs[0][1] + 1])
     d = job_state.state(cap["unit"], raw, 1800)
     assert d["attempt"] == 2 and d["restarts"] == defs.restarts(1, 2) == 3
-    report.status_table("j", [Result("gpu1", True, {**d, "low_util": None})])
+    tables.status_table("j", [Result("gpu1", True, {**d, "low_util": None})])
     row = next(ln for ln in capsys.readouterr().out.splitlines() if "gpu1" in ln)
     assert [c.strip() for c in row.split("│")][3:5] == ["3", "2"]  # restarts, attempt
 

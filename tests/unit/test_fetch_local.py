@@ -16,7 +16,7 @@ import pytest
 from torchrig import inventory
 from torchrig.errors import TorchrigError
 from torchrig.fetch import plan
-from torchrig.fetch.run import Options, fetch
+from torchrig.fetch.run import FetchOptions, fetch
 from torchrig.session import Fleet
 
 torch = pytest.importorskip("torch")
@@ -75,7 +75,7 @@ def node(tmp_path, prefix):
 def run(inv, to, **kw):
     log = []
     with Fleet(inv) as fleet:
-        res = fetch(fleet, Options(job="j1", to=to, **kw), log=log.append)
+        res = fetch(fleet, FetchOptions(job="j1", to=to, **kw), log=log.append)
     return res, log
 
 

@@ -18,7 +18,7 @@ from test_logs_follow import append, fake_systemctl, rank_dir
 
 from torchrig import inventory
 from torchrig.logs import stream
-from torchrig.logs.stream import Options, Printer, Window, _stream
+from torchrig.logs.stream import FollowOptions, Printer, Window, _stream
 from torchrig.remote import LocalConnection
 from torchrig.session import Fleet
 
@@ -60,7 +60,7 @@ class Run:
     def __init__(self, tmp_path: Path, logs: Path, reconnect_for: float):
         inv = inventory.load(local_inventory(tmp_path, logs.parent))
         self.out, self.err = io.StringIO(), io.StringIO()
-        o = Options("job", {"head": str(logs)}, "torchrig-job.service", follow=True,
+        o = FollowOptions("job", {"head": str(logs)}, "torchrig-job.service", follow=True,
                     reconnect_for=reconnect_for)
         self.result = None
         self.thread = threading.Thread(target=self._run, args=(inv, o), daemon=True)

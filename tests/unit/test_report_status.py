@@ -5,18 +5,18 @@ import io
 
 from rich.console import Console
 
-from torchrig import report
+from torchrig import tables
 from torchrig.remote import Result
 
 
 def test_progress_line_control_sequences_are_neutralised(monkeypatch):
     out = io.StringIO()
-    monkeypatch.setattr(report, "console", Console(file=out, force_terminal=True, width=200,
+    monkeypatch.setattr(tables, "console", Console(file=out, force_terminal=True, width=200,
                                                    highlight=False))
     d = {"unit": {"ActiveState": "active", "SubState": "running", "NRestarts": "0"},
          "attempt": 0, "uptime_s": 5, "gpus": [], "low_util": None,
          "progress": "step=3 loss=1.0\x1b[2J\x1b]0;pwned\x07"}
-    report.status_table("j", [Result("gpu1", True, d)])
+    tables.status_table("j", [Result("gpu1", True, d)])
     text = out.getvalue()
     assert "\x1b[2J" not in text and "\x1b]0;" not in text
     assert "step=3 loss=1.0\\x1b[2J" in text

@@ -11,7 +11,7 @@ import pytest
 from invoke import Context, Exit
 
 from torchrig.cli import tasks
-from torchrig import report, terminal
+from torchrig import tables, terminal
 from torchrig.errors import TorchrigError
 from torchrig.execute import PrefixedLines
 from torchrig.jobreport import data, html
@@ -60,7 +60,7 @@ def test_metrics_table_shows_hostile_labels_as_text_and_every_row(capsys):
                                                        "reason": "[/x]" + OSC8}, 1.0)])
     good = M.render(M.job_samples("exp2", "gpu1", 0, {"step": "9"}, 3.0, 0, "active", 1e9))
     rows = views(M.parse(bad), node_time=1e9) + views(M.parse(good), node_time=1e9)
-    report.metrics_table("metrics", [Result("gpu1", True, rows),
+    tables.metrics_table("metrics", [Result("gpu1", True, rows),
                                      Result("gpu2", False, error="refused " + HOSTILE)])
     out = capsys.readouterr().out
     flat = unfolded(out)
@@ -77,7 +77,7 @@ def test_status_table_and_its_lines(capsys):
          "attempt": 0, "restarts": 0, "uptime_s": 5, "low_util": "low " + HOSTILE,
          "gpus": [{"index": "0" + OSC8, "util": "[/x]", "mem_used": "1"}],
          "progress": "step=3 " + HOSTILE}
-    report.status_table("j", [Result("gpu1", True, d), Result("gpu2", False, error=HOSTILE)])
+    tables.status_table("j", [Result("gpu1", True, d), Result("gpu2", False, error=HOSTILE)])
     out = capsys.readouterr().out
     for bad in ("\x1b", "\x07", "\x9b", "\u202e"):
         assert bad not in out
@@ -95,7 +95,7 @@ def test_status_diagnosis_lines_and_error_line(monkeypatch, capsys):
         "waiting": {"gpu1": "waits for " + HOSTILE},
         "failure": {"rank": 1, "host": "gpu1", "local_rank": 1, "pid": 9, "cause": "exit 1",
                     "error": HOSTILE}}))
-    monkeypatch.setattr(report, "status_table", lambda *a, **k: None)
+    monkeypatch.setattr(tables, "status_table", lambda *a, **k: None)
     fleet = types.SimpleNamespace(inv=types.SimpleNamespace(hosts=[]), hosts=[])
     with pytest.raises(Exit) as e:
         tasks._status(fleet, "j", False, 0)
@@ -175,7 +175,7 @@ def test_verify_report_tables_and_lines(capsys):
                                       ["differs: " + HOSTILE]),
                                 bandwidth=[{"scope": "node", "hosts": ["gpu1"], "check": c}],
                                 slurm=[c], status="FAIL")
-    report.verify_report(rep)
+    tables.verify_report(rep)
     out = capsys.readouterr().out
     for bad in ("\x1b", "\x07", "\x9b", "\u202e"):
         assert bad not in out
@@ -188,8 +188,8 @@ def test_provision_plan_table_and_live_lines(capsys):
                                  changes=["install " + HOSTILE], diffs=[f"-{HOSTILE}\n+new\n"],
                                  seconds=1.0)
     rep = types.SimpleNamespace(host="gpu1", steps=[step], error=None, rebooted=False, seconds=1.0)
-    report.provision_plan([rep])
-    report.provision_table([rep])
+    tables.provision_plan([rep])
+    tables.provision_table([rep])
     out = capsys.readouterr().out
     for bad in ("\x1b", "\x07", "\x9b", "\u202e"):
         assert bad not in out
@@ -208,7 +208,7 @@ def test_exec_output_lines_and_summary(capsys):
     sink.close()
     clean(out.getvalue())
     assert out.getvalue().splitlines()[1] == "gpu1 | second"
-    report.exec_summary([Result("gpu2", False, error="ssh: " + HOSTILE)])
+    tables.exec_summary([Result("gpu2", False, error="ssh: " + HOSTILE)])
     got = capsys.readouterr().out
     assert "\x1b" not in got and "\x07" not in got and "[/x]" in unfolded(got)
 
@@ -237,7 +237,7 @@ def test_logs_printer_and_failure_report():
 # ---- the HTML report: plotly renders tags in hover text -------------------------------------
 
 def test_report_page_escapes_job_text_for_html_and_plotly():
-    rep = data.Report("j", 1e9, nodes=[data.Node("gpu1", "failed", script="train.py",
+    rep = data.JobReport("j", 1e9, nodes=[data.Node("gpu1", "failed", script="train.py",
                                                  args=["--note", "<b>x</b>"],
                                                  versions={"torch": "2.13<br>"})],
                       events=[data.Event(1e9 - 10, "gpu1", "start", "unit started"),

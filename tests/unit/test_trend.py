@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from torchrig import report, trend
+from torchrig import tables, trend
 from torchrig.facts import job_state, systemd
 from torchrig.remote import Result
 
@@ -65,11 +65,11 @@ def test_durations_and_end_text():
 
 def test_status_table_shows_when_an_ended_job_ended(monkeypatch):
     out = io.StringIO()
-    monkeypatch.setattr(report, "console", Console(file=out, width=250, highlight=False))
+    monkeypatch.setattr(tables, "console", Console(file=out, width=250, highlight=False))
     d = {"unit": {"ActiveState": "inactive", "SubState": "dead", "NRestarts": "0"},
          "attempt": 0, "uptime_s": None, "ended_at": 1_799_999_970.0, "ran_s": 112.5, "gpus": [],
          "low_util": None, "progress": "done step=30 loss=1.0"}
-    report.status_table("j", [Result("gpu1", True, d)], now=1_800_000_000.0)
+    tables.status_table("j", [Result("gpu1", True, d)], now=1_800_000_000.0)
     assert "ran 1m52s, ended 2027-01-15 07:59:30 UTC (30s ago)" in out.getvalue()
 
 
@@ -100,15 +100,15 @@ def test_watch_trend_shows_a_stall_as_a_drop():
 
 def test_watch_table_has_a_trend_column_per_node(monkeypatch):
     out = io.StringIO()
-    monkeypatch.setattr(report, "console", Console(file=out, width=250, highlight=False))
+    monkeypatch.setattr(tables, "console", Console(file=out, width=250, highlight=False))
     t = trend.Trend()
     d = {"unit": {"ActiveState": "active", "SubState": "running", "NRestarts": "0"},
          "attempt": 0, "uptime_s": 75, "gpus": [{"index": "0", "util": "50", "mem_used": "1"}],
          "low_util": None, "progress": "step=10 loss=2.0 tok/s=900"}
     t.add("gpu1", 0.0, d["progress"], d["gpus"])
-    report.status_table("j", [Result("gpu1", True, d), Result("gpu4", False, error="down")], t)
+    tables.status_table("j", [Result("gpu1", True, d), Result("gpu4", False, error="down")], t)
     text = out.getvalue()
     assert "trend" in text and "tok/s █ 900  gpu █ 50%" in text and "up 1m15s" in text
     out.truncate(0)
-    report.status_table("j", [Result("gpu1", True, d)])  # no --watch: no trend column
+    tables.status_table("j", [Result("gpu1", True, d)])  # no --watch: no trend column
     assert "trend" not in out.getvalue()

@@ -111,13 +111,13 @@ def test_version_gate_table_says_unknown_and_where_each_version_comes_from(monke
 
     from rich.console import Console
 
-    from torchrig import report
+    from torchrig import tables
     v = evaluate.host_verdict("h200", facts(cuda_toolkit=None), 8, "cuda")
     out = io.StringIO()
-    from torchrig.verify.run import Report
-    rep = Report(hosts=[v], gate=evaluate.version_gate([v]))
-    monkeypatch.setattr(report, "console", Console(file=out, width=200))
-    report.verify_report(rep)
+    from torchrig.verify.run import VerifyReport
+    rep = VerifyReport(hosts=[v], gate=evaluate.version_gate([v]))
+    monkeypatch.setattr(tables, "console", Console(file=out, width=200))
+    tables.verify_report(rep)
     text = out.getvalue()
     assert "None" not in text
     assert "cuda toolkit │ unknown" in text and "libnccl2     │ 2.26.2-1+cuda12.8" in text

@@ -5,7 +5,7 @@ import json
 
 from torchrig.secrets import Redactor
 from torchrig.verify.evaluate import Check, HostVerdict
-from torchrig.verify.run import Report
+from torchrig.verify.run import VerifyReport
 
 
 def test_verify_report_texts_are_redacted(capsys):
@@ -14,11 +14,11 @@ def test_verify_report_texts_are_redacted(capsys):
                     advice=["retry with hunter2-tok"])
     bw = {"scope": "gpu1", "hosts": ["gpu1"], "check": Check("busbw", "FAIL", "token hunter2-tok"),
           "result": None}
-    rep = Report(hosts=[v], unreachable={"gpu2": "cannot fetch https://:only-t0ken@h/x"},
+    rep = VerifyReport(hosts=[v], unreachable={"gpu2": "cannot fetch https://:only-t0ken@h/x"},
                  bandwidth=[bw])
     rep.redact(red)
-    from torchrig import report
-    report.verify_report(rep)
+    from torchrig import tables
+    tables.verify_report(rep)
     out = capsys.readouterr().out + json.dumps(red.data(rep.as_dict()), default=str)
     for secret in ("p@ss", "hunter2-tok", "only-t0ken"):
         assert secret not in out

@@ -180,7 +180,7 @@ def _redactor(inv):
 @user_errors
 def hosts(c, inventory=None, host=None, json_=False):
     """Show the selected inventory hosts with their resolved connection settings and vars."""
-    from torchrig.report import hosts_table
+    from torchrig.tables import hosts_table
     inv = _inventory(c, inventory)
     chosen = inv.select(host)
     red = _redactor(inv)
@@ -223,7 +223,7 @@ def exec_(c, command, inventory=None, host=None, sudo=False, timeout=None, paral
                    "help: torchrig --help exec", code=2)
     timeout = None if timeout is None else _number("timeout", timeout, 1)
     from torchrig.execute import run_on
-    from torchrig.report import exec_summary
+    from torchrig.tables import exec_summary
     with _fleet(c, inventory, host, accept_new_host_keys, parallel) as fleet:
         res = run_on(fleet, fleet.hosts, command, sudo=sudo, timeout=timeout)
     exec_summary(res)
@@ -262,9 +262,9 @@ def _provision(fleet, dry_run, yes, reboot, json_, save_plan=None, saved=None):
     """Render the provision service's plan, ask, apply, render its result."""
     from torchrig.provision import live, service
     red = _redactor(fleet.inv)
-    _warm("torchrig.report")
+    _warm("torchrig.tables")
     fp = service.plan(fleet, red, saved)
-    from torchrig import report
+    from torchrig import tables
     if save_plan:
         n = service.save(fp, save_plan)
         print(f"plan for {n} host(s) saved to {save_plan}; apply exactly it with: "
@@ -274,7 +274,7 @@ def _provision(fleet, dry_run, yes, reboot, json_, save_plan=None, saved=None):
         if json_ and dry_run:
             print(json.dumps(fp.as_dict(), indent=2))
         else:
-            report.provision_plan(fp.reports())
+            tables.provision_plan(fp.reports())
         if dry_run:
             _exit_if_failed(fp.failed, "provision (dry run)")
             return
@@ -290,7 +290,7 @@ def _provision(fleet, dry_run, yes, reboot, json_, save_plan=None, saved=None):
     if json_:
         print(json.dumps(res.as_dict(), indent=2))
     else:
-        report.provision_table(res.reports)
+        tables.provision_table(res.reports)
         _scrape_targets([h for h in fleet.hosts if any(r.ok and r.host == h.name for r in res.reports)])
     _exit_if_failed(res.failed, "provision")
 
@@ -309,18 +309,18 @@ def _scrape_targets(hosts) -> None:
 def verify(c, inventory=None, host=None, bandwidth=False, json_=False, accept_new_host_keys=False):
     """GPUs, topology, driver health, one version gate across nodes, network; PASS or FAIL."""
     from torchrig.verify.run import verify as run_verify
-    _warm("torchrig.report")
+    _warm("torchrig.tables")
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
         rep = run_verify(fleet, fleet.hosts, bandwidth=bandwidth)
     if bandwidth:  # the sweeps, for `torchrig report` (the nodes keep nothing of them)
         from torchrig.verify import store
         store.save(rep.bandwidth, {h.name: h.address for h in fleet.hosts})
     rep.redact(red := _redactor(fleet.inv))
-    from torchrig import report
+    from torchrig import tables
     if json_:
         print(json.dumps(red.data(rep.as_dict()), indent=2, default=str))
     else:
-        report.verify_report(rep)
+        tables.verify_report(rep)
     if not rep.ok:
         raise Exit("error: verify " + rep.status + ": " + "; ".join(rep.failures), code=1)
 
@@ -461,7 +461,7 @@ def status(c, inventory=None, host=None, job=None, json_=False, watch=None,
 
 def _status(fleet, job, json_, watch):
     import time as _time
-    from torchrig import report
+    from torchrig import tables
     from torchrig.launch.status import look
     from torchrig.trend import Trend
     red = _redactor(fleet.inv)  # the inventory's secrets do not change between --watch rounds
@@ -484,7 +484,7 @@ def _status(fleet, job, json_, watch):
                 d = sj.as_dict()
                 _say(f"slurm job {d['job_id']}: {d['state']} on {','.join(d['nodes'])}"
                      + (f" ({d['reason']})" if d["reason"] not in ("", "None") else ""))
-            report.status_table(job, res, trend)
+            tables.status_table(job, res, trend)
             for r in res:
                 if r.ok and r.value.get("journal_cut"):
                     print(f"warning: {r.host}: {r.value['journal_cut']}")
@@ -581,7 +581,7 @@ def stop(c, inventory=None, host=None, job=None, accept_new_host_keys=False):
 def metrics(c, inventory=None, host=None, job=None, json_=False, accept_new_host_keys=False):
     """Every node's torchrig_* Prometheus series (GPU and job), fetched from its node_exporter
     on the node over SSH: no port needs to be open to this machine."""
-    from torchrig import report
+    from torchrig import tables
     from torchrig.job import check_job_name
     from torchrig.metrics import collect
     if job is not None:
@@ -593,7 +593,7 @@ def metrics(c, inventory=None, host=None, job=None, json_=False, accept_new_host
                                                           else {"error": r.error}) for r in res}},
                          indent=2))
     else:
-        report.metrics_table(f"metrics of job {job}" if job else "metrics", res)
+        tables.metrics_table(f"metrics of job {job}" if job else "metrics", res)
     if not res.ok:
         raise Exit(res.error_line(), code=1)
 
@@ -651,11 +651,11 @@ def _color(value) -> bool:
 def _logs(fleet, job, follow, rank, grep, when, failures, color):
     from torchrig.job import check_job_name, unit_name
     from torchrig.launch.status import journal_ident, lost_nodes, slurm_record
-    from torchrig.logs.stream import Options, failure_report, follow as run_follow
+    from torchrig.logs.stream import FollowOptions, failure_report, follow as run_follow
     job = check_job_name(job or _latest_job(fleet))
     sj = slurm_record(fleet, job)
     inv, chosen = fleet.inv, fleet.hosts
-    o = Options(job, {h.name: h.settings.job_log_dir(job) for h in chosen},
+    o = FollowOptions(job, {h.name: h.settings.job_log_dir(job) for h in chosen},
                 unit_name(job), follow=follow and not failures,
                 rank=rank, grep=grep, since=when,
                 color=color,
@@ -716,11 +716,12 @@ def fetch(c, inventory=None, host=None, job=None, step=None, to=None, all_=False
     """Copy a job's newest loadable checkpoint (or --step N, or --all) from the node that holds
     it: load-checked on the node, resumed after drops, SHA-256 verified, MANIFEST.json beside it."""
     from pathlib import Path
-    from torchrig.fetch.run import Options, fetch as run_fetch
+    from torchrig.fetch.run import FetchOptions, fetch as run_fetch
     if step is not None and all_:
         raise Exit("error: --step and --all: choose one", code=1)
-    o = Options(job="", to=Path(), step=None if step is None else _number("step", step, 0),
-                all=all_, bwlimit=0 if bwlimit is None else _number("bwlimit", bwlimit, 1) * 1024)
+    o = FetchOptions(job="", to=Path(), step=None if step is None else _number("step", step, 0),
+                     all=all_,
+                     bwlimit=0 if bwlimit is None else _number("bwlimit", bwlimit, 1) * 1024)
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
         o.job = job or _latest_job(fleet)
         o.to = Path(to or f"checkpoints/{o.job}")
@@ -777,7 +778,7 @@ def testbed_down(c):
 def testbed_status(c, json_=False):
     """Show the testbed's hosts: running, addressable, SSH answering."""
     from torchrig.testbed import lab
-    from torchrig.report import testbed_table
+    from torchrig.tables import testbed_table
     st = lab.status()
     if json_:
         print(json.dumps(st, indent=2))
@@ -811,7 +812,7 @@ def demo(c, steps=None):
     stage("logs: every rank, followed until the job ends")
     from torchrig import inventory as _inv
     from torchrig.job import unit_name
-    from torchrig.logs.stream import Options, Printer, follow as run_follow
+    from torchrig.logs.stream import FollowOptions, Printer, follow as run_follow
     inv = _inv.load(inv_path)
     hosts = inv.select(None)[:2]
     seen = []
@@ -825,7 +826,7 @@ def demo(c, steps=None):
     log_dirs = {h.name: h.settings.job_log_dir(job) for h in hosts}
     from torchrig.session import Fleet
     with Fleet(inv, hosts) as fleet:
-        run_follow(fleet, hosts, Options(job, log_dirs, unit_name(job), follow=True),
+        run_follow(fleet, hosts, FollowOptions(job, log_dirs, unit_name(job), follow=True),
                    printer=Tee(sys.stdout, _color(None)))
     from torchrig.progress import run_summary
     s = run_summary(seen)

@@ -40,7 +40,7 @@ DROPS = (ConnectionLost, CannotConnect, paramiko.SSHException, EOFError, socket.
 
 
 @dataclass
-class Options:
+class FetchOptions:
     job: str
     to: Path
     step: int | None = None
@@ -112,7 +112,7 @@ def checked(c: dict, user: str) -> dict:
                    "load-checked and sent are that snapshot's"}
 
 
-def fetch(fleet: Fleet, o: Options, log: Callable[[str], None]) -> FetchResult:
+def fetch(fleet: Fleet, o: FetchOptions, log: Callable[[str], None]) -> FetchResult:
     job = check_job_name(o.job)
     host, folder, good, refused, left_out = _choose(fleet, job, o, log)
     try:
@@ -123,7 +123,7 @@ def fetch(fleet: Fleet, o: Options, log: Callable[[str], None]) -> FetchResult:
 
 
 def _fetch_chosen(fleet: Fleet, job: str, host: Host, folder: str, good: list[dict],
-                  o: Options, log: Callable[[str], None]) -> list[Fetched]:
+                  o: FetchOptions, log: Callable[[str], None]) -> list[Fetched]:
     to = Path(o.to)
     try:
         to.mkdir(parents=True, exist_ok=True)
@@ -148,7 +148,7 @@ def _fetch_chosen(fleet: Fleet, job: str, host: Host, folder: str, good: list[di
     return files
 
 
-def _choose(fleet: Fleet, job: str, o: Options, log: Callable[[str], None]):
+def _choose(fleet: Fleet, job: str, o: FetchOptions, log: Callable[[str], None]):
     """(host, its folder, the checked files to fetch, refused, left out): the node holding the
     newest checkpoint, and there the newest that loads (or step N, or every file)."""
     listed = fleet.fan_out(lambda h: _ask(fleet, h, {"op": "list", "dir": node_dir(h, job)}, 60))

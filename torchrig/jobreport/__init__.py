@@ -12,7 +12,7 @@ from ..errors import TorchrigError
 from ..localfiles import write_atomic
 
 
-def make(fleet, job: str, out_dir: str, red) -> tuple[Path, "data.Report"]:
+def make(fleet, job: str, out_dir: str, red) -> tuple[Path, "data.JobReport"]:
     """Write <out_dir>/<job>-report.html (a temporary name in that folder, then renamed);
     everything shown goes through the redactor `red`. plotly is checked before any host is
     asked anything."""

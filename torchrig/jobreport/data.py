@@ -55,7 +55,7 @@ class Node:
 
 
 @dataclass
-class Report:
+class JobReport:
     job: str
     generated: float
     nodes: list[Node] = field(default_factory=list)
@@ -257,10 +257,10 @@ def node(host: str, node_rank: int, reply: dict, unit: str) -> tuple[Node | None
     return n, progress(lines), evs, None
 
 
-def build(job: str, unit: str, gathered: dict, now: float) -> Report:
-    """gather.gather()'s result -> Report (nodes in order; a node's rank is its position among
+def build(job: str, unit: str, gathered: dict, now: float) -> JobReport:
+    """gather.gather()'s result -> JobReport (nodes in order; a node's rank is its position among
     the nodes that have the job)."""
-    rep = Report(job, now, bandwidth={})
+    rep = JobReport(job, now, bandwidth={})
     for host, reply in gathered["nodes"]:
         if isinstance(reply, str):
             rep.unreadable[host] = reply

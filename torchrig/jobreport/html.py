@@ -1,4 +1,4 @@
-"""`torchrig report`'s page: data.Report -> Plotly figures (plain dicts) -> one self-contained
+"""`torchrig report`'s page: data.JobReport -> Plotly figures (plain dicts) -> one self-contained
 HTML file. Pure, except that the page inlines plotly.js from the `report` extra (plotly's
 Python package ships it), so the file opens with no network.
 
@@ -15,7 +15,7 @@ import time
 
 from ..errors import TorchrigError
 from ..terminal import html as safe
-from .data import Report
+from .data import JobReport
 
 EXTRA = "report"
 KIND_STYLE = {"start": ("circle", "#2ca02c"), "restart": ("diamond", "#ff7f0e"),
@@ -40,7 +40,7 @@ def _scatter(name: str, x: list, y: list, **kw) -> dict:
     return {"type": "scatter", "mode": "lines+markers", "name": name, "x": x, "y": y, **kw}
 
 
-def _time_range(rep: Report) -> list[str] | None:
+def _time_range(rep: JobReport) -> list[str] | None:
     """The job's span (up to now while it runs), padded, at least a minute wide: plotly's own
     range around a single event (a running job's start) is a few milliseconds."""
     span = rep.span()
@@ -58,14 +58,14 @@ def _layout(title: str, xaxis: dict, yaxis: dict, **kw) -> dict:
             "legend": {"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"}, **kw}
 
 
-def _event_lines(rep: Report) -> list[dict]:
+def _event_lines(rep: JobReport) -> list[dict]:
     """Restarts and failures as vertical lines on the time plots."""
     return [{"type": "line", "xref": "x", "yref": "paper", "x0": _when(e.t), "x1": _when(e.t),
              "y0": 0, "y1": 1, "line": {"color": KIND_STYLE[e.kind][1], "dash": "dot", "width": 1}}
             for e in rep.events if e.kind in ("restart", "failure")]
 
 
-def figures(rep: Report) -> list[dict]:
+def figures(rep: JobReport) -> list[dict]:
     """[{"id", "title", "data", "layout"}]: only figures that have data (busbw only when verify
     --bandwidth was run for the job's nodes)."""
     figs = []
@@ -145,7 +145,7 @@ def _fmt(v, spec: str) -> str:
     return "?" if v is None else format(v, spec)
 
 
-def page(rep: Report, js: str) -> str:
+def page(rep: JobReport, js: str) -> str:
     """The whole HTML page; `js`: plotly.js's source (plotly_js())."""
     e = safe
     s = rep.summary()

@@ -34,7 +34,7 @@ COLORS = ["36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91"
 
 
 @dataclass
-class Options:
+class FollowOptions:
     job: str
     log_dir: dict[str, str]               # host -> the job's log dir on it
     unit: str
@@ -48,7 +48,7 @@ class Options:
 
 
 @dataclass
-class Outcome:
+class FollowOutcome:
     lines: int = 0
     errors: list = field(default_factory=list)          # merge.ErrorReport
     lost: dict[str, str] = field(default_factory=dict)  # node -> why we stopped following it
@@ -138,12 +138,12 @@ class Printer:
             self.out.flush()
 
 
-def follow(fleet: Fleet, hosts: list[Host], o: Options, printer: Printer | None = None,
-           on_event: Callable | None = None) -> Outcome:
+def follow(fleet: Fleet, hosts: list[Host], o: FollowOptions, printer: Printer | None = None,
+           on_event: Callable | None = None) -> FollowOutcome:
     printer = printer or Printer(sys.stdout, o.color)
     tracker = merge.Tracker()
     keep = merge.LineFilter(o.rank, o.grep)
-    result = Outcome()
+    result = FollowOutcome()
     lock = threading.Lock()
 
     # cleared files, per node, told as one notice per attempt folder: [folder, lines]

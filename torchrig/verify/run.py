@@ -52,7 +52,7 @@ def gather(fleet: Fleet, h: Host, opts: HostOpts, peer: dict | None, torch_runti
 
 
 @dataclass
-class Report:
+class VerifyReport:
     hosts: list[HostVerdict] = field(default_factory=list)
     unreachable: dict[str, str] = field(default_factory=dict)
     gate: tuple = ("PASS", {}, [])
@@ -110,9 +110,9 @@ class Report:
 
 
 def verify(fleet: Fleet, hosts: list[Host], *, bandwidth: bool = False, full: bool = True,
-           also: dict | None = None) -> Report:
+           also: dict | None = None) -> VerifyReport:
     """full=False is launch's fast gate: versions from package metadata, no torch import.
-    also: {name: argv} run in the same probe; their raw results in Report.also."""
+    also: {name: argv} run in the same probe; their raw results in VerifyReport.also."""
     inv = fleet.inv
     opts = {h.name: host_opts(inv, h) for h in hosts}
     first = hosts[0]
@@ -125,7 +125,7 @@ def verify(fleet: Fleet, hosts: list[Host], *, bandwidth: bool = False, full: bo
     finally:
         if listener:
             _stop_unit(fleet, first, listener)
-    rep = Report()
+    rep = VerifyReport()
     for h, r in zip(hosts, results):
         if not r.ok:
             rep.unreachable[h.name] = r.error
@@ -188,7 +188,7 @@ def _run_bench(fleet: Fleet, h: Host, cmd: str, timeout: int = 300) -> dict:
     return json.loads(m.group(1)) if m else {}
 
 
-def _bandwidth(fleet: Fleet, hosts: list[Host], opts: dict[str, HostOpts], rep: Report) -> None:
+def _bandwidth(fleet: Fleet, hosts: list[Host], opts: dict[str, HostOpts], rep: VerifyReport) -> None:
     by_name = {v.host: v for v in rep.hosts}
     # within each node
     intra = fleet.fan_out(lambda h: _run_bench(
@@ -237,7 +237,7 @@ def cross_node_cmd(h: Host, hosts: list[Host], o: HostOpts, v: HostVerdict | Non
     return _bench_cmd(o, _nproc(v, o), rdzv, env)
 
 
-def _nccl_tests(fleet: Fleet, h: Host, o: HostOpts, v: HostVerdict | None, rep: Report) -> None:
+def _nccl_tests(fleet: Fleet, h: Host, o: HostOpts, v: HostVerdict | None, rep: VerifyReport) -> None:
     """nccl-tests' all_reduce_perf too, where provision built it."""
     binary = f"{o.prefix}/nccl-tests/build/all_reduce_perf"
     if fleet.run(h, sh("test", "-x", binary)).exited != 0:

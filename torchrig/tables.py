@@ -1,4 +1,5 @@
-"""Human-readable output: rich tables, printed at the edge (tasks call these)."""
+"""Terminal tables (rich), printed at the edge: the tasks call these. (`torchrig report`, the
+HTML page, is jobreport/.)"""
 
 from __future__ import annotations
 
