@@ -15,7 +15,7 @@ from ..settings import ETC_DIR
 from .factview import Facts
 from . import firewall, managed, slurm
 from .changes import Cmd, FileChange, b64
-from .desired import (DISTROS, DRIVER_PACKAGE, DRIVER_PIN_GLOBS, Credentialed, Settings,
+from .desired import (DRIVER_PACKAGE, DRIVER_PIN_GLOBS, Credentialed, Settings,
                       driver_flavor, held_family, repo_source, split_credentials)
 
 Change = Cmd | FileChange
@@ -105,7 +105,7 @@ def driver_state(facts) -> tuple[str, str]:
 def preflight(c: Ctx) -> list[str]:
     """Problems that stop provision before it touches the host."""
     problems = []
-    if c.distro not in DISTROS:
+    if c.distro not in os_release.DISTROS:
         problems.append(f"unsupported OS {c.osr.pretty_name or c.osr.id or 'unknown'!r} "
                         "(supported: Ubuntu 22.04, Ubuntu 24.04, Debian 12)")
     if c.arch is None:
