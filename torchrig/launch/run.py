@@ -286,8 +286,7 @@ systemctl start {name}
 def start_script(job: Job, exclusive: bool, firewall: bool = False) -> str:
     """The root script that starts the job's unit on a node (exclusive: a GPU node; firewall:
     the node's job-port firewall must be loaded)."""
-    from ..facts.netfilter import TABLE
-    from ..provision.firewall import UNIT
+    from ..facts.netfilter import TABLE, UNIT
     return START.format(jobs=sh(JOBS_DIR), busy_units=BUSY_UNITS, name=sh(unit_name(job.name)),
                         firewall=int(firewall), table=" ".join(TABLE), firewall_unit=sh(UNIT),
                         unit_file=sh(unit_path(job.name)), marker=sh(launch_marker(job)),

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import TorchrigError
-from ..facts import os_release, smi_query
+from ..facts import netfilter, os_release, smi_query
 from ..remote import sh
 from ..settings import ETC_DIR
 from .factview import Facts
@@ -598,7 +598,7 @@ def fact_request(s: Settings, flavor_pkgs: list[str] | None = None) -> dict:
         **managed.provision_request(),
         "dirs": [d for d, _, _ in dirs(s)] + [slurm.LOG_DIR, slurm.STATE_DIR],
         "units": ["nvidia-persistenced.service", "nvidia-fabricmanager.service", NODE_EXPORTER_UNIT,
-                  MUNGE_UNIT, *SLURM_UNITS.values(), firewall.UNIT],
+                  MUNGE_UNIT, *SLURM_UNITS.values(), netfilter.UNIT],
         "node": True,
         "users": [s.service_user],
         "venv": s.venv,
