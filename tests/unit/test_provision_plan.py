@@ -320,7 +320,7 @@ def run_steps(tmp_path, changes):
     import json
     import os
     import subprocess
-    from torchrig.provision.changes import preamble
+    from torchrig.provision.apply import preamble
     bin_ = tmp_path / "bin"
     bin_.mkdir(exist_ok=True)
     for name in ("git", "make", "pip"):

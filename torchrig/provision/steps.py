@@ -23,7 +23,7 @@ Change = Cmd | FileChange
 SOURCES_FILE = managed.CUDA_SOURCES.path()
 AUTH_FILE = managed.CUDA_AUTH.path()
 KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
-# Inside the step script's private temp folder (see changes.preamble), never a fixed /tmp path.
+# Inside the step script's private temp folder (see apply.preamble), never a fixed /tmp path.
 KEYRING_DEB = '"$TORCHRIG_TMP"/cuda-keyring.deb'
 PIP_NETRC = '"$TORCHRIG_TMP"/pip-netrc'
 PIP_REQUIREMENTS = '"$TORCHRIG_TMP"/requirements.txt'
