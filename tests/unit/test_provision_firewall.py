@@ -7,7 +7,8 @@ import pytest
 
 from torchrig.errors import TorchrigError
 from torchrig.facts.netfilter import UNIT, parse_ephemeral
-from torchrig.provision import firewall, managed, steps
+from torchrig.changes import managed
+from torchrig.provision import firewall, steps
 from torchrig.settings import settings_for
 from test_provision_plan import fresh
 

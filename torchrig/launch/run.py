@@ -208,9 +208,9 @@ def launch(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print) -> Laun
 def _dry_run(fleet: Fleet, hosts: list[Host], job: Job) -> dict[str, list]:
     """Each node's files for the job against what is on the node now (one probe of the job's
     managed files per node, nothing else; the env file by hash only)."""
+    from ..changes import managed
+    from ..changes.factview import Facts
     from ..facts.provision_facts import files_request
-    from ..provision import managed
-    from ..provision.factview import Facts
     req = managed.launch_request(job.name)
     stat = files_request(req)
     by_name = {h.name: h for h in hosts}

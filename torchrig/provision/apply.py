@@ -16,11 +16,11 @@ from ..resources import PAYLOAD
 from ..remote import Result, describe_error
 from ..secrets import Redactor
 from ..session import Fleet
+from ..changes.factview import fingerprint, what_changed
+from ..changes.model import FileChange, b64
 from . import firewall, slurm
-from .changes import FileChange, b64
 from .desired import Settings
 from .engine import Plan, build_plan
-from .factview import fingerprint, what_changed
 from .live import StepProgress
 from .steps import Ctx, Step, Upload, driver_state, fact_request
 

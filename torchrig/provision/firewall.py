@@ -15,13 +15,13 @@ import ipaddress
 import re
 import socket
 
+from ..changes import managed
+from ..changes.model import Cmd, FileChange
 from ..errors import TorchrigError
 from ..facts.netfilter import TABLE, UNIT, loaded_argv, parse_ephemeral
 from ..remote import sh
 from ..settings import RDZV_PORTS
-from . import managed
 from .slurm import USER as slurm_user
-from .changes import Cmd, FileChange
 
 PACKAGE = "nftables"   # the distribution's package
 USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")

@@ -8,13 +8,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..changes import managed
+from ..changes.factview import Facts
+from ..changes.model import Cmd, FileChange, b64
 from ..errors import TorchrigError
 from ..facts import netfilter, os_release, smi_query
 from ..remote import sh
 from ..settings import ETC_DIR
-from .factview import Facts
-from . import firewall, managed, slurm
-from .changes import Cmd, FileChange, b64
+from . import firewall, slurm
 from .desired import (DRIVER_PACKAGE, DRIVER_PIN_GLOBS, Credentialed, Settings,
                       driver_flavor, held_family, repo_source, split_credentials)
 
