@@ -3,52 +3,13 @@
 from __future__ import annotations
 
 import sys
-import threading
 from dataclasses import dataclass
 from typing import TextIO
 
 from .inventory import Host
 from .remote import login_user, privileged
 from .session import Fleet, Outcome
-from .terminal import printable
-
-
-class PrefixedLines:
-    """File-like sink for Fabric's out_stream: writes whole lines as 'host | line', each
-    through the terminal sanitiser (the host's output may hold any escape sequence)."""
-
-    _lock = threading.Lock()  # shared: lines from different hosts never interleave mid-line
-
-    def __init__(self, prefix: str, out: TextIO):
-        self.prefix, self.out = prefix, out
-        self.parts: list[str] = []  # the unfinished line, in pieces: joined once, when it ends
-
-    def write(self, data: str) -> None:
-        # Only the new data is split: re-splitting a growing buffer on every chunk made a
-        # single long line quadratic (8 MB: 18 s).
-        if "\n" not in data:
-            if data:
-                self.parts.append(data)
-            return
-        head, *lines = data.split("\n")
-        tail = lines.pop()
-        self._emit(["".join(self.parts) + head, *lines])
-        self.parts = [tail] if tail else []
-
-    def _emit(self, lines: list[str]) -> None:
-        if lines:
-            with self._lock:
-                for line in lines:
-                    self.out.write(f"{self.prefix} | {printable(line.rstrip(chr(13)))}\n")
-                self.out.flush()
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        if self.parts:
-            self._emit(["".join(self.parts)])
-            self.parts = []
+from .terminal import PrefixedLines
 
 
 @dataclass

@@ -22,7 +22,7 @@ from torchrig.launch import plan as lplan
 from torchrig.launch import push, run
 from torchrig.provision.apply import plan_report, step_script
 from torchrig.provision.engine import build_plan
-from torchrig.provision.changes import preamble
+from torchrig.provision.apply import preamble
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 UPDATE = os.environ.get("TORCHRIG_UPDATE_GOLDEN") == "1"

@@ -333,8 +333,8 @@ def test_agent_logs_at_info_and_its_exit_barrier_is_the_operators():
 def _facts_of(changes):
     """What a node reports for files it holds exactly as written (launch_request's shape)."""
     import hashlib
-    from torchrig.provision import managed
-    from torchrig.provision.factview import Facts
+    from torchrig.changes import managed
+    from torchrig.changes.factview import Facts
     req = managed.launch_request("exp1")
     files = {p: {"sha256": hashlib.sha256(ch.content.encode()).hexdigest(), "mode": ch.mode,
                  "owner": "root", "group": "root", "content": ch.content}
@@ -366,8 +366,8 @@ def test_job_files_go_through_the_change_engine():
 
 
 def test_a_launch_file_not_in_the_request_is_an_error():
-    from torchrig.provision import managed
-    from torchrig.provision.factview import Facts, FactNotRequested
+    from torchrig.changes import managed
+    from torchrig.changes.factview import Facts, FactNotRequested
     j = job(1)
     with pytest.raises(FactNotRequested):
         plan.job_changes(j, j.nodes[0], 30, Facts({"files": {}}, managed.launch_request("other")))

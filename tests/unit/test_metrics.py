@@ -16,7 +16,8 @@ import yaml
 from torchrig import metrics as ops
 from torchrig import progress
 from torchrig.errors import TorchrigError
-from torchrig.provision import managed, steps
+from torchrig.changes import managed
+from torchrig.provision import steps
 from torchrig.settings import DEFAULTS, settings_for
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,8 +6,9 @@ import hashlib
 import pytest
 
 from torchrig.errors import TorchrigError
-from torchrig.facts.netfilter import parse_ephemeral
-from torchrig.provision import firewall, managed, steps
+from torchrig.facts.netfilter import UNIT, parse_ephemeral
+from torchrig.changes import managed
+from torchrig.provision import firewall, steps
 from torchrig.settings import settings_for
 from test_provision_plan import fresh
 
@@ -31,7 +32,7 @@ def converged(**over):
              managed.FIREWALL_UNIT.path(): stat(managed.FIREWALL_UNIT.render(
                  rules=managed.FIREWALL_RULES.path()))}
     f = fresh(packages={"nftables": "1.0.6-2+deb12u2"}, files=files,
-              units={firewall.UNIT: {"enabled": "enabled", "active": "active"}},
+              units={UNIT: {"enabled": "enabled", "active": "active"}},
               firewall={"loaded": True, "ephemeral": "32768\t60999\n"})
     f.update(over)
     return f
@@ -132,7 +133,7 @@ def test_the_firewall_unit_is_not_read_as_a_job():
     """It was torchrig-firewall.service: active (a oneshot that stays), so launch on a GPU node
     refused every job ("already runs job(s) firewall on its GPUs")."""
     from torchrig.launch.run import busy_jobs
-    listed = f"{firewall.UNIT} loaded active exited torchrig firewall\n" \
+    listed = f"{UNIT} loaded active exited torchrig firewall\n" \
              "torchrig-exp1.service loaded active running torchrig job exp1\n"
     assert busy_jobs(listed) == ["exp1"]
-    assert managed.FIREWALL_UNIT.path().endswith("/" + firewall.UNIT)
+    assert managed.FIREWALL_UNIT.path().endswith("/" + UNIT)

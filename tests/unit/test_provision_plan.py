@@ -8,7 +8,7 @@ import pytest
 
 from torchrig.provision import steps
 from torchrig.provision.apply import make_plan
-from torchrig.provision.changes import FileChange
+from torchrig.changes.model import FileChange
 from torchrig.settings import DEFAULTS, settings_for
 from torchrig.errors import TorchrigError
 
@@ -153,7 +153,7 @@ def test_every_planner_reads_only_requested_facts(table):
 
 
 def test_a_fact_not_requested_is_an_error_not_a_default():
-    from torchrig.provision.factview import FactNotRequested
+    from torchrig.changes.factview import FactNotRequested
     c = tb_ctx(converged())
     with pytest.raises(FactNotRequested, match=r"files\['/etc/forgotten.conf'\] was read .* not requested"):
         c.facts.file("/etc/forgotten.conf")
@@ -162,14 +162,14 @@ def test_a_fact_not_requested_is_an_error_not_a_default():
     with pytest.raises(FactNotRequested):
         c.facts["no_such_fact"]
     # a planner writing a managed file that the request lacks fails the same way
-    from torchrig.provision import managed
+    from torchrig.changes import managed
     stray = managed.ManagedFile("etc/torchrig/cuda.env.j2".replace("cuda", "stray"))
     with pytest.raises(FactNotRequested):
         stray.change(c.facts, content="x\n")
 
 
 def test_fact_request_covers_every_managed_file():
-    from torchrig.provision import managed
+    from torchrig.changes import managed
     req = steps.fact_request(tb_ctx(fresh()).s)
     asked = set(req["files"]) | set(req["secret_files"])
     assert {f.path() for f in managed.PROVISION_FILES} | set(managed.PROVISION_ABSENT) == asked
@@ -320,7 +320,7 @@ def run_steps(tmp_path, changes):
     import json
     import os
     import subprocess
-    from torchrig.provision.changes import preamble
+    from torchrig.provision.apply import preamble
     bin_ = tmp_path / "bin"
     bin_.mkdir(exist_ok=True)
     for name in ("git", "make", "pip"):
@@ -464,7 +464,7 @@ def test_root_folders_never_inside_the_service_users_data_dir(var, value):
 
 
 def test_fingerprint_ignores_free_space_and_names_what_changed():
-    from torchrig.provision.factview import fingerprint, what_changed
+    from torchrig.changes.factview import fingerprint, what_changed
     a = converged()
     b = copy.deepcopy(a)
     b["disk_free_gb"] += 3.5
@@ -478,7 +478,7 @@ def test_fingerprint_ignores_free_space_and_names_what_changed():
 
 def test_plan_walk_runs_each_planner_once_and_carries_its_fingerprint(monkeypatch):
     from torchrig.provision import engine
-    from torchrig.provision.factview import fingerprint
+    from torchrig.changes.factview import fingerprint
     calls = []
     wrapped = [steps.Step(s.name, (lambda p: lambda c: calls.append(1) or p(c))(s.plan),
                           s.needs_driver, s.reprobes_driver, s.upload, s.enabled)
@@ -548,7 +548,7 @@ def test_an_install_releases_the_held_components_then_holds_what_it_installed():
 
 
 def test_facts_of_a_glob_nobody_asked_for_are_refused():
-    from torchrig.provision.factview import FactNotRequested
+    from torchrig.changes.factview import FactNotRequested
     c = ctx(fresh(packages={"libnccl2": "1", "libfoo": "2"}))
     assert c.facts.installed(("libnccl*",)) == {"libnccl2": "1"}
     with pytest.raises(FactNotRequested):

@@ -15,7 +15,7 @@ from torchrig.errors import TorchrigError
 from types import SimpleNamespace
 from torchrig.provision import live, planfile, service, steps
 from torchrig.provision.apply import Planned
-from torchrig.provision.changes import FileChange
+from torchrig.changes.model import FileChange
 from torchrig.provision.engine import build_plan
 from torchrig.secrets import Redactor
 

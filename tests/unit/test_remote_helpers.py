@@ -7,7 +7,7 @@ import subprocess
 import paramiko
 import pytest
 
-from torchrig.execute import PrefixedLines
+from torchrig.terminal import PrefixedLines
 from torchrig.remote import fingerprint, known_hosts_name, privileged, sh, with_env, fan_out
 from torchrig.secrets import redact
 from torchrig.errors import TorchrigError

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from torchrig import inventory
-from torchrig.provision import managed, slurm, steps
-from torchrig.provision.changes import FileChange
+from torchrig.changes import managed
+from torchrig.changes.model import FileChange
+from torchrig.provision import slurm, steps
 from torchrig.settings import settings_for
 
 LSCPU = json.dumps({"lscpu": [{"field": "CPU(s):", "data": "16"}, {"field": "Socket(s):", "data": "2"},

@@ -13,7 +13,7 @@ from invoke import Context, Exit
 from torchrig.cli import tasks
 from torchrig import tables, terminal
 from torchrig.errors import TorchrigError
-from torchrig.execute import PrefixedLines
+from torchrig.terminal import PrefixedLines
 from torchrig.jobreport import data, html
 from torchrig.metrics import defs as M, views
 from torchrig.remote import Result

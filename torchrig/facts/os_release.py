@@ -68,6 +68,8 @@ _SUPPORTED = {
     ("ubuntu", "24.04"): "ubuntu2404",
     ("debian", "12"): "debian12",
 }
+# the distributions provision supports, by their CUDA repo name
+DISTROS = frozenset(_SUPPORTED.values())
 
 
 def supported(osr: OsRelease) -> str | None:

@@ -8,9 +8,9 @@ import shlex
 from dataclasses import dataclass, field
 
 from .. import torchrun
+from ..changes import managed
+from ..changes.model import FileChange
 from ..errors import TorchrigError
-from ..provision import managed
-from ..provision.changes import FileChange
 from ..render import env_quote, systemd_path, systemd_quote
 from ..secrets import MASK, is_secret, redact_text, url_credentials
 from ..job import MEM_FILE, SAMPLER, STOP_GRACE_S, UTIL_FILE, job_folder, unit_name

@@ -208,9 +208,9 @@ def launch(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print) -> Laun
 def _dry_run(fleet: Fleet, hosts: list[Host], job: Job) -> dict[str, list]:
     """Each node's files for the job against what is on the node now (one probe of the job's
     managed files per node, nothing else; the env file by hash only)."""
+    from ..changes import managed
+    from ..changes.factview import Facts
     from ..facts.provision_facts import files_request
-    from ..provision import managed
-    from ..provision.factview import Facts
     req = managed.launch_request(job.name)
     stat = files_request(req)
     by_name = {h.name: h for h in hosts}
@@ -286,8 +286,7 @@ systemctl start {name}
 def start_script(job: Job, exclusive: bool, firewall: bool = False) -> str:
     """The root script that starts the job's unit on a node (exclusive: a GPU node; firewall:
     the node's job-port firewall must be loaded)."""
-    from ..facts.netfilter import TABLE
-    from ..provision.firewall import UNIT
+    from ..facts.netfilter import TABLE, UNIT
     return START.format(jobs=sh(JOBS_DIR), busy_units=BUSY_UNITS, name=sh(unit_name(job.name)),
                         firewall=int(firewall), table=" ".join(TABLE), firewall_unit=sh(UNIT),
                         unit_file=sh(unit_path(job.name)), marker=sh(launch_marker(job)),

@@ -8,8 +8,8 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from ..settings import Settings
 
-# Package names by distro, as data (NVIDIA's CUDA repo uses the same names on these).
-DISTROS = {"ubuntu2204", "ubuntu2404", "debian12"}
+# Package names by distro, as data (NVIDIA's CUDA repo uses the same names on every
+# distro of facts.os_release.DISTROS).
 DRIVER_PACKAGE = {"open": "nvidia-open", "proprietary": "cuda-drivers"}
 # `apt-mark hold` holds the named package only, and NVIDIA's metapackages depend on versioned
 # packages with `>=`, so a held metapackage still lets `apt-get upgrade` move what it stands

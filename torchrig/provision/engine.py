@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from .changes import FileChange
-from .factview import fingerprint
+from ..changes.factview import fingerprint
+from ..changes.model import FileChange
 from .steps import STEPS, Change, Ctx, Step, driver_state, preflight
 
 

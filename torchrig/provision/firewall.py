@@ -15,18 +15,15 @@ import ipaddress
 import re
 import socket
 
+from ..changes import managed
+from ..changes.model import Cmd, FileChange
 from ..errors import TorchrigError
-from ..facts.netfilter import TABLE, loaded_argv, parse_ephemeral
+from ..facts.netfilter import TABLE, UNIT, loaded_argv, parse_ephemeral
 from ..remote import sh
 from ..settings import RDZV_PORTS
-from . import managed
 from .slurm import USER as slurm_user
-from .changes import Cmd, FileChange
 
 PACKAGE = "nftables"   # the distribution's package
-# not torchrig-<name>.service: launch reads those as jobs (busy GPUs), and a job named
-# "firewall" would be this unit
-UNIT = "torchrig.firewall.service"
 USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 
 

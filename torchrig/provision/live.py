@@ -10,8 +10,7 @@ import threading
 import time
 from typing import TextIO
 
-from ..execute import PrefixedLines
-from ..terminal import markup
+from ..terminal import PrefixedLines, markup
 
 EVERY = 30.0  # seconds between 'still running' lines when not on a terminal
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..changes.factview import what_changed
 from ..secrets import Redactor
 from ..session import Fleet
 from . import planfile
 from .apply import HostReport, Planned, apply_host, merge_steps, plan_hosts, scripts_for_digest
-from .factview import what_changed
 
 
 @dataclass

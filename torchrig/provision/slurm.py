@@ -10,9 +10,9 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..changes import managed
 from ..inventory import Slurm
 from ..job import STOP_GRACE_S
-from . import managed
 
 STATE_DIR = "/var/lib/slurm/slurmctld"   # StateSaveLocation: slurmctld's, on the controller
 SPOOL_DIR = "/var/lib/slurm/slurmd"      # SlurmdSpoolDir

@@ -8,14 +8,15 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..changes import managed
+from ..changes.factview import Facts
+from ..changes.model import Cmd, FileChange, b64
 from ..errors import TorchrigError
-from ..facts import os_release, smi_query
+from ..facts import netfilter, os_release, smi_query
 from ..remote import sh
 from ..settings import ETC_DIR
-from .factview import Facts
-from . import firewall, managed, slurm
-from .changes import Cmd, FileChange, b64
-from .desired import (DISTROS, DRIVER_PACKAGE, DRIVER_PIN_GLOBS, Credentialed, Settings,
+from . import firewall, slurm
+from .desired import (DRIVER_PACKAGE, DRIVER_PIN_GLOBS, Credentialed, Settings,
                       driver_flavor, held_family, repo_source, split_credentials)
 
 Change = Cmd | FileChange
@@ -23,7 +24,7 @@ Change = Cmd | FileChange
 SOURCES_FILE = managed.CUDA_SOURCES.path()
 AUTH_FILE = managed.CUDA_AUTH.path()
 KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
-# Inside the step script's private temp folder (see changes.preamble), never a fixed /tmp path.
+# Inside the step script's private temp folder (see apply.preamble), never a fixed /tmp path.
 KEYRING_DEB = '"$TORCHRIG_TMP"/cuda-keyring.deb'
 PIP_NETRC = '"$TORCHRIG_TMP"/pip-netrc'
 PIP_REQUIREMENTS = '"$TORCHRIG_TMP"/requirements.txt'
@@ -105,7 +106,7 @@ def driver_state(facts) -> tuple[str, str]:
 def preflight(c: Ctx) -> list[str]:
     """Problems that stop provision before it touches the host."""
     problems = []
-    if c.distro not in DISTROS:
+    if c.distro not in os_release.DISTROS:
         problems.append(f"unsupported OS {c.osr.pretty_name or c.osr.id or 'unknown'!r} "
                         "(supported: Ubuntu 22.04, Ubuntu 24.04, Debian 12)")
     if c.arch is None:
@@ -598,7 +599,7 @@ def fact_request(s: Settings, flavor_pkgs: list[str] | None = None) -> dict:
         **managed.provision_request(),
         "dirs": [d for d, _, _ in dirs(s)] + [slurm.LOG_DIR, slurm.STATE_DIR],
         "units": ["nvidia-persistenced.service", "nvidia-fabricmanager.service", NODE_EXPORTER_UNIT,
-                  MUNGE_UNIT, *SLURM_UNITS.values(), firewall.UNIT],
+                  MUNGE_UNIT, *SLURM_UNITS.values(), netfilter.UNIT],
         "node": True,
         "users": [s.service_user],
         "venv": s.venv,

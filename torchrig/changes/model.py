@@ -8,17 +8,14 @@ import difflib
 import hashlib
 import posixpath
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..remote import sh
-
-SCRIPTS = Path(__file__).parent / "scripts"
 
 
 @dataclass(frozen=True)
 class Cmd:
     summary: str   # what an operator reads in the plan
-    script: str    # bash, run as root with the preamble below
+    script: str    # bash, run as root after a preamble (provision: apply.preamble)
 
     def describe(self) -> str:
         return self.summary
@@ -92,24 +89,3 @@ def file_change(cur: dict | None, path: str, content: str | None, mode: int = 0o
     return [FileChange(path, content, mode, owner, group,
                        current=None if secret or not cur else cur.get("content"), secret=secret,
                        shown=shown)]
-
-
-def preamble(lock_timeout: int) -> str:
-    """Every apt-get and dpkg call goes through apt_get/dpkg_run: non-interactive, config files
-    kept, and first wait for the dpkg lock (naming its holder) up to lock_timeout.
-    TORCHRIG_TMP: a private folder (mktemp -d: root's, 0700, a fresh random name) for
-    downloads and credentials, removed however the script ends: no fixed path under /tmp."""
-    wait = (SCRIPTS / "apt_lock_wait.py").read_text()
-    opts = ("-o DPkg::Lock::Timeout={t} -o Dpkg::Options::=--force-confdef "
-            "-o Dpkg::Options::=--force-confold").format(t=int(lock_timeout))
-    return "\n".join([
-        "set -euo pipefail",
-        "export DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a",
-        f"TORCHRIG_APT_WAIT={sh(wait)}",
-        f"apt_wait() {{ python3 -c \"$TORCHRIG_APT_WAIT\" {int(lock_timeout)}; }}",
-        f"apt_get() {{ apt_wait; apt-get -q -y {opts} \"$@\"; }}",
-        "dpkg_run() { apt_wait; dpkg --force-confdef --force-confold \"$@\"; }",
-        "TORCHRIG_TMP=$(mktemp -d)",
-        "trap 'rm -rf -- \"$TORCHRIG_TMP\"' EXIT",
-        "",
-    ])

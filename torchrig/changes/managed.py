@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..facts.os_release import DISTROS
 from ..render import render
-from .changes import FileChange, file_change
-from .desired import DISTROS
+from .model import FileChange, file_change
 
 
 @dataclass(frozen=True)
