@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # a job: launch, status and stop use verify's version gate and logs' diagnosis
     ("jobs", ("launch",)),
     # what reads jobs and verify's records back: fetch, the job report, the terminal tables
-    ("reports", ("fetch", "jobreport", "report")),
+    ("reports", ("fetch", "jobreport", "tables")),
     # the command line, the one layer that imports Invoke's task machinery: nothing imports it
     ("cli", ("cli",)),
 )
