@@ -1,4 +1,4 @@
-"""One short-flag set for every task (tasks.SHORT_FLAGS): a letter means the same flag in every
+"""One short-flag set for every task (common.SHORT_FLAGS): a letter means the same flag in every
 task that has it, and `-h` is each task's help. (That every command the docs show names real
 flags is test_docs.py's.)"""
 
@@ -10,7 +10,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from torchrig.cli import tasks  # noqa: E402
+from torchrig.cli import common, tasks  # noqa: E402
+from torchrig.cli import logs as cli_logs  # noqa: E402
 
 
 def _tasks():
@@ -41,7 +42,7 @@ def test_a_short_flag_means_one_long_flag_in_every_task():
         for flag, long in _flags(t).items():
             if not flag.startswith("--"):
                 meaning.setdefault(flag, set()).add(long)
-                assert tasks.SHORT_FLAGS.get(long.replace("-", "_")) == flag[1], (name, flag, long)
+                assert common.SHORT_FLAGS.get(long.replace("-", "_")) == flag[1], (name, flag, long)
     assert "-h" not in meaning  # Invoke's help, in every task
     assert {f: m for f, m in meaning.items() if len(m) > 1} == {}
     assert meaning["-H"] == {"host"} and meaning["-i"] == {"inventory"}
@@ -82,11 +83,11 @@ def test_color_flag_and_no_color(monkeypatch, value, tty, no_color, want):
     NO_COLOR was ignored; a flag given wins over NO_COLOR (no-color.org)."""
     monkeypatch.setattr(sys.stdout, "isatty", lambda: tty)
     monkeypatch.setenv("NO_COLOR", no_color)
-    assert tasks._color(value) is want
+    assert cli_logs._color(value) is want
 
 
 def test_a_bad_color_value_is_one_error_line():
-    with pytest.raises(tasks.Exit) as e:
-        tasks._color("purple")
+    with pytest.raises(cli_logs.Exit) as e:
+        cli_logs._color("purple")
     assert e.value.message == ("error: --color 'purple': expected always, never or auto (or "
                                "yes/no, true/false, 1/0)")

@@ -158,9 +158,10 @@ def _imports(path: Path, top_level_only: bool = False) -> list[str]:
 
 def test_the_product_never_imports_the_testbed():
     """Layering: torchrig's modules (all but torchrig/testbed/) import nothing of it; the task
-    collection (torchrig/cli/tasks.py) only inside its testbed tasks, never at the top."""
+    collection's testbed module (torchrig/cli/testbed.py) only inside its testbed tasks, never
+    at the top."""
     assert len(_product_modules()) > 20
-    cli = REPO / "torchrig/cli/tasks.py"
+    cli = REPO / "torchrig/cli/testbed.py"
     bad = [(str(p.relative_to(REPO)), m) for p in _product_modules() for m in
            _imports(p, top_level_only=p == cli)
            if m == "torchrig.testbed" or m.startswith("torchrig.testbed.")]
@@ -169,7 +170,7 @@ def test_the_product_never_imports_the_testbed():
 
 def test_the_layering_check_sees_relative_imports():
     assert "torchrig.settings.DEFAULTS" in _imports(REPO / "torchrig/testbed/aptrepo.py")
-    assert "torchrig.testbed.lab" in _imports(REPO / "torchrig/cli/tasks.py")  # inside the testbed tasks
+    assert "torchrig.testbed.lab" in _imports(REPO / "torchrig/cli/testbed.py")  # inside the testbed tasks
     src = REPO / "torchrig/launch/run.py"
     assert "torchrig.remote.sh" in _imports(src) and "torchrig.launch.plan" in _imports(src)
 

@@ -10,7 +10,8 @@ import types
 import pytest
 from invoke import Context, Exit
 
-from torchrig.cli import tasks
+from torchrig.cli import common, job_outputs as cli_job_outputs
+from torchrig.cli import launch as cli_launch, status as cli_status
 from torchrig import tables, terminal
 from torchrig.errors import TorchrigError
 from torchrig.terminal import PrefixedLines
@@ -98,12 +99,12 @@ def test_status_diagnosis_lines_and_error_line(monkeypatch, capsys):
     monkeypatch.setattr(tables, "status_table", lambda *a, **k: None)
     fleet = types.SimpleNamespace(inv=types.SimpleNamespace(hosts=[]), hosts=[])
     with pytest.raises(Exit) as e:
-        tasks._status(fleet, "j", False, 0)
+        cli_status._status(fleet, "j", False, 0)
     out = capsys.readouterr().out
     assert out.count("\\x1b[2J") == 2
     clean(out)
     with pytest.raises(Exit) as wrapped:  # the error line as user_errors passes it on
-        tasks.user_errors(lambda c: (_ for _ in ()).throw(e.value))(Context())
+        common.user_errors(lambda c: (_ for _ in ()).throw(e.value))(Context())
     clean(wrapped.value.message)
 
 
@@ -116,9 +117,9 @@ def test_launch_error_line_quoting_the_journal_is_sanitised(monkeypatch):
         raise TorchrigError(f"job j did not start on every node: gpu1: unit failed (exit-code): "
                             f"{HOSTILE} | Traceback")
     monkeypatch.setattr(launch_run, "launch", failed)
-    monkeypatch.setattr(tasks, "_fleet", lambda *a, **k: _NoFleet())
+    monkeypatch.setattr(cli_launch, "_fleet", lambda *a, **k: _NoFleet())
     with pytest.raises(Exit) as e:
-        tasks.launch(Context(), job="j")
+        cli_launch.launch(Context(), job="j")
     assert e.value.message.startswith("error: job j did not start")
     clean(e.value.message)
 
@@ -128,7 +129,7 @@ def test_every_error_line_is_sanitised_whatever_raised_it():
         def task(c, exc=exc):
             raise exc
         with pytest.raises(Exit) as e:
-            tasks.user_errors(task)(Context())
+            common.user_errors(task)(Context())
         clean(e.value.message)
 
 
@@ -156,8 +157,8 @@ def test_fetch_prints_file_names_and_load_errors_sanitised(monkeypatch, capsys, 
         return types.SimpleNamespace(host="gpu1", node_dir="/ckpt/j", to=tmp_path, job="j",
                                      files=[f])
     monkeypatch.setattr(fetch_run, "fetch", fake)
-    monkeypatch.setattr(tasks, "_fleet", lambda *a, **k: _NoFleet())
-    tasks.fetch(Context(), job="j", to=str(tmp_path))
+    monkeypatch.setattr(cli_job_outputs, "_fleet", lambda *a, **k: _NoFleet())
+    cli_job_outputs.fetch(Context(), job="j", to=str(tmp_path))
     got = capsys.readouterr()
     clean(got.out)
     clean(got.err)
@@ -216,8 +217,8 @@ def test_exec_output_lines_and_summary(capsys):
 # ---- logs, tensorboard, stop, report's notes: the task's own print lines --------------------
 
 def test_task_print_lines_go_through_the_sanitiser(capsys):
-    tasks._say(f"gpu1: TensorBoard {HOSTILE}")
-    tasks._log(f"gpu1: left out ({HOSTILE})")
+    common._say(f"gpu1: TensorBoard {HOSTILE}")
+    common._log(f"gpu1: left out ({HOSTILE})")
     got = capsys.readouterr()
     clean(got.out)
     clean(got.err)

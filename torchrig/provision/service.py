@@ -1,5 +1,5 @@
 """provision as one service: plan every selected host, check a saved plan, apply the plans the
-operator saw. Typed results only; tasks.py asks for confirmation, renders and picks the exit
+operator saw. Typed results only; the task (cli/provision.py) asks, renders and picks the exit
 status. Everything a result holds for display has been through the one redactor."""
 
 from __future__ import annotations

@@ -1,0 +1,150 @@
+"""launch and stop: a job started everywhere or nowhere, and stopped."""
+
+from __future__ import annotations
+
+from invoke import Exit
+
+from torchrig.job import DEFAULTS  # launch's defaults, quoted in its help (a light module)
+
+from .common import (_fleet, _job_keeps_running, _latest_job, _log, _number, _redactor, _say,
+                     fleet_task)
+from .logs import logs
+
+
+def _nodes(chosen, nodes):
+    if nodes is not None:
+        n = _number("nodes", nodes, 1)
+        if n > len(chosen):
+            raise Exit(f"error: --nodes {nodes}: only {len(chosen)} host(s) selected "
+                       f"({', '.join(h.name for h in chosen)})", code=1)
+        chosen = chosen[:n]
+    return chosen
+
+
+@fleet_task(iterable=["env"],
+      help={"nodes": "use the first N selected hosts (the first one hosts the rendezvous)",
+            "nproc_per_node": "processes per node: a number, or 'gpu' = one per GPU "
+                              "(2 on hosts with var accelerator: cpu)",
+            "script": f"the training script, a path inside payload/ (default {DEFAULTS.script})",
+            "args": "arguments for the script, quoted as in a shell",
+            "job": "job name (default job-YYYYmmdd-HHMMSS); names the unit and log directory",
+            "max_restarts": "torchrun restarts of the worker group after a failure "
+                            f"(default {DEFAULTS.max_restarts})",
+            "env": "KEY=VALUE for the job's environment (repeatable); secret-looking names "
+                   "and the inventory's secret_env are redacted everywhere they are shown",
+            "dry_run": "show per node the job's files as diffs against the node's; change nothing",
+            "follow": "after starting, stream every rank's log lines until the job ends",
+            "start_timeout": "seconds to wait for every node's workers "
+                             f"(default {DEFAULTS.start_timeout})",
+            "rdzv_timeout": "seconds nodes wait for each other at (re)start; after a node is lost "
+                            f"the survivors end after this (default {DEFAULTS.rdzv_timeout})",
+            "exit_barrier_timeout": "seconds a node whose workers finished waits for the other "
+                                    "nodes to finish (torchrun's exit barrier; default "
+                                    f"{DEFAULTS.exit_barrier_timeout})",
+            "backend": "systemd (torchrig's units) or slurm (sbatch on the inventory's `slurm:` "
+                       "cluster; Slurm picks --nodes N of the selected compute hosts); "
+                       "default: the `backend` var",
+            "partition": "slurm: the partition (default: the cluster's default one)",
+            "time": "slurm: the job's time limit (e.g. 2:00:00); the payload gets SIGTERM "
+                    "2 minutes before it, to checkpoint"})
+def launch(c, inventory=None, host=None, nodes=None, nproc_per_node=DEFAULTS.nproc,
+           script=DEFAULTS.script,
+           args="", job=None, max_restarts=None, env=None, dry_run=False, follow=False,
+           start_timeout=None, rdzv_timeout=None, exit_barrier_timeout=None,
+           backend=None, partition=None, time=None, accept_new_host_keys=False):
+    """Run a torchrun DDP job under systemd (or Slurm) on the nodes: everywhere or nowhere."""
+    from torchrig.job import default_job_name
+    from torchrig.launch.run import LaunchOptions, launch as run_launch
+    numbers = {k: _number(k, getattr(DEFAULTS, k) if v is None else v, m) for k, v, m in (
+        ("max_restarts", max_restarts, 0), ("start_timeout", start_timeout, 1),
+        ("rdzv_timeout", rdzv_timeout, 1), ("exit_barrier_timeout", exit_barrier_timeout, 1))}
+    if nodes is not None:
+        _number("nodes", nodes, 1)
+    o = LaunchOptions(job=job or default_job_name(), script=script, args=args,
+                      env=list(env or []), nproc=str(nproc_per_node), dry_run=dry_run,
+                      max_restarts=numbers["max_restarts"],
+                      start_timeout=numbers["start_timeout"], rdzv_timeout=numbers["rdzv_timeout"],
+                      exit_barrier_timeout=numbers["exit_barrier_timeout"])
+    with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
+        chosen = backend or (fleet.hosts[0].settings.backend if fleet.hosts else "systemd")
+        if chosen not in ("systemd", "slurm"):
+            raise Exit(f"error: --backend {backend!r}: systemd or slurm", code=1)
+        if chosen == "slurm":
+            return _launch_slurm(c, fleet, o, nodes, partition, time, inventory, follow,
+                                 accept_new_host_keys)
+        if partition is not None or time is not None:
+            raise Exit("error: --partition and --time are Slurm's: add --backend slurm", code=1)
+        fleet.hosts = _nodes(fleet.hosts, nodes)
+        res = run_launch(fleet, fleet.hosts, o, log=_log)
+    if dry_run:
+        red = _redactor(fleet.inv)
+        for hname, files in res.changes.items():  # diffs against the node's files
+            for path, ch in files:
+                _say((f"--- {hname}:{path}\n"
+                      + (red.text(ch.diff()) if ch else "(unchanged)")).rstrip("\n"))
+        print("dry run: nothing changed")
+        return
+    j = res.job
+    sel = ",".join(n.host for n in j.nodes)
+    inv_flag = f" -i {inventory}" if inventory else ""
+    print(f"job {j.name} started on {sel} ({j.nnodes} node(s) x {j.nodes[0].nproc} process(es)) "
+          f"in {res.seconds:.1f}s")
+    print(f"  follow:  torchrig logs{inv_flag} --host {sel} --job {j.name} -f")
+    print(f"  status:  torchrig status{inv_flag} --host {sel} --job {j.name}")
+    print(f"  stop:    torchrig stop{inv_flag} --host {sel} --job {j.name}")
+    if follow:  # from here on, a Ctrl-C leaves the started job running: say so
+        with _job_keeps_running(fleet, j.name):
+            logs(c, inventory=inventory, host=sel, job=j.name, follow=True,
+                 accept_new_host_keys=accept_new_host_keys)
+
+
+def _launch_slurm(c, fleet, o, nodes, partition, time_limit, inventory, follow,
+                  accept_new_host_keys):
+    from torchrig.errors import TorchrigError
+    from torchrig.launch import slurm
+    if o.dry_run:
+        raise TorchrigError("--dry-run with --backend slurm: not supported (nothing is written "
+                            "on the nodes but the job's folders; the batch script goes to sbatch)")
+    res = slurm.launch(fleet, fleet.hosts, o, None if nodes is None else int(nodes), partition,
+                       time_limit, log=_log)
+    j, sj = res.job, res.slurm
+    sel = ",".join(sj.nodes) or ",".join(n.host for n in j.nodes)
+    inv_flag = f" -i {inventory}" if inventory else ""
+    if res.started:
+        _say(f"job {j.name} started as slurm job {sj.job_id} on {sel} "
+             f"({len(sj.nodes)} node(s) x {j.nodes[0].nproc} process(es)) in {res.seconds:.1f}s")
+    else:
+        st = sj.state
+        _say(f"job {j.name} queued as slurm job {sj.job_id} "
+             f"({st.state if st else '?'}: {st.reason if st else '?'})")
+    print(f"  follow:  torchrig logs{inv_flag} --job {j.name} -f")
+    print(f"  status:  torchrig status{inv_flag} --job {j.name}")
+    print(f"  stop:    torchrig stop{inv_flag} --job {j.name}")
+    if follow and res.started:
+        logs(c, inventory=inventory, job=j.name, follow=True,
+             accept_new_host_keys=accept_new_host_keys)
+
+
+@fleet_task(help={"job": "job name (default: the newest job on the first host)"})
+def stop(c, inventory=None, host=None, job=None, accept_new_host_keys=False):
+    """Stop a job on every node: all ranks gone within TimeoutStopSec; logs and checkpoints stay."""
+    from torchrig.launch.run import stop as run_stop
+    with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
+        job = job or _latest_job(fleet)
+        if getattr(fleet.inv, "slurm", None) is not None:
+            from torchrig.launch import slurm
+            if slurm.find(fleet, job) is not None:
+                sj = slurm.stop(fleet, job)
+                _say(f"job {job} (slurm job {sj.job_id}) {sj.as_dict()['state']} on "
+                     f"{','.join(sj.nodes) or 'no node'}: no process of it left; "
+                     "logs and checkpoints are kept")
+                return
+        res = run_stop(fleet, fleet.hosts, job)
+    for r in res:
+        _say(f"{r.host}: " + ("not there" if r.ok and r.value is None else
+                              "stopped" if r.ok else "FAILED: " + r.error))
+    if not res.ok:
+        raise Exit(res.error_line(), code=1)
+    had = sum(1 for r in res if r.value is not None)
+    print(f"job {job} stopped on {had} node(s); logs and checkpoints are kept")
+
