@@ -11,16 +11,6 @@ from .common import (_fleet, _job_keeps_running, _latest_job, _log, _number, _re
 from .logs import logs
 
 
-def _nodes(chosen, nodes):
-    if nodes is not None:
-        n = _number("nodes", nodes, 1)
-        if n > len(chosen):
-            raise Exit(f"error: --nodes {nodes}: only {len(chosen)} host(s) selected "
-                       f"({', '.join(h.name for h in chosen)})", code=1)
-        chosen = chosen[:n]
-    return chosen
-
-
 @fleet_task(iterable=["env"],
       help={"nodes": "use the first N selected hosts (the first one hosts the rendezvous)",
             "nproc_per_node": "processes per node: a number, or 'gpu' = one per GPU "
@@ -54,28 +44,22 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node=DEFAULTS.npr
            backend=None, partition=None, time=None, accept_new_host_keys=False):
     """Run a torchrun DDP job under systemd (or Slurm) on the nodes: everywhere or nowhere."""
     from torchrig.job import default_job_name
-    from torchrig.launch.run import LaunchOptions, launch as run_launch
+    from torchrig.launch import service
+    from torchrig.launch.run import LaunchOptions
+    from torchrig.launch.slurm import SlurmLaunched
     numbers = {k: _number(k, getattr(DEFAULTS, k) if v is None else v, m) for k, v, m in (
         ("max_restarts", max_restarts, 0), ("start_timeout", start_timeout, 1),
         ("rdzv_timeout", rdzv_timeout, 1), ("exit_barrier_timeout", exit_barrier_timeout, 1))}
-    if nodes is not None:
-        _number("nodes", nodes, 1)
+    nodes = None if nodes is None else _number("nodes", nodes, 1)
     o = LaunchOptions(job=job or default_job_name(), script=script, args=args,
                       env=list(env or []), nproc=str(nproc_per_node), dry_run=dry_run,
                       max_restarts=numbers["max_restarts"],
                       start_timeout=numbers["start_timeout"], rdzv_timeout=numbers["rdzv_timeout"],
                       exit_barrier_timeout=numbers["exit_barrier_timeout"])
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
-        chosen = backend or (fleet.hosts[0].settings.backend if fleet.hosts else "systemd")
-        if chosen not in ("systemd", "slurm"):
-            raise Exit(f"error: --backend {backend!r}: systemd or slurm", code=1)
-        if chosen == "slurm":
-            return _launch_slurm(c, fleet, o, nodes, partition, time, inventory, follow,
-                                 accept_new_host_keys)
-        if partition is not None or time is not None:
-            raise Exit("error: --partition and --time are Slurm's: add --backend slurm", code=1)
-        fleet.hosts = _nodes(fleet.hosts, nodes)
-        res = run_launch(fleet, fleet.hosts, o, log=_log)
+        res = service.launch(fleet, o, nodes, backend, partition, time, log=_log)
+    if isinstance(res, SlurmLaunched):
+        return _slurm_started(c, res, inventory, follow, accept_new_host_keys)
     if dry_run:
         red = _redactor(fleet.inv)
         for hname, files in res.changes.items():  # diffs against the node's files
@@ -98,15 +82,8 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node=DEFAULTS.npr
                  accept_new_host_keys=accept_new_host_keys)
 
 
-def _launch_slurm(c, fleet, o, nodes, partition, time_limit, inventory, follow,
-                  accept_new_host_keys):
-    from torchrig.errors import TorchrigError
-    from torchrig.launch import slurm
-    if o.dry_run:
-        raise TorchrigError("--dry-run with --backend slurm: not supported (nothing is written "
-                            "on the nodes but the job's folders; the batch script goes to sbatch)")
-    res = slurm.launch(fleet, fleet.hosts, o, None if nodes is None else int(nodes), partition,
-                       time_limit, log=_log)
+def _slurm_started(c, res, inventory, follow, accept_new_host_keys):
+    """A Slurm job's launch, rendered: started (or still queued), and how to follow it."""
     j, sj = res.job, res.slurm
     sel = ",".join(sj.nodes) or ",".join(n.host for n in j.nodes)
     inv_flag = f" -i {inventory}" if inventory else ""
@@ -128,18 +105,17 @@ def _launch_slurm(c, fleet, o, nodes, partition, time_limit, inventory, follow,
 @fleet_task(help={"job": "job name (default: the newest job on the first host)"})
 def stop(c, inventory=None, host=None, job=None, accept_new_host_keys=False):
     """Stop a job on every node: all ranks gone within TimeoutStopSec; logs and checkpoints stay."""
-    from torchrig.launch.run import stop as run_stop
+    from torchrig.launch import service
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
         job = job or _latest_job(fleet)
-        if getattr(fleet.inv, "slurm", None) is not None:
-            from torchrig.launch import slurm
-            if slurm.find(fleet, job) is not None:
-                sj = slurm.stop(fleet, job)
-                _say(f"job {job} (slurm job {sj.job_id}) {sj.as_dict()['state']} on "
-                     f"{','.join(sj.nodes) or 'no node'}: no process of it left; "
-                     "logs and checkpoints are kept")
-                return
-        res = run_stop(fleet, fleet.hosts, job)
+        stopped = service.stop(fleet, job)
+    if stopped.slurm is not None:
+        sj = stopped.slurm
+        _say(f"job {job} (slurm job {sj.job_id}) {sj.as_dict()['state']} on "
+             f"{','.join(sj.nodes) or 'no node'}: no process of it left; "
+             "logs and checkpoints are kept")
+        return
+    res = stopped.nodes
     for r in res:
         _say(f"{r.host}: " + ("not there" if r.ok and r.value is None else
                               "stopped" if r.ok else "FAILED: " + r.error))

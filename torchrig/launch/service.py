@@ -1,0 +1,65 @@
+"""launch and stop as one service each, whichever backend runs the job: the backend chosen
+(--backend, else the hosts' `backend` var), the nodes the job runs on (--nodes: the first N
+selected hosts, or Slurm's pick), then the one call into systemd's (run.py) or Slurm's
+(slurm.py) side. Typed results; the tasks (cli/launch.py) parse flags and render."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import TorchrigError
+from ..inventory import Host
+from ..session import Fleet, Outcome
+from . import run, slurm
+
+BACKENDS = ("systemd", "slurm")
+
+
+def first_nodes(hosts: list[Host], nodes: int | None) -> list[Host]:
+    """`--nodes N` of a systemd job: the first N selected hosts (the first hosts the
+    rendezvous); every selected host without it."""
+    if nodes is None:
+        return hosts
+    if nodes > len(hosts):
+        raise TorchrigError(f"--nodes {nodes}: only {len(hosts)} host(s) selected "
+                            f"({', '.join(h.name for h in hosts)})")
+    return hosts[:nodes]
+
+
+def launch(fleet: Fleet, o: run.LaunchOptions, nodes: int | None = None,
+           backend: str | None = None, partition: str | None = None,
+           time_limit: str | None = None, log=print) -> run.Launched | slurm.SlurmLaunched:
+    """Start the job on its backend. A systemd job narrows the fleet's selection to its nodes
+    (what a Ctrl-C of a following task names); Slurm picks its nodes among the selected
+    compute hosts (SlurmLaunched.slurm.nodes)."""
+    chosen = backend or (fleet.hosts[0].settings.backend if fleet.hosts else "systemd")
+    if chosen not in BACKENDS:
+        raise TorchrigError(f"--backend {backend!r}: systemd or slurm")
+    if chosen == "slurm":
+        if o.dry_run:
+            raise TorchrigError("--dry-run with --backend slurm: not supported (nothing is "
+                                "written on the nodes but the job's folders; the batch script "
+                                "goes to sbatch)")
+        return slurm.launch(fleet, fleet.hosts, o, nodes, partition, time_limit, log=log)
+    if partition is not None or time_limit is not None:
+        raise TorchrigError("--partition and --time are Slurm's: add --backend slurm")
+    fleet.hosts = first_nodes(fleet.hosts, nodes)
+    return run.launch(fleet, fleet.hosts, o, log=log)
+
+
+@dataclass
+class Stopped:
+    """stop's result: a Slurm job's record after scancel, or per node what systemd did
+    (Outcome: None where the job was not there)."""
+
+    job: str
+    slurm: slurm.SlurmJob | None = None
+    nodes: Outcome | None = None
+
+
+def stop(fleet: Fleet, job: str, log=print) -> Stopped:
+    """Stop the job wherever it runs: through Slurm when the inventory's cluster knows it,
+    else its units on the selected hosts."""
+    if getattr(fleet.inv, "slurm", None) is not None and slurm.find(fleet, job) is not None:
+        return Stopped(job, slurm=slurm.stop(fleet, job, log=log))
+    return Stopped(job, nodes=run.stop(fleet, fleet.hosts, job))
