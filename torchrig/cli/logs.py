@@ -27,6 +27,7 @@ def logs(c, inventory=None, host=None, job=None, follow=False, rank=None, since=
     import re as _re
     import time as _time
     from torchrig.errors import TorchrigError
+    from torchrig.launch.joblogs import job_logs
     rank = None if rank is None else _number("rank", rank, 0)
     if grep:
         try:
@@ -40,8 +41,15 @@ def logs(c, inventory=None, host=None, job=None, follow=False, rank=None, since=
     color = _color(color)
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
         job = job or _latest_job(fleet)
+        red = _redactor(fleet.inv)
         with _job_keeps_running(fleet, job) if follow else contextlib.nullcontext():
-            _logs(fleet, job, follow, rank, grep, when, failures, color)
+            res = job_logs(fleet, job, _redacting_printer(red, color), follow=follow, rank=rank,
+                           grep=grep, since=when, color=color, failures=failures, red=red)
+    if failures:
+        _say(res.failures or f"job {res.job}: no failed rank (no error.json, no failed worker "
+                             "in torchrun's log)")
+    if res.lost:
+        raise Exit("error: lost " + "; ".join(f"{h}: {w}" for h, w in res.lost.items()), code=1)
 
 
 def _color(value) -> bool:
@@ -60,39 +68,6 @@ def _color(value) -> bool:
                "true/false, 1/0)", code=1)
 
 
-def _logs(fleet, job, follow, rank, grep, when, failures, color):
-    from torchrig.job import check_job_name, unit_name
-    from torchrig.launch.status import journal_ident, lost_nodes, slurm_record
-    from torchrig.logs.stream import FollowOptions, failure_report, follow as run_follow
-    job = check_job_name(job or _latest_job(fleet))
-    sj = slurm_record(fleet, job)
-    inv, chosen = fleet.inv, fleet.hosts
-    o = FollowOptions(job, {h.name: h.settings.job_log_dir(job) for h in chosen},
-                unit_name(job), follow=follow and not failures,
-                rank=rank, grep=grep, since=when,
-                color=color,
-                slurm_job=sj.job_id if sj else None)
-    red = _redactor(inv)
-    if failures:
-        from torchrig.logs import diagnose
-        res = run_follow(fleet, chosen, o, printer=_NullPrinter())
-        # torchrun's agent saw every exit (a signal leaves no error.json); error.json alone
-        # when no journal could be read
-        journals = diagnose.fetch(fleet, chosen, unit_name(job), ident=journal_ident(job, sj))
-        found = diagnose.failures(journals, unit_name(job), res.errors)
-        text = diagnose.report(found) or failure_report(res.errors)
-        lost = lost_nodes(fleet, journals, sj)
-        if lost:  # a powered-off node leaves no agent line: say which it was
-            text = (f"slurm job {sj.job_id} {sj.as_dict()['state']}: node(s) "
-                    f"{', '.join(lost)} lost (unreachable)" + ("\n" + text if text else ""))
-        _say(red.text(text) if text else f"job {job}: no failed rank (no error.json, no failed "
-                                          "worker in torchrun's log)")
-    else:
-        res = run_follow(fleet, chosen, o, printer=_redacting_printer(red, o.color))
-    if res.lost:
-        raise Exit("error: lost " + "; ".join(f"{h}: {w}" for h, w in res.lost.items()), code=1)
-
-
 def _redacting_printer(red, color: bool):
     """The ranks' lines as logs prints them, through the redactor: a job that prints a secret
     the inventory holds (or a URL with credentials) shows *** on the operator's terminal."""
@@ -106,12 +81,3 @@ def _redacting_printer(red, color: bool):
             super().notice(red.text(text))
 
     return Redacting(sys.stdout, color)
-
-
-class _NullPrinter:
-    def line(self, item):
-        pass
-
-    def notice(self, text):
-        pass
-
