@@ -81,11 +81,12 @@ def demo(c, steps=None):
            args=f"--max-steps {steps} --log-every 10 --ckpt-every 20")
     stage("logs: every rank, followed until the job ends")
     from torchrig import inventory as _inv
-    from torchrig.job import unit_name
-    from torchrig.logs.stream import FollowOptions, Printer, follow as run_follow
+    from torchrig.launch.joblogs import job_logs
+    from torchrig.logs.stream import Printer
+    from torchrig.progress import run_summary
+    from torchrig.session import Fleet
     inv = _inv.load(inv_path)
-    hosts = inv.select(None)[:2]
-    seen = []
+    seen = []  # rank 0's lines, for the summary
 
     class Tee(Printer):
         def line(self, item):
@@ -93,12 +94,8 @@ def demo(c, steps=None):
             if item.global_rank == 0:
                 seen.append(item.text)
 
-    log_dirs = {h.name: h.settings.job_log_dir(job) for h in hosts}
-    from torchrig.session import Fleet
-    with Fleet(inv, hosts) as fleet:
-        run_follow(fleet, hosts, FollowOptions(job, log_dirs, unit_name(job), follow=True),
-                   printer=Tee(sys.stdout, _color(None)))
-    from torchrig.progress import run_summary
+    with Fleet(inv, inv.select(None)[:2]) as fleet:  # logs' one service, as `logs -f` calls it
+        job_logs(fleet, job, Tee(sys.stdout, _color(None)), follow=True)
     s = run_summary(seen)
     stage("summary")
     if s is None:
