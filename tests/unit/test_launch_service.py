@@ -1,6 +1,7 @@
 """The job services the tasks call once: launch/stop (launch/service.py: which backend, which
-nodes) and logs (launch/joblogs.py: the lines, or the first failure), with their backends
-replaced: what each decides before any node is touched, and what it hands back."""
+nodes), logs (launch/joblogs.py: the lines, or the first failure) and status' rounds
+(launch/status.py watch), with their backends replaced: what each decides before any node
+is touched, and what it hands back."""
 
 import types
 
@@ -116,3 +117,27 @@ def test_logs_failures_prints_no_line_and_returns_the_report_redacted(monkeypatc
     assert "hunter2" not in res.failures and res.failures.startswith("rank 1 failed")
     monkeypatch.setattr(joblogs.diagnose, "report", lambda found: None)
     assert joblogs.job_logs(_fleet("gpu1"), "j", printer=None, failures=True).failures is None
+
+
+def test_status_watch_rounds_share_the_trend_and_the_journal_cursor(monkeypatch):
+    """status --watch: each round a look redacted, its samples added to one trend, the journals
+    carried to the next round; a sleep between rounds, none after a single look."""
+    from torchrig.launch import status
+
+    kept, slept = [], []
+
+    def look(fleet, job, journals):
+        kept.append(journals)
+        if journals is not None:
+            journals[f"round{len(kept)}"] = {}
+        res = status.JobStatus(f"job {job}", [Result("gpu1", True, {
+            "gpus": [], "progress": f"step={len(kept)} https://u:hunter2@example.com"})])
+        return status.StatusRound(job, res, {"waiting": {"gpu1": "waits for https://u:hunter2@x"}})
+    monkeypatch.setattr(status, "look", look)
+    rounds = status.watch(_fleet("gpu1"), "j", 5, Redactor(), sleep=slept.append)
+    first, second = next(rounds), next(rounds)
+    assert slept == [5] and kept[0] is kept[1] and set(kept[0]) == {"round1", "round2"}
+    assert first.trend is second.trend and "gpu1" in first.trend.nodes
+    assert "hunter2" not in str(second.nodes.as_dict()) + str(second.diagnosis)
+    once = list(status.watch(_fleet("gpu1"), "j", 0, sleep=slept.append))
+    assert len(once) == 1 and once[0].trend is None and kept[-1] is None and slept == [5]

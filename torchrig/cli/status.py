@@ -25,20 +25,11 @@ def status(c, inventory=None, host=None, job=None, json_=False, watch=None,
 
 
 def _status(fleet, job, json_, watch):
-    import time as _time
+    """status' rounds (one, or one per --watch interval), rendered as each comes."""
     from torchrig import tables
-    from torchrig.launch.status import look
-    from torchrig.trend import Trend
-    red = _redactor(fleet.inv)  # the inventory's secrets do not change between --watch rounds
-    trend = Trend() if watch else None  # the watch's samples: a sparkline per node
-    journals = {} if watch else None  # each round reads the journal after the last one's cursor
-    while True:
-        rnd = look(fleet, job, journals)
-        sj, diag, res = rnd.slurm, red.data(rnd.diagnosis), red.data(rnd.nodes)
-        if trend is not None:
-            for r in res:
-                if r.ok:
-                    trend.add(r.host, _time.monotonic(), r.value.get("progress"), r.value["gpus"])
+    from torchrig.launch import status as service
+    for rnd in service.watch(fleet, job, watch, _redactor(fleet.inv)):
+        sj, diag, res, trend = rnd.slurm, rnd.diagnosis, rnd.nodes, rnd.trend
         if json_:
             print(json.dumps({"job": job, "nodes": res.as_dict(), **diag,
                               **({"slurm": sj.as_dict()} if sj else {}),
@@ -63,9 +54,6 @@ def _status(fleet, job, json_, watch):
                      f"{f['local_rank']}, pid {f['pid']}) {f['cause']}"
                      + (f": {f['error']}" if f["error"] else "")
                      + f" (its last lines: torchrig logs --failures --job {job})")
-        if not watch:
-            break
-        _time.sleep(watch)
     if not res.ok:
         raise Exit(f"error: job {job}: " + "; ".join(res.failures), code=1)
 

@@ -5,6 +5,8 @@ job is the newest when the operator names none (every job task's default)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..errors import TorchrigError
@@ -13,8 +15,10 @@ from ..inventory import Host
 from ..job import check_job_name, unit_name
 from ..logs import diagnose
 from ..remote import sh
+from ..secrets import Redactor
 from ..session import Fleet, Outcome
 from ..settings import JOBS_DIR
+from ..trend import Trend
 from . import slurm
 from .run import no_job
 
@@ -68,11 +72,13 @@ def diagnosis(fleet: Fleet, journals: list, job: str, sj: slurm.SlurmJob | None 
 
 @dataclass
 class StatusRound:
-    """One look at a job: its nodes' states, the diagnosis, its Slurm record (or None)."""
+    """One look at a job: its nodes' states, the diagnosis, its Slurm record (or None); in a
+    --watch, the trend over the rounds so far (a sparkline per node)."""
     job: str
     nodes: "JobStatus"
     diagnosis: dict
     slurm: slurm.SlurmJob | None = None
+    trend: Trend | None = None
 
 
 def look(fleet: Fleet, job: str, journals_kept: dict | None = None) -> StatusRound:
@@ -85,6 +91,27 @@ def look(fleet: Fleet, job: str, journals_kept: dict | None = None) -> StatusRou
     res = node_states(fleet, fleet.hosts, job, sj.as_dict()["state"] if sj else None,
                       journal_ident(job, sj), journals_kept)
     return StatusRound(job, res, diagnosis(fleet, res.journals, job, sj), sj)
+
+
+def watch(fleet: Fleet, job: str, every: float = 0, red: Redactor | None = None,
+          sleep=time.sleep) -> Iterator[StatusRound]:
+    """`torchrig status`'s rounds, redacted: one look, or with `every` > 0 one every `every`
+    seconds until the caller stops; each reads its nodes' journals after the last round's
+    cursor, and adds its samples to the trend the rounds share."""
+    red = red or Redactor()  # the inventory's secrets do not change between rounds
+    trend = Trend() if every else None
+    journals = {} if every else None
+    while True:
+        rnd = look(fleet, job, journals)
+        rnd.diagnosis, rnd.nodes, rnd.trend = red.data(rnd.diagnosis), red.data(rnd.nodes), trend
+        if trend is not None:
+            for r in rnd.nodes:
+                if r.ok:
+                    trend.add(r.host, time.monotonic(), r.value.get("progress"), r.value["gpus"])
+        yield rnd
+        if not every:
+            return
+        sleep(every)
 
 
 @dataclass
