@@ -14,14 +14,11 @@ from .common import _fleet, _redactor, _warm, fleet_task
                   "json": "print the report as JSON"})
 def verify(c, inventory=None, host=None, bandwidth=False, json_=False, accept_new_host_keys=False):
     """GPUs, topology, driver health, one version gate across nodes, network; PASS or FAIL."""
-    from torchrig.verify.run import verify as run_verify
+    from torchrig.verify import service
     _warm("torchrig.tables")
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
-        rep = run_verify(fleet, fleet.hosts, bandwidth=bandwidth)
-    if bandwidth:  # the sweeps, for `torchrig report` (the nodes keep nothing of them)
-        from torchrig.verify import store
-        store.save(rep.bandwidth, {h.name: h.address for h in fleet.hosts})
-    rep.redact(red := _redactor(fleet.inv))
+        red = _redactor(fleet.inv)
+        rep = service.verify(fleet, bandwidth, red)
     from torchrig import tables
     if json_:
         print(json.dumps(red.data(rep.as_dict()), indent=2, default=str))
