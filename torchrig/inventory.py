@@ -297,6 +297,22 @@ def load(path: str | os.PathLike) -> Inventory:
     return _resolve(spec, Path(path).resolve().parent, path)
 
 
+def write_example(path: str | os.PathLike) -> Path:
+    """`torchrig init`: the commented example inventory (every field explained) written at
+    `path` to edit; an existing file there is never replaced."""
+    from .resources import EXAMPLE_INVENTORY
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "x", encoding="utf-8") as f:  # "x": an existing inventory is never replaced
+            f.write(EXAMPLE_INVENTORY.read_text(encoding="utf-8"))
+    except FileExistsError:
+        raise TorchrigError(f"{path} exists: edit it, or pass --inventory NEW_PATH") from None
+    except OSError as e:
+        raise TorchrigError(f"{path}: cannot write it ({e.strerror})") from None
+    return path
+
+
 def _settings(name: str, merged: dict[str, Any], path: str) -> Settings:
     try:
         return settings_for(name, merged, path)  # types, ranges, paths, names: one message

@@ -29,17 +29,8 @@ def hosts(c, inventory=None, host=None, json_=False):
 @user_errors
 def init(c, inventory=None):
     """Start an inventory: write the commented example (every field explained) to edit."""
-    from pathlib import Path
-    from torchrig.resources import EXAMPLE_INVENTORY
-    path = Path(_inventory_path(c, inventory))
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "x", encoding="utf-8") as f:  # "x": an existing inventory is never replaced
-            f.write(EXAMPLE_INVENTORY.read_text(encoding="utf-8"))
-    except FileExistsError:
-        raise Exit(f"error: {path} exists: edit it, or pass --inventory NEW_PATH", code=1) from None
-    except OSError as e:
-        raise Exit(f"error: {path}: cannot write it ({e.strerror})", code=1) from None
+    from torchrig.inventory import write_example
+    path = write_example(_inventory_path(c, inventory))
     print(f"wrote {path}: set your hosts' addresses, users and GPUs in it, then check with: "
           "torchrig hosts; next: torchrig provision --dry-run")
 
