@@ -663,4 +663,6 @@ if __name__ == "__main__":
     # called std::terminate while the main thread was finalizing ("terminate called without
     # an active exception", SIGABRT after a clean "done"); torchrun then restarted the
     # finished group or waited in its exit barrier. Everything written is flushed first.
-    exit_now(main())
+    # @record turns a SystemExit(0) (--help) into a return of None.
+    rc = main()
+    exit_now(0 if rc is None else rc)

@@ -512,6 +512,13 @@ def test_bad_cli_clear_error_no_traceback():
     assert "Traceback" not in p.stderr + p.stdout
 
 
+def test_help_exits_0():
+    p = subprocess.run([sys.executable, str(TRAIN), "--help"], cwd=REPO, env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    assert p.stdout.startswith("usage: train.py") and "--ckpt-every" in p.stdout
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["--profile-steps", "5"], "--profile-steps"),
     (["--profile-steps", "3:5"], "--profile-steps needs --profile-dir"),
