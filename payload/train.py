@@ -32,10 +32,8 @@ A value with a space or a quote is written as a JSON string (device_name="NVIDIA
 from __future__ import annotations
 
 import contextlib
-import gc
 import math
 import os
-import resource
 import socket
 import statistics
 import time
@@ -43,103 +41,25 @@ from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 import progress
-from batch_search import gpu_probe, search_batch_size
+from batch_search import find_batch_size
 from cli import parse_args
 from data import ByteFileDataset, SyntheticCopyDataset, iterate_batches
 from model import build_model, device_peak_flops, flops_per_token
+from optim import (autocast_ctx, enable_tf32, lr_at, make_optimizer, make_scaler, resolve_precision,
+                   scaled_lr)
 from runtime import (CheckpointManager, DistCtx, agree_stop, all_reduce_scalar, capture_rng, emit,
                      exit_now, finish_distributed, install_signal_handlers, log, param_hash,
                      peak_mem, restore_rng, seed_everything, set_deterministic, setup_distributed,
                      steps_to_next_check, stop_requested, stopped_by, write_json_atomic)
 
 # --------------------------------------------------------------------------------------
-# Precision, optimizer, schedule, training step
+# The training step
 # --------------------------------------------------------------------------------------
-
-
-def enable_tf32():
-    """TF32 for fp32 matmuls (cuBLAS) and convolutions (cuDNN), through the legacy API only.
-
-    torch >= 2.9 also has per-backend `fp32_precision` settings; once those are set, every
-    read of the legacy flags raises ("mix of the legacy and new APIs"), and the compiler reads
-    them (torch.get_float32_matmul_precision) while lowering, so --compile died (pytorch
-    issue 166387). The legacy setters keep both families readable on every torch we support.
-    """
-    torch.set_float32_matmul_precision("high")
-    torch.backends.cudnn.allow_tf32 = True
-
-
-def auto_cuda_precision(capability: tuple[int, int]) -> str:
-    """--precision auto on a GPU of this compute capability: bf16 from sm80 (Ampere) on.
-
-    Not torch.cuda.is_bf16_supported(): it counts emulation, so it says True on V100 (sm70)
-    and T4 (sm75), where bf16 is emulated and slow; those get fp16 with a GradScaler.
-    """
-    return "bf16" if tuple(capability) >= (8, 0) else "fp16"
-
-
-def resolve_precision(pref: str, device: torch.device) -> str:
-    if device.type == "cuda":
-        if pref == "auto":
-            return auto_cuda_precision(torch.cuda.get_device_capability(device))
-        return pref
-    if pref == "auto":
-        return "fp32"
-    if pref == "fp16":
-        raise RuntimeError("--precision fp16 needs CUDA")
-    return pref
-
-
-def autocast_ctx(device: torch.device, precision: str):
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def make_scaler(device: torch.device, precision: str):
-    if device.type == "cuda" and precision == "fp16":
-        return torch.amp.GradScaler("cuda")
-    return None
-
-
-def make_optimizer(model: nn.Module, lr: float, weight_decay: float, device: torch.device):
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    groups = [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    kwargs = dict(lr=lr, betas=(0.9, 0.95), eps=1e-8)
-    if device.type == "cuda":
-        try:
-            return torch.optim.AdamW(groups, fused=True, **kwargs), "fused"
-        except (RuntimeError, TypeError):
-            pass
-    return torch.optim.AdamW(groups, foreach=True, **kwargs), "foreach"
-
-
-def lr_at(step: int, peak_lr: float, warmup: int, total: int, min_ratio: float = 0.1) -> float:
-    """Linear warmup to peak_lr over `warmup` steps, then cosine decay to min_ratio*peak at `total`."""
-    min_lr = peak_lr * min_ratio
-    if warmup > 0 and step < warmup:
-        return peak_lr * (step + 1) / warmup
-    if step >= total:
-        return min_lr
-    span = max(1, total - warmup)
-    progress = (step - warmup) / span
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (peak_lr - min_lr)
-
-
-def scaled_lr(lr: float, global_batch: int, ref_batch: int) -> float:
-    return lr * global_batch / ref_batch
 
 
 def train_step(model, optimizer, micro_batches, *, device, precision="fp32", scaler=None,
@@ -181,75 +101,6 @@ def train_step(model, optimizer, micro_batches, *, device, precision="fp32", sca
     return total, grad_norm
 
 
-# --------------------------------------------------------------------------------------
-# Batch-size search
-# --------------------------------------------------------------------------------------
-
-
-def find_batch_size(args, ctx: DistCtx) -> int:
-    torch.manual_seed(args.seed)
-    model = build_model(args.preset, args.seq_len, args.dropout).to(ctx.device)
-    precision = resolve_precision(args.precision, ctx.device)
-    opt, _ = make_optimizer(model, 1e-4, 0.0, ctx.device)
-    vocab = model.config.vocab_size
-
-    def one_step(b):
-        x = torch.randint(0, min(vocab, 256), (b, args.seq_len))
-        # A fresh GradScaler per probe: one that ran out of memory between unscale_ and
-        # update would refuse the next probe's unscale_ ("already been called").
-        # Two steps: the second runs with the optimizer state and the allocator's blocks as
-        # the first left them, which is where training itself first runs out of memory.
-        for _ in range(2):
-            train_step(model, opt, [(x, x)], device=ctx.device, precision=precision,
-                       scaler=make_scaler(ctx.device, precision), clip=args.clip)
-
-    if ctx.device.type == "cuda":
-        if args.mem_budget_gb:
-            total = torch.cuda.get_device_properties(ctx.device).total_memory
-            torch.cuda.set_per_process_memory_fraction(
-                min(1.0, args.mem_budget_gb * 2**30 / total), ctx.device)
-
-        def fits(b):
-            ok = gpu_probe(one_step, b, ctx.device)
-            opt.zero_grad(set_to_none=True)
-            gc.collect()
-            torch.cuda.empty_cache()
-            log(ctx, f"probe batch_size={b} {'ok' if ok else 'oom'}")
-            return ok
-    else:
-        # CPU: no OOM to catch. Measure peak-RSS growth over a few small batches, take
-        # the larger of the measured and analytic per-sample cost, and compare the
-        # predicted peak against the budget.
-        budget = args.mem_budget_gb * 2**30
-
-        def maxrss():
-            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-        one_step(1)
-        samples = []
-        for b in (2, 4, 8):
-            one_step(b)
-            samples.append((b, maxrss()))
-        measured = max(0.0, (samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0]))
-        cfg = model.config
-        bytes_per = 4 if precision == "fp32" else 2
-        analytic = (args.seq_len * cfg.n_embd * cfg.n_layer * 34 * bytes_per  # activations
-                    + args.seq_len * cfg.vocab_size * 4 * 3)                  # logits + grad
-        per_sample = max(measured, analytic)
-        base = samples[-1][1] - per_sample * samples[-1][0]
-        log(ctx, f"probe base={base / 2**30:.3f}GiB per_sample={per_sample / 2**20:.2f}MiB "
-                 f"(measured {measured / 2**20:.2f}MiB, analytic {analytic / 2**20:.2f}MiB)")
-
-        def fits(b):
-            pred = base + per_sample * b
-            ok = pred <= budget
-            log(ctx, f"probe batch_size={b} predicted={pred / 2**30:.3f}GiB {'ok' if ok else 'oom'}")
-            return ok
-
-    best = search_batch_size(fits, args.max_batch_size)
-    best = int(all_reduce_scalar(ctx, best, "min"))
-    return max(1, int(best * 0.9)) if best > 0 else 0
-
 
 def fmt_step_line(step, loss, lr, tok_s, samples_s, mfu, mem: dict[str, float], epoch) -> str:
     fields = {"step": step, "loss": f"{loss:.4f}", "lr": f"{lr:.2e}", "tok/s": f"{tok_s:.0f}",
@@ -283,7 +134,7 @@ class Trainer:
             enable_tf32()
         seed_everything(args.seed + ctx.rank)
         if args.find_batch_size:
-            n = find_batch_size(args, ctx)
+            n = find_batch_size(args, ctx, train_step)
             emit(ctx, "batch_size", {"batch_size": n})
             return 0 if n > 0 else 1
         self.setup_model()

@@ -16,6 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 PAYLOAD = REPO / "payload"
 sys.path.insert(0, str(PAYLOAD))
 import batch_search  # noqa: E402
+import model  # noqa: E402
+import optim  # noqa: E402
 import runtime  # noqa: E402
 import train  # noqa: E402
 from test_train import _env, _fail_msg, run_torchrun  # noqa: E402
@@ -24,8 +26,9 @@ from test_train import _env, _fail_msg, run_torchrun  # noqa: E402
 TF32_SCRIPT = f"""
 import sys, torch
 sys.path.insert(0, {str(PAYLOAD)!r})
-import train
-train.enable_tf32()
+import optim
+from model import build_model
+optim.enable_tf32()
 got = {{
     "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
     "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
@@ -37,7 +40,7 @@ got = {{
 }}
 # What --compile does with these flags set: Inductor reads the matmul precision while lowering.
 torch.manual_seed(0)
-model = train.build_model("tiny", 16)
+model = build_model("tiny", 16)
 x = torch.randint(0, 256, (2, 16))
 _, loss = torch.compile(model)(x, x)
 loss.backward()
@@ -72,9 +75,9 @@ def test_auto_precision_by_compute_capability(capability, expected, monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     cuda = torch.device("cuda", 0)
-    assert train.resolve_precision("auto", cuda) == expected
-    assert train.resolve_precision("bf16", cuda) == "bf16"  # an explicit choice is kept
-    assert train.auto_cuda_precision(capability) == expected
+    assert optim.resolve_precision("auto", cuda) == expected
+    assert optim.resolve_precision("bf16", cuda) == "bf16"  # an explicit choice is kept
+    assert optim.auto_cuda_precision(capability) == expected
 
 
 def test_world_size_1_under_torchrun_is_not_wrapped_in_ddp(tmp_path):
@@ -120,7 +123,7 @@ def test_world_size_1_under_torchrun_is_not_wrapped_in_ddp(tmp_path):
     (None, None),
 ])
 def test_peak_flops_by_real_device_names(name, peak):
-    assert train.device_peak_flops(name) == peak
+    assert model.device_peak_flops(name) == peak
 
 
 @pytest.mark.parametrize("exc, oom", [
@@ -141,12 +144,12 @@ def test_every_out_of_memory_form_is_does_not_fit(exc, oom, monkeypatch):
         if b > 4:
             raise exc
 
-    assert train.gpu_probe(step, 4, torch.device("cuda", 0)) is True
+    assert batch_search.gpu_probe(step, 4, torch.device("cuda", 0)) is True
     if oom:
-        assert train.gpu_probe(step, 8, torch.device("cuda", 0)) is False
+        assert batch_search.gpu_probe(step, 8, torch.device("cuda", 0)) is False
     else:  # a real fault is not a batch size: it stops the search
         with pytest.raises(type(exc)):
-            train.gpu_probe(step, 8, torch.device("cuda", 0))
+            batch_search.gpu_probe(step, 8, torch.device("cuda", 0))
 
 
 def test_each_batch_size_probe_gets_a_fresh_grad_scaler(monkeypatch):
@@ -156,10 +159,10 @@ def test_each_batch_size_probe_gets_a_fresh_grad_scaler(monkeypatch):
         made.append(torch.amp.GradScaler("cpu"))
         return made[-1]
 
-    monkeypatch.setattr(train, "make_scaler", make_scaler)
+    monkeypatch.setattr(batch_search, "make_scaler", make_scaler)
     args = train.parse_args(["--preset", "tiny", "--seq-len", "16", "--device", "cpu",
                              "--find-batch-size", "--mem-budget-gb", "4"])
-    assert train.find_batch_size(args, train.DistCtx()) > 0
+    assert batch_search.find_batch_size(args, runtime.DistCtx(), train.train_step) > 0
     # the CPU path probes 1, 2, 4, 8, two steps each, a fresh scaler per step
     assert len(made) == 8 and len({id(s) for s in made}) == 8
 
@@ -175,10 +178,9 @@ def test_each_batch_size_probe_runs_two_optimizer_steps(monkeypatch):
         sizes.append(micro[0][0].shape[0])
         return real(model, opt, micro, **kw)
 
-    monkeypatch.setattr(train, "train_step", train_step)
     args = train.parse_args(["--preset", "tiny", "--seq-len", "16", "--device", "cpu",
                              "--find-batch-size", "--mem-budget-gb", "4"])
-    train.find_batch_size(args, train.DistCtx())
+    batch_search.find_batch_size(args, runtime.DistCtx(), train_step)
     assert sizes == [1, 1, 2, 2, 4, 4, 8, 8]
 
 

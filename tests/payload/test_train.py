@@ -25,6 +25,9 @@ import torch.distributed as dist  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "payload" / "train.py"
 sys.path.insert(0, str(TRAIN.parent))
+import batch_search  # noqa: E402
+import model  # noqa: E402
+import optim  # noqa: E402
 import progress  # noqa: E402
 import runtime  # noqa: E402
 import train  # noqa: E402
@@ -150,14 +153,14 @@ def test_grad_accum_no_sync_equals_large_batch(gloo_world1):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(0)
-    base = train.build_model("tiny", 32)
+    base = model.build_model("tiny", 32)
     k, bs = 4, 2
     micro = _batches(k, bs, 32)
     big = [(torch.cat([x for x, _ in micro]), torch.cat([y for _, y in micro]))]
     assert not torch.equal(micro[0][0], micro[1][0])  # micro-batches differ
 
     def run(batches, opt_name):
-        m = train.build_model("tiny", 32)
+        m = model.build_model("tiny", 32)
         m.load_state_dict(base.state_dict())
         ddp = DDP(m)
         calls = []
@@ -170,7 +173,7 @@ def test_grad_accum_no_sync_equals_large_batch(gloo_world1):
         if opt_name == "sgd":
             opt = torch.optim.SGD(m.parameters(), lr=0.1)
         else:
-            opt, _ = train.make_optimizer(m, 1e-3, 0.1, torch.device("cpu"))
+            opt, _ = optim.make_optimizer(m, 1e-3, 0.1, torch.device("cpu"))
         loss, _ = train.train_step(ddp, opt, batches, device=torch.device("cpu"),
                                    clip=0.0 if opt_name == "sgd" else 1.0)
         return m, float(loss), calls
@@ -498,10 +501,10 @@ def test_search_batch_size_doubling_then_binary():
         seen.append(b)
         return b <= 37
 
-    assert train.search_batch_size(fits, 4096) == 37
+    assert batch_search.search_batch_size(fits, 4096) == 37
     assert seen[:7] == [1, 2, 4, 8, 16, 32, 64]
-    assert train.search_batch_size(lambda b: True, 100) == 100
-    assert train.search_batch_size(lambda b: False, 100) == 0
+    assert batch_search.search_batch_size(lambda b: True, 100) == 100
+    assert batch_search.search_batch_size(lambda b: False, 100) == 0
 
 
 def test_bad_cli_clear_error_no_traceback():
@@ -540,9 +543,9 @@ def test_cli_validation(argv, needle, capsys):
 
 
 def test_lr_warmup_then_cosine():
-    peak = train.scaled_lr(1e-3, global_batch=128, ref_batch=32)
+    peak = optim.scaled_lr(1e-3, global_batch=128, ref_batch=32)
     assert peak == pytest.approx(4e-3)
-    lrs = [train.lr_at(s, peak, 10, 100, 0.1) for s in range(101)]
+    lrs = [optim.lr_at(s, peak, 10, 100, 0.1) for s in range(101)]
     assert lrs[0] == pytest.approx(peak / 10) and lrs[9] == pytest.approx(peak)
     assert all(a < b for a, b in zip(lrs[:9], lrs[1:10]))  # linear warmup
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # decay
@@ -551,18 +554,18 @@ def test_lr_warmup_then_cosine():
 
 
 def test_peak_table_and_flops():
-    assert train.device_peak_flops("NVIDIA H100 80GB HBM3") == 989e12
-    assert train.device_peak_flops("NVIDIA H200") == 989e12
-    assert train.device_peak_flops("NVIDIA H100 PCIe") == 756e12
-    assert train.device_peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
-    assert train.device_peak_flops("Tesla V100-SXM2-32GB") == 125e12
-    assert train.device_peak_flops("NVIDIA A10G") == 70e12
-    assert train.device_peak_flops("NVIDIA L4") == 121e12
-    assert train.device_peak_flops("NVIDIA L40S") == 362e12
-    assert train.device_peak_flops("Some Future GPU") is None
-    m = train.build_model("gpt2", 1024)
+    assert model.device_peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert model.device_peak_flops("NVIDIA H200") == 989e12
+    assert model.device_peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert model.device_peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert model.device_peak_flops("Tesla V100-SXM2-32GB") == 125e12
+    assert model.device_peak_flops("NVIDIA A10G") == 70e12
+    assert model.device_peak_flops("NVIDIA L4") == 121e12
+    assert model.device_peak_flops("NVIDIA L40S") == 362e12
+    assert model.device_peak_flops("Some Future GPU") is None
+    m = model.build_model("gpt2", 1024)
     assert 123e6 < m.num_params() < 125e6  # GPT-2 124M (non-embedding-position count)
-    assert train.flops_per_token(m, 1024) == 6 * m.num_params() + 12 * 12 * 12 * 64 * 1024
+    assert model.flops_per_token(m, 1024) == 6 * m.num_params() + 12 * 12 * 12 * 64 * 1024
 
 
 def test_rng_state_roundtrip_weights_only(tmp_path):
