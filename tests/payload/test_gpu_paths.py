@@ -16,9 +16,11 @@ REPO = Path(__file__).resolve().parents[2]
 PAYLOAD = REPO / "payload"
 sys.path.insert(0, str(PAYLOAD))
 import batch_search  # noqa: E402
+import data  # noqa: E402
 import model  # noqa: E402
 import optim  # noqa: E402
 import runtime  # noqa: E402
+import step_metrics  # noqa: E402
 import train  # noqa: E402
 from test_train import _env, _fail_msg, run_torchrun  # noqa: E402
 
@@ -214,10 +216,10 @@ def test_nccl_process_group_is_bound_to_the_ranks_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: seen.setdefault("set_device", d))
-    monkeypatch.setattr(train.dist, "init_process_group", lambda **kw: seen.update(kw))
-    monkeypatch.setattr(train.dist, "get_rank", lambda: 1)
-    monkeypatch.setattr(train.dist, "get_world_size", lambda: 2)
-    ctx = train.setup_distributed("auto", 30)
+    monkeypatch.setattr(runtime.dist, "init_process_group", lambda **kw: seen.update(kw))
+    monkeypatch.setattr(runtime.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(runtime.dist, "get_world_size", lambda: 2)
+    ctx = runtime.setup_distributed("auto", 30)
     assert seen["backend"] == "nccl" and seen["device_id"] == torch.device("cuda", 1)
     assert seen["set_device"] == torch.device("cuda", 1)  # set before the group
     assert ctx.device == torch.device("cuda", 1) and ctx.initialized
@@ -226,18 +228,18 @@ def test_nccl_process_group_is_bound_to_the_ranks_gpu(monkeypatch):
 def test_step_line_labels_allocated_and_reserved_memory(monkeypatch):
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: 1.5 * 2**30)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d=None: 2 * 2**30)
-    mem = train.peak_mem(torch.device("cuda", 0))
+    mem = step_metrics.peak_mem(torch.device("cuda", 0))
     assert mem == {"alloc": 1.5, "reserved": 2.0}
-    line = train.fmt_step_line(10, 2.0, 1e-4, 1000.0, 1.0, 0.4, mem, 0)
+    line = step_metrics.fmt_step_line(10, 2.0, 1e-4, 1000.0, 1.0, 0.4, mem, 0)
     assert line.endswith(" mfu=40.0% alloc=1.50GiB reserved=2.00GiB epoch=0"), line
-    assert list(train.peak_mem(torch.device("cpu"))) == ["rss"]
+    assert list(step_metrics.peak_mem(torch.device("cpu"))) == ["rss"]
 
 
 def test_stop_check_interval_follows_step_time():
-    assert train.steps_to_next_check(30.0, 1) == 1  # a compiling first step: check again at once
-    assert train.steps_to_next_check(1.0, 10) == 10  # 0.1 s steps: about a second between checks
-    assert train.steps_to_next_check(0.01, 10) == runtime.SYNC_EVERY_MAX
-    assert train.steps_to_next_check(0.0, 3) == 1
+    assert runtime.steps_to_next_check(30.0, 1) == 1  # a compiling first step: check again at once
+    assert runtime.steps_to_next_check(1.0, 10) == 10  # 0.1 s steps: about a second between checks
+    assert runtime.steps_to_next_check(0.01, 10) == runtime.SYNC_EVERY_MAX
+    assert runtime.steps_to_next_check(0.0, 3) == 1
 
 
 def test_batches_are_pinned_for_the_gpu(monkeypatch):
@@ -248,9 +250,9 @@ def test_batches_are_pinned_for_the_gpu(monkeypatch):
         return t
 
     monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
-    ds = train.SyntheticCopyDataset(8, 16)
-    assert len(list(train.iterate_batches(ds, list(range(8)), 4))) == 2 and pinned == []
-    assert len(list(train.iterate_batches(ds, list(range(8)), 4, pin=True))) == 2
+    ds = data.SyntheticCopyDataset(8, 16)
+    assert len(list(data.iterate_batches(ds, list(range(8)), 4))) == 2 and pinned == []
+    assert len(list(data.iterate_batches(ds, list(range(8)), 4, pin=True))) == 2
     assert len(pinned) == 4  # x and y of each batch
 
 
@@ -260,13 +262,13 @@ def test_stop_checks_are_not_every_step(tmp_path):
     code = f"""
 import sys
 sys.path.insert(0, {str(PAYLOAD)!r})
-import train
+import runtime, train
 calls = []
-real = train.agree_stop
+real = runtime.agree_stop
 def counting(ctx, stop, every):
     calls.append(stop)
     return real(ctx, stop, every)
-train.agree_stop = counting
+runtime.agree_stop = counting
 rc = train.main(["--device", "cpu", "--max-steps", "40", "--log-every", "20", "--stop-after", "33"])
 print("checks", len(calls), "rc", rc)
 """

@@ -26,10 +26,11 @@ REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "payload" / "train.py"
 sys.path.insert(0, str(TRAIN.parent))
 import batch_search  # noqa: E402
+import checkpoint  # noqa: E402
+import data  # noqa: E402
 import model  # noqa: E402
 import optim  # noqa: E402
 import progress  # noqa: E402
-import runtime  # noqa: E402
 import train  # noqa: E402
 
 STEP_RE = re.compile(r"^step=(\d+) loss=([0-9.]+|nan) lr=\S+ tok/s=\d+ samples/s=[0-9.]+ "
@@ -144,8 +145,8 @@ def gloo_world1():
 
 
 def _batches(n, bs, seq_len, seed=0):
-    ds = train.SyntheticCopyDataset(n * bs, seq_len, seed=seed)
-    return list(train.iterate_batches(ds, list(range(n * bs)), bs))
+    ds = data.SyntheticCopyDataset(n * bs, seq_len, seed=seed)
+    return list(data.iterate_batches(ds, list(range(n * bs)), bs))
 
 
 def test_grad_accum_no_sync_equals_large_batch(gloo_world1):
@@ -281,12 +282,12 @@ def test_checkpoints_ordered_by_step_past_eight_digits(tmp_path):
     ck = tmp_path / "ck"
     steps_saved = [99_999_998, 99_999_999, 100_000_000, 100_000_001]
     for s in steps_saved:
-        runtime.save_checkpoint(str(ck), s, {"model": {}, "optimizer": {}, "step": s}, keep=2)
+        checkpoint.save_checkpoint(str(ck), s, {"model": {}, "optimizer": {}, "step": s}, keep=2)
     assert sorted(os.listdir(ck)) == ["ckpt_100000000.pt", "ckpt_100000001.pt"]
     (ck / "ckpt_99999999.pt").write_bytes((ck / "ckpt_100000000.pt").read_bytes())  # an older one
-    assert [Path(p).name for p in runtime.list_checkpoints(str(ck))] == [
+    assert [Path(p).name for p in checkpoint.list_checkpoints(str(ck))] == [
         "ckpt_99999999.pt", "ckpt_100000000.pt", "ckpt_100000001.pt"]
-    path, st = runtime.find_latest_checkpoint(str(ck))
+    path, st = checkpoint.find_latest_checkpoint(str(ck))
     assert Path(path).name == "ckpt_100000001.pt" and st["step"] == 100_000_001
 
 
@@ -295,13 +296,13 @@ def test_checkpoints_ordered_by_step_past_eight_digits(tmp_path):
 SAVER = r"""
 import sys, torch
 sys.path.insert(0, sys.argv[2])
-import runtime
+import checkpoint
 state = {"model": {"w": torch.randn(6_000_000)}, "optimizer": {}, "step": 0}
 step = 0
 while True:
     step += 1
     state["step"] = step
-    runtime.save_checkpoint(sys.argv[1], step, state, keep=3)
+    checkpoint.save_checkpoint(sys.argv[1], step, state, keep=3)
 """
 
 
@@ -314,11 +315,11 @@ def test_kill_during_checkpoint_write_leaves_loadable_checkpoints(tmp_path):
                                 env=_env())
         try:
             deadline = time.time() + 60
-            n_before = len(runtime.list_checkpoints(str(ck)))
+            n_before = len(checkpoint.list_checkpoints(str(ck)))
             while time.time() < deadline:
                 names = os.listdir(ck)
                 if (len([n for n in names if n.startswith("ckpt_")]) >= min(n_before + 2, 3)
-                        and any(n.startswith(runtime.TMP_PREFIX) for n in names)):
+                        and any(n.startswith(checkpoint.TMP_PREFIX) for n in names)):
                     break
                 time.sleep(0.002)
             proc.send_signal(signal.SIGKILL)
@@ -326,17 +327,17 @@ def test_kill_during_checkpoint_write_leaves_loadable_checkpoints(tmp_path):
         finally:
             if proc.poll() is None:
                 proc.kill()
-        caught_mid_write += any(n.startswith(runtime.TMP_PREFIX) for n in os.listdir(ck))
-        ckpts = runtime.list_checkpoints(str(ck))
+        caught_mid_write += any(n.startswith(checkpoint.TMP_PREFIX) for n in os.listdir(ck))
+        ckpts = checkpoint.list_checkpoints(str(ck))
         assert ckpts and all(os.path.basename(c).startswith("ckpt_") for c in ckpts)
         for c in ckpts:
             st = torch.load(c, map_location="cpu", weights_only=True)
             assert st["model"]["w"].numel() == 6_000_000
-        path, st = runtime.find_latest_checkpoint(str(ck))
+        path, st = checkpoint.find_latest_checkpoint(str(ck))
         assert path == ckpts[-1] and st["step"] == int(path[-11:-3])
     assert caught_mid_write >= 1  # the kills really hit a write in progress
-    runtime.cleanup_temp_files(str(ck))
-    assert not [n for n in os.listdir(ck) if n.startswith(runtime.TMP_PREFIX)]
+    checkpoint.cleanup_temp_files(str(ck))
+    assert not [n for n in os.listdir(ck) if n.startswith(checkpoint.TMP_PREFIX)]
 
 
 # ------------------------------------------------------------------ SIGTERM
@@ -572,24 +573,24 @@ def test_rng_state_roundtrip_weights_only(tmp_path):
     import random
     random.seed(5)
     torch.manual_seed(5)
-    rng = train.capture_rng(torch.device("cpu"))
+    rng = checkpoint.capture_rng(torch.device("cpu"))
     a = (random.random(), torch.rand(3))
     path = tmp_path / "r.pt"
-    runtime.atomic_save({"rng": rng}, str(path))
+    checkpoint.atomic_save({"rng": rng}, str(path))
     back = torch.load(path, weights_only=True)["rng"]
     random.seed(99)
     torch.manual_seed(99)
-    train.restore_rng(back, torch.device("cpu"))
+    checkpoint.restore_rng(back, torch.device("cpu"))
     b = (random.random(), torch.rand(3))
     assert a[0] == b[0] and torch.equal(a[1], b[1])
 
 
 def test_synthetic_data_is_deterministic_and_structured():
-    ds = train.SyntheticCopyDataset(10, 32, seed=3)
+    ds = data.SyntheticCopyDataset(10, 32, seed=3)
     x1, y1 = ds[7]
-    x2, y2 = train.SyntheticCopyDataset(10, 32, seed=3)[7]
+    x2, y2 = data.SyntheticCopyDataset(10, 32, seed=3)[7]
     assert torch.equal(x1, x2) and torch.equal(x1[1:], y1[:-1])
-    assert not torch.equal(ds[7][0], train.SyntheticCopyDataset(10, 32, seed=4)[7][0])
+    assert not torch.equal(ds[7][0], data.SyntheticCopyDataset(10, 32, seed=4)[7][0])
     seq = torch.cat([x1, y1[-1:]])
     period = next(p for p in range(2, 9) if torch.equal(seq[p:], seq[:-p]))
     assert 2 <= period <= 8 and int(seq.max()) < 256
