@@ -5,6 +5,7 @@ Kept small (tiny preset, tens of steps) so the file runs in a few minutes on 2 c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -27,6 +28,8 @@ TRAIN = REPO / "payload" / "train.py"
 sys.path.insert(0, str(TRAIN.parent))
 import batch_search  # noqa: E402
 import checkpoint  # noqa: E402
+import cli  # noqa: E402
+import config  # noqa: E402
 import data  # noqa: E402
 import model  # noqa: E402
 import optim  # noqa: E402
@@ -538,6 +541,45 @@ def test_cli_validation(argv, needle, capsys):
         train.parse_args(argv)
     assert e.value.code == 2
     assert needle in capsys.readouterr().err
+
+
+# The command line torchrig's launch, its integration tests and the docs pass: one flag a
+# TrainConfig field, in this order (--help's), each with its default.
+FLAGS = {
+    "--preset": "tiny", "--seq-len": None, "--data": None, "--synthetic-samples": 8192,
+    "--dropout": 0.0, "--batch-size": 8, "--grad-accum": 1, "--lr": None, "--lr-ref-batch": 32,
+    "--min-lr-ratio": 0.1, "--warmup-steps": None, "--weight-decay": 0.1, "--clip": 1.0,
+    "--max-steps": None, "--epochs": None, "--seed": 1337, "--device": "auto",
+    "--precision": "auto", "--compile": False, "--deterministic": False, "--init-timeout": 600.0,
+    "--ckpt-dir": None, "--ckpt-every": 0, "--keep": 3, "--no-resume": False, "--log-every": 10,
+    "--out-json": None, "--tensorboard": None, "--profile-steps": None, "--profile-dir": None,
+    "--stop-after": None, "--dump-param-hash": False, "--find-batch-size": False,
+    "--mem-budget-gb": None, "--max-batch-size": 4096,
+}
+
+
+def test_the_command_line_is_the_config():
+    actions = [a for a in cli.build_parser()._actions if a.dest != "help"]
+    assert {a.option_strings[0]: a.default for a in actions} == FLAGS
+    assert list(FLAGS) == [cli.flag(f.name) for f in dataclasses.fields(config.TrainConfig)]
+    assert all(a.help for a in actions)
+    cfg = cli.parse_args(["--device", "cpu", "--preset", "gpt2", "--compile"])
+    assert isinstance(cfg, config.TrainConfig) and cfg.compile and cfg.batch_size == 8
+    assert (cfg.seq_len, cfg.lr) == (1024, 1e-4)  # the preset's, filled in by the parser
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.lr = 1.0
+
+
+def test_plan_and_position():
+    cfg = cli.parse_args(["--device", "cpu", "--batch-size", "4", "--grad-accum", "2"])
+    plan = train.Plan.of(cfg, world_size=2, rank_samples=100)  # 25 micro-batches of 4: 12 steps
+    assert (plan.global_batch, plan.tokens_per_step, plan.steps_per_epoch) == (16, 16 * 64, 12)
+    assert (plan.total_steps, plan.warmup, plan.peak_lr) == (12, 1, 1e-2 * 16 / 32)
+    assert train.Plan.of(dataclasses.replace(cfg, max_steps=1000), 2, 100).total_steps == 1000
+    assert train.Plan.of(dataclasses.replace(cfg, max_steps=1000, epochs=2), 2, 100).total_steps == 24
+    assert train.Plan.of(cfg, 2, 7).steps_per_epoch == 0  # less than one global batch
+    pos = train.Position(steps_per_epoch=12, step=12, epoch=0, step_in_epoch=12)
+    assert pos.resume_point() == (1, 0) and train.Position(12, 5, 0, 5).resume_point() == (0, 5)
 
 
 # ------------------------------------------------------------------ small pure functions
