@@ -10,7 +10,6 @@ import os
 import torch
 
 from config import TrainConfig
-from model import PRESETS
 
 
 def flag(name: str) -> str:
@@ -42,26 +41,22 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> TrainConfig:
     """The run's configuration from argv; a bad value or combination exits 2 with one message."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.seq_len is None:
-        args.seq_len = PRESETS[args.preset]["seq_len"]
-    if args.lr is None:
-        args.lr = PRESETS[args.preset]["lr"]
-    if args.data is not None and not os.path.isfile(args.data):
-        parser.error(f"--data: no such file: {args.data}")
-    if args.data is not None and os.path.getsize(args.data) <= args.seq_len:
-        parser.error(f"--data: file too small for --seq-len {args.seq_len}")
-    if args.profile_steps and not args.profile_dir:
+    cfg = TrainConfig(**vars(parser.parse_args(argv)))
+    if cfg.data is not None and not os.path.isfile(cfg.data):
+        parser.error(f"--data: no such file: {cfg.data}")
+    if cfg.data is not None and os.path.getsize(cfg.data) <= cfg.seq_len:
+        parser.error(f"--data: file too small for --seq-len {cfg.seq_len}")
+    if cfg.profile_steps and not cfg.profile_dir:
         parser.error("--profile-steps needs --profile-dir")
-    if args.ckpt_every and not args.ckpt_dir:
+    if cfg.ckpt_every and not cfg.ckpt_dir:
         parser.error("--ckpt-every needs --ckpt-dir")
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if cfg.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: CUDA is not available on this machine")
-    cuda = torch.cuda.is_available() and args.device != "cpu"
-    if args.precision == "fp16" and not cuda:
+    cuda = torch.cuda.is_available() and cfg.device != "cpu"
+    if cfg.precision == "fp16" and not cuda:
         parser.error("--precision fp16 needs CUDA (use fp32 or bf16 on CPU)")
-    if args.find_batch_size and not cuda and args.mem_budget_gb is None:
+    if cfg.find_batch_size and not cuda and cfg.mem_budget_gb is None:
         parser.error("--find-batch-size on CPU needs --mem-budget-gb")
-    if args.min_lr_ratio > 1:
+    if cfg.min_lr_ratio > 1:
         parser.error("--min-lr-ratio must be <= 1")
-    return TrainConfig(**vars(args))
+    return cfg

@@ -3,10 +3,10 @@
 `TrainConfig` is what a run is given; cli.py builds the command line from its fields (the flag
 is the field's name with dashes: `seq_len` is `--seq-len`) and fills one from argv. A field's
 `metadata` holds what the command line needs: its group, help, value check (`parse`), choices,
-metavar; a bool field is a flag that sets it (store_true). Frozen: nothing in a run changes its
-configuration, so what the config line and the checkpoint record is what the run used; the
-defaults that depend on other options (seq_len and lr from the preset) are filled in by cli.py
-before the config is made.
+metavar; a bool field is a flag that sets it (store_true); help is argparse's text (% is
+written %%). Frozen: nothing in a run changes its configuration, so what the config line and
+the checkpoint record is what the run used. seq_len and lr default to the preset's, filled in
+when the config is made (TrainConfig(preset="gpt2").seq_len is 1024).
 """
 
 from __future__ import annotations
@@ -68,6 +68,8 @@ _search = _group("batch-size search")
 
 @dataclass(frozen=True)
 class TrainConfig:
+    """One run's options (the command line's, cli.py)."""
+
     # model and data
     preset: str = _model("tiny", "model size: tiny (CPU demo), small, gpt2 (GPT-2 124M)",
                          choices=sorted(PRESETS))
@@ -127,3 +129,8 @@ class TrainConfig:
     mem_budget_gb: float | None = _search(None, "memory budget for --find-batch-size (required "
                                                 "on CPU)", pos_float)
     max_batch_size: int = _search(4096, "the largest batch --find-batch-size tries", pos_int)
+
+    def __post_init__(self):
+        for name in ("seq_len", "lr"):  # None: the preset's
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, PRESETS[self.preset][name])

@@ -176,6 +176,7 @@ class Trainer:
         self.stopped_by: str | None = None  # once the ranks agreed to stop: why
 
     def run(self) -> int:
+        """The exit status: 0 trained (or stopped, or nothing left to train), 2 too little data."""
         ctx, pos = self.ctx, self.pos
         if self.plan.steps_per_epoch < 1:
             log(ctx, f"error: data set of {len(self.dataset)} samples is smaller than one global "

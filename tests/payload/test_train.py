@@ -565,7 +565,9 @@ def test_the_command_line_is_the_config():
     assert all(a.help for a in actions)
     cfg = cli.parse_args(["--device", "cpu", "--preset", "gpt2", "--compile"])
     assert isinstance(cfg, config.TrainConfig) and cfg.compile and cfg.batch_size == 8
-    assert (cfg.seq_len, cfg.lr) == (1024, 1e-4)  # the preset's, filled in by the parser
+    assert (cfg.seq_len, cfg.lr) == (1024, 1e-4)  # the preset's
+    assert config.TrainConfig(preset="gpt2", lr=1.0) == dataclasses.replace(cfg, compile=False,
+                                                                            device="auto", lr=1.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.lr = 1.0
 
