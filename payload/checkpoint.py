@@ -19,6 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from config import TrainConfig
 from runtime import DistCtx, all_reduce_scalar, barrier, emit, log, seed_everything
 
 # --------------------------------------------------------------------------------------
@@ -156,7 +157,7 @@ class Checkpointer:
     one into the run's parts (weights, optimizer, scaler, train.py's Position, every rank's RNG
     state); save() writes them at the current step. Both are collective: every rank calls them."""
 
-    def __init__(self, ctx: DistCtx, cfg, model, optimizer, scaler, position):
+    def __init__(self, ctx: DistCtx, cfg: TrainConfig, model, optimizer, scaler, position):
         self.ctx, self.cfg, self.dir, self.keep = ctx, cfg, cfg.ckpt_dir, cfg.keep
         self.model, self.optimizer, self.scaler, self.position = model, optimizer, scaler, position
         self.last_step: int | None = None  # of the newest checkpoint written or resumed from
