@@ -477,14 +477,6 @@ def privileged(command: str, user: str | None) -> str:
     return wrapped if user == "root" else f"sudo -n -- {wrapped}"
 
 
-def flock_lines(folder: str, holder: str, code: int) -> str:
-    """Shell lines, as a str.format template (braces doubled), that take an exclusive lock on
-    <folder>/.lock for the rest of the script, waiting up to 300 s. The lock file is root's,
-    0600: a lock on the 0755 folder itself could be taken, and held, by any local user."""
-    return (f'old_umask=$(umask); umask 077; exec 9>>{folder}/.lock; umask "$old_umask"\n'
-            f'flock -w 300 9 || {{{{ echo "error: {holder} for 300 s" >&2; exit {code}; }}}}\n')
-
-
 def refusal(stderr: str) -> str | None:
     """The `error: ...` line a node-side script printed, without the prefix."""
     lines = [ln[len("error: "):] for ln in stderr.splitlines() if ln.startswith("error: ")]
