@@ -1,4 +1,4 @@
-"""`torchrig logs`: run follow_remote.py on every node over SSH and merge what comes back.
+"""`torchrig logs`: run onhost/logs/follow.py on every node over SSH and merge what comes back.
 
 One thread per node. A dropped connection (or one silent past the heartbeat timeout) is
 reopened with the offsets (and file identities) the Tracker holds, so lines are neither lost
@@ -13,18 +13,17 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, TextIO
 
 from ..facts import slurm as slurm_facts
 from ..inventory import Host
 from ..job import RUNNING_STATES
+from ..onhost import script
 from ..remote import describe_error, login_user, privileged
 from ..session import Fleet
 from ..terminal import printable
 from . import merge
 
-FOLLOWER = Path(__file__).parent / "follow_remote.py"
 FOLLOWER_CMD = "python3 -I -"  # isolated: root imports nothing from the cwd or PYTHON* vars
 HEARTBEAT_S = 5
 SILENCE_S = 20          # no record (not even a heartbeat) for this long: reconnect
@@ -61,7 +60,7 @@ def follower_input(args: dict) -> str:
     ever read: too long for one argv word after many restarts) never touch argv. The states
     that count as a running job go with them, from their one definition."""
     args = {**args, "running": list(RUNNING_STATES), "slurm_live": sorted(slurm_facts.LIVE)}
-    return f"ARGS = {json.dumps(args)!r}\n" + FOLLOWER.read_text()
+    return f"ARGS = {json.dumps(args)!r}\n" + script("logs/follow.py")
 
 
 class _Lines:

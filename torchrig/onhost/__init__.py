@@ -1,6 +1,7 @@
 """Every script torchrig runs on a host, as a real file: bash (.sh) and Python (.py), in a
-folder named for the part that sends it (launch/, push/, slurm/, tensorboard/, metrics/,
-provision/); lib/ holds pieces other scripts include.
+folder named for the part that sends it (launch/, push/, slurm/, tensorboard/, metrics/, logs/,
+fetch/, provision/); lib/ holds pieces other scripts include. (The probe, facts/probe_host.py,
+is still beside its parsers: facts/ imports it as a module.)
 
 One way to render one: `script(name, **values)`.
 - A .sh file is a Jinja2 template (StrictUndefined: a missing value is an error naming the
