@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from .errors import TorchrigError
 from .inventory import Host
 from .onhost import script
-from .remote import sh
+from .quoting import sh
 from .resources import payload_module
 from .session import Fleet, Outcome
 

@@ -19,7 +19,7 @@ import pytest
 from test_provision_plan import CAPTURED, H100, UBUNTU, ctx, drifted, fresh
 from torchrig.launch import plan as lplan
 from torchrig.launch import run
-from torchrig.onhost import script
+from torchrig import onhost
 from torchrig.provision.apply import plan_report, step_script
 from torchrig.provision.engine import build_plan
 from torchrig.provision.apply import preamble
@@ -122,9 +122,9 @@ def launch_scripts():
                 ("undo (remove files)", run.undo_script(j, True)),
                 ("stop", run.stop_script(j.name))]
     base, h, src = "/opt/torchrig/payload", "0123456789abcdef", "fedcba9876543210"
-    scripts += [("push probe", script("push/probe.sh", base=base, h=h)),
-                ("push install", script("push/install.sh", base=base, h=h, src=src)),
-                ("push switch", script("push/switch.sh", base=base, h=h))]
+    scripts += [("push probe", onhost.script("push/probe.sh", base=base, h=h)),
+                ("push install", onhost.script("push/install.sh", base=base, h=h, src=src)),
+                ("push switch", onhost.script("push/switch.sh", base=base, h=h))]
     out += [section(what, text) for what, text in scripts]
     return "".join(out), scripts
 

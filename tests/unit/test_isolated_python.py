@@ -83,7 +83,7 @@ def test_launch_jobdirs_helper_is_isolated():
 
 def test_provision_facts_helper_imports_nothing_from_the_cwd(tmp_path, planted):
     from torchrig.settings import settings_for
-    from torchrig.remote import LocalConnection
+    from torchrig.connections import LocalConnection
     s = settings_for("head", {}, "inv.yml")
     try:
         provision_gather(LocalConnection(None), s)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from torchrig.launch.push import manifest, push
-from torchrig.remote import LocalConnection
+from torchrig.connections import LocalConnection
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the push scripts chown to root")
 

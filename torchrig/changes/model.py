@@ -9,7 +9,7 @@ import hashlib
 import posixpath
 from dataclasses import dataclass
 
-from ..remote import sh
+from ..quoting import sh
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,10 @@ from ..inventory import Host
 from ..job import check_job_name
 from ..localfiles import fsync_dir, write_atomic
 from ..onhost import HERE as ONHOST, script
-from ..remote import CannotConnect, ConnectionLost, describe_error, login_user, privileged, sh
+from ..connections import ConnectionLost
+from ..quoting import sh
 from ..settings import job_folder
-from ..session import Fleet
+from ..session import CannotConnect, Fleet, describe_error
 from . import plan
 
 SCRIPT = ONHOST / "fetch" / "node.py"
@@ -265,8 +266,8 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
             start, rc, why = offset, None, ""
             try:
                 cxn = fleet.conn(host)
-                rc = cxn.stream(privileged(_command(host, request["op"]), login_user(cxn)),
-                                _stdin(request), write, err.extend, silence=SILENCE)
+                rc = cxn.stream(_command(host, request["op"]), _stdin(request), write,
+                                err.extend, root=True, silence=SILENCE)
                 alive = cxn.is_connected and not cxn.lost
             except DROPS as e:
                 alive, why = False, describe_error(e) or type(e).__name__  # the host is named already

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from ..errors import TorchrigError
 from ..onhost import script
-from ..remote import login_user, privileged
 
 SKIP_DIRS = {"__pycache__", ".git", ".pytest_cache"}
 
@@ -60,8 +59,7 @@ def push(cxn, root: Path, prefix: str) -> tuple[str, int]:
     m = manifest(root)
     h = tree_hash(m)
     base = f"{prefix}/payload"
-    user = login_user(cxn)
-    r = cxn.run(privileged(script("push/probe.sh", base=base, h=h), user), hide=True, warn=True)
+    r = cxn.run(script("push/probe.sh", base=base, h=h), root=True, hide=True, warn=True)
     if r.exited != 0:
         raise TorchrigError(f"payload probe failed: {r.stderr.strip()[-300:]}")
     sent = 0
@@ -78,11 +76,11 @@ def push(cxn, root: Path, prefix: str) -> tuple[str, int]:
         install = script("push/install.sh", base=base, h=h, src=src.strip())
         data = "\n".join([_b64("".join(f + "\0" for f in removed).encode()),
                           _b64(json.dumps(m, sort_keys=True).encode()), _tar(root, changed)])
-        r = cxn.run_input(privileged(install, user), data, timeout=600)
+        r = cxn.run_input(install, data, timeout=600, root=True)
         if r.exited != 0:
             raise TorchrigError(f"payload push failed: {r.stderr.strip()[-300:]}")
         sent = len(changed)
-    r = cxn.run(privileged(script("push/switch.sh", base=base, h=h), user), hide=True, warn=True)
+    r = cxn.run(script("push/switch.sh", base=base, h=h), root=True, hide=True, warn=True)
     if r.exited != 0:
         raise TorchrigError(f"payload switch failed: {r.stderr.strip()[-300:]}")
     return f"{base}/releases/{h}", sent

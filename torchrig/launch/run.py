@@ -11,8 +11,8 @@ from pathlib import Path
 from ..errors import TorchrigError
 from ..facts import job_state, probe
 from ..inventory import Host, Inventory
-from ..onhost import Shell, script
-from ..remote import refusal, sh
+from ..onhost import Shell, refusal, script
+from ..quoting import sh
 from ..resources import PAYLOAD
 from ..settings import JOBS_DIR, job_folder, procs_per_node
 from ..verify.run import verify

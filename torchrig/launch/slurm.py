@@ -14,7 +14,7 @@ from ..errors import TorchrigError
 from ..facts import slurm as facts
 from ..inventory import Host
 from ..onhost import script
-from ..remote import sh
+from ..quoting import sh
 from ..render import render
 from ..session import Fleet
 from ..settings import JOBS_DIR, job_folder

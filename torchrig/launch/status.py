@@ -12,7 +12,7 @@ from ..facts import job_state, probe
 from ..inventory import Host
 from ..job import check_job_name, unit_name
 from ..logs import diagnose
-from ..remote import sh
+from ..quoting import sh
 from ..session import Fleet, Outcome
 from ..settings import JOBS_DIR
 from . import slurm

@@ -22,8 +22,8 @@ from ..errors import TorchrigError
 from ..facts import tensorboard as facts
 from ..forward import Forward
 from ..inventory import Host
-from ..onhost import script
-from ..remote import CONNECT_TIMEOUT, login_user, privileged, refusal
+from ..connections import CONNECT_TIMEOUT
+from ..onhost import refusal, script
 from ..session import Fleet
 from ..job import check_job_name
 
@@ -103,9 +103,8 @@ def serve(fleet: Fleet, h: Host, job: str, port: int, on_ready: Callable[[Board]
 
         def watch():
             try:
-                cxn.stream(privileged(script("tensorboard/watch.sh", unit=unit, beat=BEAT_S),
-                                      login_user(cxn)),
-                           "", lambda b: None, lambda b: None)
+                cxn.stream(script("tensorboard/watch.sh", unit=unit, beat=BEAT_S),
+                           "", lambda b: None, lambda b: None, root=True)
             except Exception:  # noqa: BLE001 - the connection went away: the node stops it
                 pass
             finally:

@@ -19,8 +19,7 @@ from ..facts import slurm as slurm_facts
 from ..inventory import Host
 from ..job import RUNNING_STATES
 from ..onhost import script
-from ..remote import describe_error, login_user, privileged
-from ..session import Fleet
+from ..session import Fleet, describe_error
 from ..terminal import printable
 from . import merge
 
@@ -83,8 +82,9 @@ def _tail(b: bytes) -> str:
 
 
 def _stream(cxn, command: str, data: str, on_line: Callable[[str], None],
-            silence: float) -> tuple[int | None, str]:
-    """Run `command` (stdin = data) and call on_line for each whole stdout line as it arrives.
+            silence: float, *, root: bool = False) -> tuple[int | None, str]:
+    """Run `command` (stdin = data; as root with root=True) and call on_line for each whole
+    stdout line as it arrives.
     Returns (exit status or None if the connection went silent or dropped, stderr's tail)."""
     lines, err = _Lines(on_line), bytearray()
 
@@ -92,7 +92,7 @@ def _stream(cxn, command: str, data: str, on_line: Callable[[str], None],
         err.extend(chunk)
         del err[:-STDERR_KEEP]
 
-    rc = cxn.stream(command, data, lines.feed, keep_err, silence=silence)
+    rc = cxn.stream(command, data, lines.feed, keep_err, root=root, silence=silence)
     return rc, _tail(bytes(err))
 
 
@@ -200,8 +200,8 @@ def follow(fleet: Fleet, hosts: list[Host], o: FollowOptions, printer: Printer |
 
             try:
                 cxn = fleet.conn(h)
-                rc, err = _stream(cxn, privileged(FOLLOWER_CMD, login_user(cxn)),
-                                  follower_input(args), on_line, SILENCE_S)
+                rc, err = _stream(cxn, FOLLOWER_CMD, follower_input(args), on_line, SILENCE_S,
+                                  root=True)
                 tell_cleared(h.name)
                 if rc == 0:
                     return

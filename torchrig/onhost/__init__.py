@@ -6,7 +6,7 @@ is still beside its parsers: facts/ imports it as a module.)
 One way to render one: `script(name, **values)`.
 - A .sh file is a Jinja2 template (StrictUndefined: a missing value is an error naming the
   file and line). Every `{{ value }}` is shell-quoted on output by the one quoting function
-  (remote.sh), so a script cannot forget to quote a value; a value that already is shell (a
+  (quoting.sh), so a script cannot forget to quote a value; a value that already is shell (a
   generated fragment, a command line built with sh()) is passed as Shell(text) and goes in
   as it is. `{% include "lib/lock.sh" %}` shares a piece.
 - A .py file is sent as it is: its values travel as argv or on stdin, never by substitution.
@@ -23,7 +23,7 @@ from pathlib import Path
 import jinja2
 
 from ..errors import TorchrigError
-from ..remote import sh
+from ..quoting import sh
 
 HERE = Path(__file__).resolve().parent
 
@@ -72,3 +72,10 @@ def script(name: str, /, **values) -> str:
                     line = fs.lineno
                     break
         raise TorchrigError(f"onhost/{name}:{line or '?'}: {e}") from None
+
+
+def refusal(stderr: str) -> str | None:
+    """The `error: ...` line a script here printed (their way to say why they refused), without
+    the prefix; the last one."""
+    lines = [ln[len("error: "):] for ln in stderr.splitlines() if ln.startswith("error: ")]
+    return lines[-1] if lines else None

@@ -12,9 +12,10 @@ from ..errors import TorchrigError
 from ..facts import probe, provision_facts
 from ..inventory import Host
 from ..onhost import script
-from ..remote import login_user, privileged, sh
+from ..connections import login_user
+from ..quoting import sh
 from ..resources import PAYLOAD
-from ..remote import Result, describe_error
+from ..session import Result, describe_error
 from ..secrets import Redactor
 from ..session import Fleet
 from ..changes.factview import fingerprint, what_changed
@@ -39,15 +40,15 @@ def payload_requirements() -> list[str]:
 def run_root_script(cxn, script: str, timeout: int = 3600):
     """A bash script run as root, sent on stdin: nothing of it (file contents, credentials)
     appears in any process's command line on the host."""
-    return cxn.run_input(privileged("bash -s", login_user(cxn)), script, timeout)
+    return cxn.run_input("bash -s", script, timeout, root=True)
 
 
 def gather(cxn, s: Settings) -> dict:
     """Every fact the planners need, in one round trip: the probe runs the commands as root
     and returns raw text; facts/provision_facts parses it here."""
     want = fact_request(s)
-    r = cxn.run_input(privileged(probe.COMMAND, login_user(cxn)),
-                      probe.stdin(provision_facts.probe_request(want)), timeout=120)
+    r = cxn.run_input(probe.COMMAND, probe.stdin(provision_facts.probe_request(want)),
+                      timeout=120, root=True)
     return provision_facts.facts(want, probe.reply(r.exited, r.stdout, r.stderr))
 
 

@@ -14,7 +14,7 @@ from ..changes.model import Cmd, FileChange, b64
 from ..errors import TorchrigError
 from ..facts import netfilter, os_release, smi_query
 from ..onhost import script
-from ..remote import sh
+from ..quoting import sh
 from ..settings import ETC_DIR
 from . import firewall, slurm
 from .desired import (DRIVER_PACKAGE, DRIVER_PIN_GLOBS, Credentialed, Settings,

@@ -12,9 +12,9 @@ from .. import torchrun
 from ..errors import TorchrigError
 from ..facts import nccl_tests, probe, verify_facts
 from ..inventory import Host, Inventory
-from ..remote import CannotConnect, sh, with_env
+from ..quoting import sh, with_env
 from ..resources import PAYLOAD
-from ..session import Fleet
+from ..session import CannotConnect, Fleet
 from ..settings import procs_per_node
 from . import evaluate
 from .evaluate import HostVerdict
