@@ -45,6 +45,7 @@ ALIVE_COUNT = 3
 # them out; `torchrig --debug` (a root handler) still shows them.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
+
 class ConnectionLost(TorchrigError):
     pass
 

@@ -32,7 +32,6 @@ def privileged(command: str, user: str | None) -> str:
     return wrapped if user == "root" else f"sudo -n -- {wrapped}"
 
 
-
 def doing(command: str) -> str:
     """A command line, shortened for an error message ('while running ...'): the script
     inside privileged()'s `sudo -n -- bash -c '...'` wrapper, first line, at most 80 chars."""
