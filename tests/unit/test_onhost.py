@@ -89,3 +89,16 @@ def test_a_missing_value_names_the_file_and_line():
 def test_python_scripts_take_no_substitution():
     with pytest.raises(TorchrigError, match="argv or on stdin"):
         script("slurm/left.py", job="x")
+
+
+def test_no_script_is_left_as_a_python_string():
+    """A script that runs on a host is a file under onhost/, not a string in a module: no bash
+    script body (`set -e...`), heredoc'd Python or shebang in torchrig's modules (the testbed,
+    which builds its simulated hosts' own files, aside)."""
+    import re
+    pkg = onhost.HERE.parent
+    shapes = re.compile(r'"""(set -e|#!/bin/|python3 -I - .*<<)|<<.TORCHRIG_PY')
+    bad = [f"{p.relative_to(pkg)}:{n}" for p in pkg.rglob("*.py")
+           if onhost.HERE not in p.parents and "testbed" not in p.parts
+           for n, line in enumerate(p.read_text().splitlines(), 1) if shapes.search(line)]
+    assert not bad, bad
