@@ -86,6 +86,11 @@ def test_a_missing_value_names_the_file_and_line():
         script("launch/stop.sh", unit="u")
 
 
+def test_a_none_value_is_refused():
+    with pytest.raises(TorchrigError, match="is None"):
+        script("launch/stop.sh", unit="u", sampler=None)
+
+
 def test_python_scripts_take_no_substitution():
     with pytest.raises(TorchrigError, match="argv or on stdin"):
         script("slurm/left.py", job="x")

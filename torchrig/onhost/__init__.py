@@ -34,6 +34,8 @@ class Shell(str):
 
 
 def _finalize(value) -> str:
+    if value is None:  # never the word None in a root script
+        raise TorchrigError("a value for a script on the host is None (not set)")
     return value if isinstance(value, Shell) else sh(value)
 
 
