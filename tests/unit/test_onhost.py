@@ -48,6 +48,8 @@ VALUES = {
     "tensorboard/stop.sh": UNIT,
     "provision/node_exporter_check.sh": {"url": "http://10.0.0.1:9100/metrics",
                                          "unit": "prometheus-node-exporter.service"},
+    "changes/write_file.sh": {"path": "/etc/torchrig/jobs/exp1.env", "folder": "/etc/torchrig/jobs",
+                              "data": "aGk=", "mode": "0600", "owner": "root:root"},
     "provision/preamble.sh": {"apt_wait": script("provision/apt_lock_wait.py"),
                               "lock_timeout": 600},
 }
