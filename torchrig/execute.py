@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from .inventory import Host
-from .remote import login_user, privileged
 from .session import Fleet, Outcome
 from .terminal import PrefixedLines
 
@@ -27,9 +26,8 @@ def run_on(fleet: Fleet, hosts: list[Host], command: str, *, sudo: bool = False,
         cxn = fleet.conn(h)
         sink = PrefixedLines(h.name.ljust(width), out)
         try:
-            line = privileged(command, login_user(cxn)) if sudo else command
-            r = cxn.run(line, warn=True, hide=False, out_stream=sink, err_stream=sink,
-                        timeout=timeout, in_stream=False)
+            r = cxn.run(command, root=sudo, warn=True, hide=False, out_stream=sink,
+                        err_stream=sink, timeout=timeout, in_stream=False)
             return Exited(r.exited)
         finally:
             sink.close()

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from .errors import TorchrigError
 from .inventory import Host
-from .remote import sh
+from .onhost import script
+from .quoting import sh
 from .resources import payload_module
 from .session import Fleet, Outcome
 
@@ -18,20 +19,6 @@ defs = payload_module("metrics")
 METRICS = defs.METRICS
 KEY = {name: spec[3] for name, spec in METRICS.items()}  # short names for the table and JSON
 
-# Runs on the node as the login user (python3 -I -, this text on stdin, the URL as argv: it
-# holds no credential). Proxies are ignored: the exporter is on this host's own address.
-FETCH = """import sys, urllib.request as u
-url = sys.argv[1]
-try:
-    body = u.build_opener(u.ProxyHandler({})).open(url, timeout=20).read(64 << 20)
-except Exception as e:
-    sys.stderr.write("error: node_exporter does not answer on %s (%s): run `torchrig provision` "
-                     "on this host, or check var node_exporter_address\\n" % (url, e))
-    sys.exit(3)
-for line in body.decode(errors="replace").splitlines():
-    if line.startswith(("torchrig_", "node_time_seconds ")):
-        print(line)
-"""
 STALE_S = 90  # a sample older than this (3 sampler rounds) is flagged: its sampler stopped
 
 
@@ -95,7 +82,8 @@ def collect(fleet: Fleet, hosts: list[Host], job: str | None = None) -> Outcome:
         if not h.settings.node_exporter:
             raise TorchrigError("node_exporter is off on this host (var node_exporter: false)")
         url = f"http://{h.settings.node_exporter_listen(h.address)}/metrics"
-        r = fleet.run(h, sh("python3", "-I", "-", url), timeout=60, data=FETCH)
+        r = fleet.run(h, sh("python3", "-I", "-", url), timeout=60,
+                      data=script("metrics/fetch.py"))
         if r.exited != 0:
             err = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
             raise TorchrigError(err[-1][len("error: "):] if err else

@@ -12,7 +12,8 @@ import pytest
 from conftest import (REPO, invoke, inventory_with_known_hosts, ip_of, wait_until,
                       write_inventory)
 from torchrig import inventory
-from torchrig.remote import connect, run_priv, sh, with_env
+from torchrig.connections import connect
+from torchrig.quoting import sh, with_env
 
 
 def test_exec_on_all_hosts_verified(testbed):
@@ -135,14 +136,14 @@ def test_quoting_on_real_host(testbed, inventory_doc, tmp_path, user):
     h = inv.host("gpu1")
     cxn = connect(h, inv)
     try:
-        run_priv(cxn, "rm -f /tmp/pwned")
+        cxn.run("rm -f /tmp/pwned", root=True)
         for evil in QUOTING_EVIL + [h.settings.env["EVIL"]]:
-            out = run_priv(cxn, sh("printf", "%s", evil) + " && " + sh("printf", "|%s", evil)).stdout
+            out = cxn.run(sh("printf", "%s", evil) + " && " + sh("printf", "|%s", evil), root=True).stdout
             assert out == f"{evil}|{evil}"
             out = cxn.run(with_env('printf %s "$JOB_ARG"', {"JOB_ARG": evil})).stdout
             assert out == evil
-        assert run_priv(cxn, "test -e /tmp/pwned", warn=True).exited == 1, "injection ran"
-        assert run_priv(cxn, "id -u").stdout.strip() == "0"
+        assert cxn.run("test -e /tmp/pwned", root=True, warn=True).exited == 1, "injection ran"
+        assert cxn.run("id -u", root=True).stdout.strip() == "0"
     finally:
         cxn.close()
 

@@ -8,7 +8,7 @@ import pytest
 from invoke.exceptions import CommandTimedOut
 
 from torchrig import inventory
-from torchrig.remote import LocalConnection
+from torchrig.connections import LocalConnection
 from torchrig.session import Fleet
 
 

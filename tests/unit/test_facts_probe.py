@@ -327,7 +327,7 @@ def test_status_counts_restarts_as_the_metrics_and_the_report_do(capsys):
     too. One definition now: payload/metrics.py restarts() = NRestarts + torchrun's attempt."""
     from torchrig import tables
     from torchrig.metrics import defs
-    from torchrig.remote import Result
+    from torchrig.session import Result
     cap = json.loads((FIXTURES / "probe_02_status_reply_testbed_running_job.json").read_text())
     raw = cap["reply"]
     raw["run"]["unit"]["out"] = raw["run"]["unit"]["out"].replace("NRestarts=0", "NRestarts=1")

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from test_provision_plan import CAPTURED, H100, UBUNTU, ctx, drifted, fresh
-from torchrig import job as job_mod
 from torchrig.launch import plan as lplan
-from torchrig.launch import push, run
+from torchrig.launch import run
+from torchrig import onhost
 from torchrig.provision.apply import plan_report, step_script
 from torchrig.provision.engine import build_plan
 from torchrig.provision.apply import preamble
@@ -120,12 +120,11 @@ def launch_scripts():
                 ("start (CPU node)", run.start_script(j, False)),
                 ("undo (keep files)", run.undo_script(j, False)),
                 ("undo (remove files)", run.undo_script(j, True)),
-                ("stop", run.STOP_CHECK.format(unit=job_mod.unit_name(j.name),
-                                              sampler=job_mod.gpumon_name(j.name)))]
+                ("stop", run.stop_script(j.name))]
     base, h, src = "/opt/torchrig/payload", "0123456789abcdef", "fedcba9876543210"
-    scripts += [("push probe", push.PROBE.format(base=base, h=h)),
-                ("push install", push.INSTALL.format(base=base, h=h, src=src)),
-                ("push switch", push.SWITCH.format(base=base, h=h))]
+    scripts += [("push probe", onhost.script("push/probe.sh", base=base, h=h)),
+                ("push install", onhost.script("push/install.sh", base=base, h=h, src=src)),
+                ("push switch", onhost.script("push/switch.sh", base=base, h=h))]
     out += [section(what, text) for what, text in scripts]
     return "".join(out), scripts
 

@@ -25,7 +25,7 @@ from torchrig import inventory, resources
 from torchrig.launch.plan import render_unit
 from torchrig.launch.push import manifest, push
 from torchrig.launch.run import LaunchOptions, plan_job
-from torchrig.remote import LocalConnection
+from torchrig.connections import LocalConnection
 
 here = Path(torchrig.__file__).resolve().parent
 assert here.is_relative_to(Path(sys.prefix).resolve()), f"torchrig imported from {here}"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from torchrig import inventory
-from torchrig.launch.run import INSTALL
+from torchrig.onhost import script
 from torchrig.launch.status import node_states as status
 from torchrig.provision.apply import gather as provision_gather
 from torchrig.session import Fleet
@@ -78,12 +78,12 @@ def test_bench_runs_torchrun_from_its_private_folder():
 
 
 def test_launch_jobdirs_helper_is_isolated():
-    assert "python3 -I - " in INSTALL
+    assert "python3 -I - " in script("launch/jobdirs.sh", dirs="{}", dirs_script="")
 
 
 def test_provision_facts_helper_imports_nothing_from_the_cwd(tmp_path, planted):
     from torchrig.settings import settings_for
-    from torchrig.remote import LocalConnection
+    from torchrig.connections import LocalConnection
     s = settings_for("head", {}, "inv.yml")
     try:
         provision_gather(LocalConnection(None), s)

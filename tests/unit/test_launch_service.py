@@ -10,7 +10,7 @@ import pytest
 from torchrig.errors import TorchrigError
 from torchrig.launch import joblogs, run, service, slurm
 from torchrig.logs.stream import FollowOutcome
-from torchrig.remote import Result
+from torchrig.session import Result
 from torchrig.secrets import Redactor
 from torchrig.session import Outcome
 

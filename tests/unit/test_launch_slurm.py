@@ -140,7 +140,7 @@ def test_verify_with_the_slurm_controller_unreachable_fails_the_cluster_check_no
     """A dead controller ended verify with one error line and no table for any host."""
     from types import SimpleNamespace
 
-    from torchrig.remote import CannotConnect
+    from torchrig.session import CannotConnect
     why = "unreachable: SSH to root@10.0.0.1:22 failed: connection refused (...)"
 
     class DeadController:  # the session's surface cluster_checks uses; every run fails to connect

@@ -1,4 +1,4 @@
-"""follow_remote.py run for real (`python -`, arguments and script on stdin, as over SSH)
+"""onhost/logs/follow.py run for real (`python -`, arguments and script on stdin, as over SSH)
 against a temp dir laid out like torchrun's --log-dir; its records fed through merge.Tracker."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The root-run follower against what a job can plant in its own log folder (symlinks, FIFOs,
 hard links, linked folders, odd names), resume across a file replaced while the operator was
-away, and rank text made safe for a terminal. follow_remote.py runs for real, as in
+away, and rank text made safe for a terminal. onhost/logs/follow.py runs for real, as in
 test_logs_follow.py."""
 
 from __future__ import annotations
@@ -238,7 +238,11 @@ def test_a_refusal_says_why_when_the_files_type_does_not(tmp_path, monkeypatch):
     """A regular file that could not be opened for another reason (here: too many open files)
     is not called "not a regular file": the system's reason is given."""
     import errno
-    from torchrig.logs import follow_remote as fr
+    import importlib.util
+    from torchrig.onhost import HERE
+    spec = importlib.util.spec_from_file_location("follow", HERE / "logs" / "follow.py")
+    fr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fr)
     (tmp_path / "stdout.log").write_text("x\n")
     real = os.open
 

@@ -19,7 +19,7 @@ from test_logs_follow import append, fake_systemctl, rank_dir
 from torchrig import inventory
 from torchrig.logs import stream
 from torchrig.logs.stream import FollowOptions, Printer, Window, _stream
-from torchrig.remote import LocalConnection
+from torchrig.connections import LocalConnection
 from torchrig.session import Fleet
 
 REPO = Path(__file__).resolve().parents[2]

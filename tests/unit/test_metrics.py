@@ -338,7 +338,7 @@ def test_sampler_follows_no_link_where_the_status_file_goes(tmp_path):
 
 def test_the_table_flags_a_stale_sample_and_an_unreachable_node(capsys):
     from torchrig import tables
-    from torchrig.remote import Result
+    from torchrig.session import Result
     text = M.render(M.job_samples("exp1", "gpu1", 0, dict(STEP), 3.0, 1, "active", 1e9))
     stale = ops.views(M.parse(text), node_time=1e9 + 600)
     tables.metrics_table("metrics", [Result("gpu1", True, stale), Result("gpu2", False, error="no route")])

@@ -4,7 +4,7 @@ waited (service.apply; the planners and the hosts are faked, the wiring is real)
 
 from types import SimpleNamespace as NS
 
-from torchrig.remote import Result
+from torchrig.session import Result
 from torchrig.provision import service
 from torchrig.provision.apply import HostReport, StepResult
 

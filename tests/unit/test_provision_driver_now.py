@@ -6,7 +6,7 @@ import threading
 import time
 
 from torchrig.provision import apply
-from torchrig.remote import LocalConnection
+from torchrig.connections import LocalConnection
 
 
 def test_a_hanging_nvidia_smi_reads_as_not_ok_within_the_bound(tmp_path, monkeypatch):

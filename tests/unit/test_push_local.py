@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from torchrig.launch.push import manifest, push
-from torchrig.remote import LocalConnection
+from torchrig.connections import LocalConnection
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the push scripts chown to root")
 
@@ -75,14 +75,14 @@ def test_a_lock_held_on_the_jobs_folder_does_not_block_a_launch(tmp_path):
     import fcntl
     import stat
     import subprocess
-    from torchrig.launch.run import LOCK
-    from torchrig.remote import sh
+    from torchrig.onhost import script
     jobs = tmp_path / "jobs"
     jobs.mkdir()
     fd = os.open(jobs, os.O_RDONLY | os.O_DIRECTORY)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
-        r = subprocess.run(["bash", "-c", "set -eu\n" + LOCK.format(jobs=sh(str(jobs))) + "echo locked"],
+        lock = script("launch/lock.sh", jobs=str(jobs))
+        r = subprocess.run(["bash", "-c", "set -eu\n" + lock + "echo locked"],
                            capture_output=True, text=True, timeout=30)
     finally:
         os.close(fd)

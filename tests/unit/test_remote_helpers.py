@@ -8,7 +8,9 @@ import paramiko
 import pytest
 
 from torchrig.terminal import PrefixedLines
-from torchrig.remote import fingerprint, known_hosts_name, privileged, sh, with_env, fan_out
+from torchrig.hostkeys import fingerprint, known_hosts_name
+from torchrig.quoting import privileged, sh, with_env
+from torchrig.session import fan_out
 from torchrig.secrets import redact
 from torchrig.errors import TorchrigError
 
@@ -115,7 +117,7 @@ def _pub(tmp_path, name):
 def test_known_hosts_markers_as_openssh(tmp_path, capsys):
     """@cert-authority is skipped with a note, @revoked keys are never accepted, a line paramiko
     cannot read is skipped: paramiko's own loader raises on each (a traceback before)."""
-    from torchrig.remote import HostKeyPolicy, HostKeyRevoked, _load_known_hosts
+    from torchrig.hostkeys import HostKeyPolicy, HostKeyRevoked, _load_known_hosts
     good, ca, bad = (_pub(tmp_path, n) for n in ("good", "ca", "bad"))
     kh = tmp_path / "known_hosts"
     kh.write_text(f"@cert-authority *.example.com {' '.join(ca)}\n"
@@ -142,7 +144,7 @@ def test_ssh_config_proxyjump_hops_in_openssh_order(tmp_path, monkeypatch):
     """`ProxyJump a,b`: ssh connects to a, from there to b, from there to the host. Fabric 3
     chains them the other way round (b first)."""
     from torchrig.inventory import Host, Inventory
-    from torchrig.remote import connect
+    from torchrig.connections import connect
     (tmp_path / ".ssh").mkdir()
     (tmp_path / ".ssh/config").write_text("Host target\n  ProxyJump first,second\n")
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -193,7 +195,7 @@ def test_with_env_names_full_match():
 
 
 def test_lost_connection_names_what_ran():
-    from torchrig.remote import _doing
+    from torchrig.quoting import doing as _doing
     line = privileged("systemctl show torchrig-x.service\nmore", "admin")
     assert _doing(line) == "systemctl show torchrig-x.service"
     assert _doing("x" * 100).endswith("...") and len(_doing("x" * 100)) == 80
@@ -243,10 +245,10 @@ def test_exec_of_one_long_line_is_linear(tmp_path):
      "to it (Connect failed: the host is down, sshd stopped, or a wrong address or port)"),
 ])
 def test_an_unreachable_host_is_classified_once(exc, why):
-    """The one classification (remote.cannot_connect, used by Fleet.conn for every task): which
+    """The one classification (session.cannot_connect, used by Fleet.conn for every task): which
     host, what failed, what to try; fan_out's per-host text is the same without the host."""
     from torchrig.inventory import Host
-    from torchrig.remote import CannotConnect, cannot_connect, describe_error
+    from torchrig.session import CannotConnect, cannot_connect, describe_error
 
     class Cxn:
         user, port = "ops", 2222
@@ -263,7 +265,8 @@ def test_an_unreachable_host_is_classified_once(exc, why):
 
 def test_a_dead_jump_host_is_named_with_its_own_address_and_hint():
     from torchrig.inventory import Host
-    from torchrig.remote import JumpHostFailed, cannot_connect
+    from torchrig.connections import JumpHostFailed
+    from torchrig.session import cannot_connect
 
     class Cxn:
         user, port = "ops", 2222
@@ -278,9 +281,32 @@ def test_a_dead_jump_host_is_named_with_its_own_address_and_hint():
 
 def test_a_refused_login_is_not_called_unreachable():
     from torchrig.inventory import Host
-    from torchrig.remote import cannot_connect
+    from torchrig.session import cannot_connect
     h = Host(name="gpu9", connection="ssh", address="10.0.0.9", port=None, user=None,
              identity_file=None, jump=None, gpus=None, groups=())
     e = cannot_connect(h, object(), paramiko.AuthenticationException("Authentication failed."))
     assert str(e) == ("gpu9: SSH authentication failed (Authentication failed.); check user and "
                       "identity_file in the inventory")
+
+
+def test_the_connector_is_the_only_way_to_run_as_root():
+    """Every command run as root goes through a Connector's root=True (connections.py applies
+    quoting.privileged): no other module wraps a command in sudo itself."""
+    import re
+    from pathlib import Path
+    pkg = Path(__file__).resolve().parents[2] / "torchrig"
+    allowed = {"connections.py", "quoting.py"}
+    bad = [f"{p.relative_to(pkg)}:{n}" for p in pkg.rglob("*.py") if p.name not in allowed
+           and "testbed" not in p.parts
+           for n, line in enumerate(p.read_text().splitlines(), 1)
+           if re.search(r"\bprivileged\(|\bas_root\(|[\"']sudo -n", line)]
+    assert not bad, bad
+
+
+def test_root_true_runs_as_root_on_a_local_connection():
+    from torchrig.connections import LocalConnection, as_root
+    c = LocalConnection()
+    assert as_root(c, "a && b") == privileged("a && b", c.user)
+    if c.user == "root":
+        assert c.run("id -u && id -u", root=True, hide=True).stdout == "0\n0\n"
+        assert c.run_input("cat; id -u", "x\n", root=True).stdout == "x\n0\n"

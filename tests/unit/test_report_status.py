@@ -6,7 +6,7 @@ import io
 from rich.console import Console
 
 from torchrig import tables
-from torchrig.remote import Result
+from torchrig.session import Result
 
 
 def test_progress_line_control_sequences_are_neutralised(monkeypatch):

@@ -5,7 +5,7 @@ import pytest
 from torchrig.errors import TorchrigError
 from torchrig.inventory import Host
 from torchrig.launch.run import nowhere
-from torchrig.remote import Result
+from torchrig.session import Result
 from torchrig.session import Outcome
 
 

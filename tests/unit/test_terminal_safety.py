@@ -17,7 +17,7 @@ from torchrig.errors import TorchrigError
 from torchrig.terminal import PrefixedLines
 from torchrig.jobreport import data, html
 from torchrig.metrics import defs as M, views
-from torchrig.remote import Result
+from torchrig.session import Result
 
 OSC8 = "\x1b]8;;http://evil\x07click\x1b]8;;\x07"   # a terminal hyperlink
 CLEAR = "\x1b[2J"                                    # erase the screen

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from torchrig import tables, trend
 from torchrig.facts import job_state, systemd
-from torchrig.remote import Result
+from torchrig.session import Result
 
 # `systemctl show` of a job unit that ran 112.5 s and ended (failed) 30 s before the probe read
 # the clocks (monotonic 13046.74, wall 1_800_000_000)

@@ -9,7 +9,8 @@ import hashlib
 import posixpath
 from dataclasses import dataclass
 
-from ..remote import sh
+from ..onhost import script
+from ..quoting import sh
 
 
 @dataclass(frozen=True)
@@ -52,21 +53,9 @@ class FileChange:
     def script(self) -> str:
         if self.content is None:
             return sh("rm", "-f", "--", self.path)
-        data = b64(self.content)
-        d = posixpath.dirname(self.path)
-        # The one atomic write of a managed file (provision and launch alike): a temp file
-        # beside the target (mktemp: 0600, so a secret is never readable while it is
-        # written), its mode and owner set, then renamed: readers never see a half-written file
-        return "\n".join([
-            # folders it creates are 0755 whatever umask sudo passed on (a sampler under a
-            # 0700 /usr/local/lib/torchrig could not run as the service user)
-            "(umask 022 && " + sh("mkdir", "-p", "--", d) + ")",
-            f"tmp=$(mktemp {sh(self.path + '.torchrig.XXXXXX')})",
-            f"printf %s {sh(data)} | base64 -d > \"$tmp\"",
-            f"chmod {self.mode:04o} \"$tmp\"",
-            f"chown {sh(self.owner + ':' + self.group)} \"$tmp\"",
-            f"mv -f \"$tmp\" {sh(self.path)}",
-        ])
+        return script("changes/write_file.sh", path=self.path, folder=posixpath.dirname(self.path),
+                      data=b64(self.content), mode=f"{self.mode:04o}",
+                      owner=f"{self.owner}:{self.group}").rstrip("\n")
 
 
 def b64(text: str | bytes) -> str:

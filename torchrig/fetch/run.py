@@ -1,6 +1,6 @@
 """`torchrig fetch`: a job's checkpoint from the node that holds it to the operator, verified.
 
-Every read of the job's folder on the node goes through node_remote.py as the job's user (see
+Every read of the job's folder on the node goes through onhost/fetch/node.py as the job's user (see
 there why). Here: find the node with the newest checkpoint; have root there copy candidates
 newest first into a private snapshot, hash them and have the job's user load-check each copy
 (--all: hash only, no copy); stream the chosen copy into a partial file under --to, resuming
@@ -27,12 +27,14 @@ from ..facts import probe
 from ..inventory import Host
 from ..job import check_job_name
 from ..localfiles import fsync_dir, write_atomic
-from ..remote import CannotConnect, ConnectionLost, describe_error, login_user, privileged, sh
+from ..onhost import HERE as ONHOST, script
+from ..connections import ConnectionLost
+from ..quoting import sh
 from ..settings import job_folder
-from ..session import Fleet
+from ..session import CannotConnect, Fleet, describe_error
 from . import plan
 
-SCRIPT = Path(__file__).with_name("node_remote.py")
+SCRIPT = ONHOST / "fetch" / "node.py"
 RETRIES = 5          # fresh connections in a row after drops without a byte received
 SILENCE = 60         # seconds without a byte: the transfer is treated as dropped
 # CannotConnect: the fresh connection after a drop could not be opened (yet): one more try
@@ -74,7 +76,7 @@ class FetchResult:
         return asdict(self)
 
 
-ROOT_OPS = ("snapshot", "send", "drop")  # root's, on its own private copy (node_remote.py)
+ROOT_OPS = ("snapshot", "send", "drop")  # root's, on its own private copy (onhost/fetch/node.py)
 
 
 def _command(host: Host, op: str) -> str:
@@ -171,7 +173,7 @@ def _choose(fleet: Fleet, job: str, o: FetchOptions, log: Callable[[str], None])
         s, sizes = host.settings, {f["name"]: f["size"] for f in listing["files"]}
         request = {"op": "snapshot", "base": s.checkpoint_dir, "dir": folder, "names": names,
                    "sizes": [sizes[n] for n in names], "load": True, "user": s.service_user,
-                   "python": f"{s.venv}/bin/python", "script": SCRIPT.read_text()}
+                   "python": f"{s.venv}/bin/python", "script": script("fetch/node.py")}
     reply = _ask(fleet, host, request, 3600)  # copying, hashing and loading big files
     checked = [{**c, "snapshot": reply.get("snapshot")} for c in reply["checked"]]
     by_name = {c["name"]: c for c in checked}
@@ -264,8 +266,8 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
             start, rc, why = offset, None, ""
             try:
                 cxn = fleet.conn(host)
-                rc = cxn.stream(privileged(_command(host, request["op"]), login_user(cxn)),
-                                _stdin(request), write, err.extend, silence=SILENCE)
+                rc = cxn.stream(_command(host, request["op"]), _stdin(request), write,
+                                err.extend, root=True, silence=SILENCE)
                 alive = cxn.is_connected and not cxn.lost
             except DROPS as e:
                 alive, why = False, describe_error(e) or type(e).__name__  # the host is named already

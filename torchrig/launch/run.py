@@ -11,7 +11,8 @@ from pathlib import Path
 from ..errors import TorchrigError
 from ..facts import job_state, probe
 from ..inventory import Host, Inventory
-from ..remote import flock_lines, refusal, sh
+from ..onhost import Shell, refusal, script
+from ..quoting import sh
 from ..resources import PAYLOAD
 from ..settings import JOBS_DIR, job_folder, procs_per_node
 from ..verify.run import verify
@@ -28,17 +29,6 @@ GPU_SAMPLE_S = 30  # seconds between samples (GPU use for status, metrics for no
 BUSY_ARGV = ["systemctl", "list-units", "torchrig-*.service",
              "--state=" + ",".join(RUNNING_STATES), "--plain", "--no-legend"]
 BUSY_UNITS = sh(*BUSY_ARGV)  # the same list, re-read under the lock by the start script
-# Install, start and undo on a node hold a lock (a 0600 file of root's in the jobs folder: the
-# folder itself can be opened, so flock'ed, by any local user), so two launches at once see
-# each other's units complete and in a known state.
-LOCK = flock_lines("{jobs}", "another launch held the lock on {jobs}", 3)
-# refuses when the job's own unit is busy: a launch of the same job started it meanwhile
-OWN_BUSY = """case "$(systemctl show -p ActiveState --value {name})" in
-  """ + "|".join(RUNNING_STATES) + """)
-    echo "error: job {job} was started on this node meanwhile (another launch at the same time?)" >&2
-    exit 3;;
-esac
-"""
 
 
 @dataclass
@@ -227,34 +217,27 @@ def _dry_run(fleet: Fleet, hosts: list[Host], job: Job) -> dict[str, list]:
     return {r.host: r.value for r in got}
 
 
-INSTALL = """set -euo pipefail
-install -d -m 0755 {jobs}
-""" + LOCK + OWN_BUSY + """python3 -I - {dirs_args} <<'TORCHRIG_PY'
-{dirs_script}
-TORCHRIG_PY
-{files}
-systemctl daemon-reload
-systemctl reset-failed {name} 2>/dev/null || true
-"""
-
-
-JOBDIRS_SCRIPT = Path(__file__).parent / "jobdirs_remote.py"
+def _common(job_name: str) -> dict:
+    """The values every launch script on a node takes (its lock, its own-unit check)."""
+    return {"jobs": JOBS_DIR, "name": unit_name(job_name), "job": job_name,
+            "running_states": Shell("|".join(RUNNING_STATES))}
 
 
 def install_script(job: Job, n: Node) -> str:
-    """The root script that writes the job's folders (made safely: see jobdirs_remote.py), env
-    file (0600, may hold secrets: sent on stdin, never in a command line), units and the GPU
+    """The root script that writes the job's folders (made safely: see onhost/launch/jobdirs.py),
+    env file (0600, may hold secrets: sent on stdin, never in a command line), units and the GPU
     sampler on node n, each written by the change engine's one atomic write."""
     files = "\n".join(ch.script for _, ch in job_changes(job, n, GPU_SAMPLE_S))
-    return INSTALL.format(
-        files=files, jobs=sh(JOBS_DIR), dirs_script=JOBDIRS_SCRIPT.read_text(),
-        dirs_args=jobdirs_args(job, n), name=sh(unit_name(job.name)), job=job.name)
+    return script("launch/install.sh", **_common(job.name), **jobdirs_values(job, n),
+                  files=Shell(files))
 
 
-def jobdirs_args(job: Job, n: Node) -> str:
-    """jobdirs_remote.py's argument: the job's log and checkpoint folders, the user's."""
-    return sh(json.dumps({"user": n.user, "dirs": [[n.log_dir, job.name],
-                                                   [n.checkpoint_dir, job.name]]}))
+def jobdirs_values(job: Job, n: Node) -> dict:
+    """onhost/launch/jobdirs.sh's values: jobdirs.py, and its argument: the job's log and
+    checkpoint folders, the user's."""
+    return {"dirs_script": Shell(script("launch/jobdirs.py")),
+            "dirs": json.dumps({"user": n.user, "dirs": [[n.log_dir, job.name],
+                                                         [n.checkpoint_dir, job.name]]})}
 
 
 def _install(fleet: Fleet, h: Host, job: Job, n: Node) -> None:
@@ -263,35 +246,17 @@ def _install(fleet: Fleet, h: Host, job: Job, n: Node) -> None:
         raise TorchrigError(refusal(r.stderr) or f"writing the unit failed: {r.stderr.strip()[-300:]}")
 
 
-# Start under the lock, only the unit this launch wrote, re-checking there that the GPUs are
-# free: two launches at once of different jobs on one GPU node cannot both pass the earlier
-# check and both start.
-START = """set -eu
-""" + LOCK + """grep -qxF {marker} {unit_file} || {{
-  echo "error: another launch of job {job} replaced its unit on this node meanwhile" >&2; exit 3; }}
-""" + OWN_BUSY + """busy=$({busy_units} | awk '{{print $1}}' | grep -xE {unit_re} | grep -vxF {name} || true)
-if [ {exclusive} = 1 ] && [ -n "$busy" ]; then
-  echo "error: another job started on this node's GPUs meanwhile: $(echo $busy)" >&2; exit 3
-fi
-# the job ports' firewall: its table can be gone while its unit reads active (the operator's
-# `nft flush ruleset`); loaded again here, and no job starts without it
-if [ {firewall} = 1 ] && ! nft list table {table} >/dev/null 2>&1; then
-  systemctl restart {firewall_unit} && nft list table {table} >/dev/null 2>&1 || {{
-    echo "error: torchrig's firewall table ({table}) does not load on this node: the job's ports would be open to anyone; see journalctl -u {firewall_unit}, or run torchrig provision" >&2; exit 3; }}
-fi
-systemctl start {name}
-"""
-
-
 def start_script(job: Job, exclusive: bool, firewall: bool = False) -> str:
     """The root script that starts the job's unit on a node (exclusive: a GPU node; firewall:
     the node's job-port firewall must be loaded)."""
     from ..facts.netfilter import TABLE, UNIT
-    return START.format(jobs=sh(JOBS_DIR), busy_units=BUSY_UNITS, name=sh(unit_name(job.name)),
-                        firewall=int(firewall), table=" ".join(TABLE), firewall_unit=sh(UNIT),
-                        unit_file=sh(unit_path(job.name)), marker=sh(launch_marker(job)),
-                        job=job.name, unit_re=sh(rf"torchrig-{JOB_RE.pattern}\.service"),
-                        exclusive=int(exclusive))
+    # Starts under the lock, only the unit this launch wrote, re-checking there that the GPUs
+    # are free: two launches at once of different jobs on one GPU node cannot both pass the
+    # earlier check and both start.
+    return script("launch/start.sh", **_common(job.name), busy_units=Shell(BUSY_UNITS),
+                  firewall=int(firewall), table=Shell(sh(*TABLE)), firewall_unit=UNIT,
+                  unit_file=unit_path(job.name), marker=launch_marker(job),
+                  unit_re=rf"torchrig-{JOB_RE.pattern}\.service", exclusive=int(exclusive))
 
 
 def _start(fleet: Fleet, h: Host, job: Job) -> None:
@@ -339,20 +304,13 @@ def _journal(fleet: Fleet, name: str, hosts: list[Host], job: str) -> str:
         return f"(journal unavailable: {e})"
 
 
-# What a failed launch undoes: only a unit that this launch wrote (a launch of the same job at
-# the same time may have replaced it, or started it), stopped and, if asked, removed.
-UNDO = """[ -d {jobs} ] || exit 0
-""" + LOCK + """grep -qxF {marker} {unit_file} 2>/dev/null || exit 0
-systemctl stop {name}
-{remove}
-"""
-
-
 def undo_script(job: Job, remove: bool) -> str:
+    """What a failed launch undoes: only a unit that this launch wrote (a launch of the same
+    job at the same time may have replaced it, or started it), stopped and, if asked, removed."""
     rm = (sh("rm", "-f", *job_paths(job.name))
           + " && systemctl daemon-reload") if remove else ""
-    return UNDO.format(jobs=sh(JOBS_DIR), marker=sh(launch_marker(job)),
-                       unit_file=sh(unit_path(job.name)), name=sh(unit_name(job.name)), remove=rm)
+    return script("launch/undo.sh", **_common(job.name), marker=launch_marker(job),
+                  unit_file=unit_path(job.name), remove=Shell(rm))
 
 
 def _undo(fleet: Fleet, hosts: list[Host], job: Job, remove: bool) -> list:
@@ -361,23 +319,10 @@ def _undo(fleet: Fleet, hosts: list[Host], job: Job, remove: bool) -> list:
                                              data=script).exited, hosts)
 
 
-STOP_CHECK = """u={unit}
-# a job never launched here has no unit: say so rather than "stopped"
-if [ "$(systemctl show -p LoadState --value "$u")" = not-found ]; then echo "not-found 0"; exit 0; fi
-was=$(systemctl show -p ActiveState --value "$u")
-systemctl stop "$u"
-# torchrun exits 1 when SIGTERM stops it (the workers checkpoint and exit 0): a job stopped
-# here did not fail, so it should not read 'failed' afterwards. One that had failed before
-# the stop keeps its state.
-case "$was" in active|activating|reloading) systemctl reset-failed "$u" 2>/dev/null || true;; esac
-# one last sample (as the service user, like every sample): node_exporter then serves the
-# stopped job's state, not its last running one (the stop also stopped the sampler's timer)
-systemctl start {sampler} 2>/dev/null || true
-cg=$(systemctl show -p ControlGroup --value "$u")
-left=0
-if [ -n "$cg" ] && [ -f "/sys/fs/cgroup$cg/cgroup.procs" ]; then left=$(wc -l < "/sys/fs/cgroup$cg/cgroup.procs"); fi
-echo "$(systemctl show -p ActiveState --value "$u") $left"
-"""
+def stop_script(job: str) -> str:
+    """The root script that stops the job's unit on a node and says its state and the
+    processes left."""
+    return script("launch/stop.sh", unit=unit_name(job), sampler=gpumon_name(job))
 
 
 def no_job(job: str) -> str:
@@ -392,8 +337,7 @@ def stop(fleet: Fleet, hosts: list[Host], job: str) -> Outcome:
     check_job_name(job)
 
     def one(h: Host):
-        r = fleet.run(h, STOP_CHECK.format(unit=sh(unit_name(job)), sampler=sh(gpumon_name(job))),
-                      root=True, timeout=600)
+        r = fleet.run(h, stop_script(job), root=True, timeout=600)
         state, left = (r.stdout.split() + ["unknown", "0"])[:2]
         if state == "not-found":
             return None

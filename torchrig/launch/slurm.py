@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from ..errors import TorchrigError
 from ..facts import slurm as facts
 from ..inventory import Host
-from ..remote import sh
+from ..onhost import script
+from ..quoting import sh
 from ..render import render
 from ..session import Fleet
 from ..settings import JOBS_DIR, job_folder
@@ -96,16 +97,6 @@ def submit_command(user: str) -> str:
     return f"cd / && runuser -u {sh(user)} -- sbatch --parsable"
 
 
-# the record, written by root into root's folder; read back by status, logs and stop
-RECORD = """set -eu
-install -d -m 0755 {jobs}
-tmp=$(mktemp {path}.XXXXXX)
-cat > "$tmp"
-chmod 0644 "$tmp"
-mv -f "$tmp" {path}
-"""
-
-
 @dataclass
 class SlurmJob:
     name: str
@@ -151,8 +142,9 @@ def find(fleet: Fleet, job: str) -> SlurmJob | None:
 
 
 def write_record(fleet: Fleet, controller: Host, job: str, rec: dict) -> None:
-    r = fleet.run(controller, "bash -c " + sh(RECORD.format(jobs=sh(JOBS_DIR),
-                                                            path=sh(record_path(job)))),
+    """The record, written by root into root's folder; read back by status, logs and stop."""
+    r = fleet.run(controller, "bash -c " + sh(script("slurm/record.sh", jobs=JOBS_DIR,
+                                                     path=record_path(job))),
                   root=True, timeout=30, data=json.dumps(rec))
     if r.exited != 0:
         raise TorchrigError(f"{controller.name}: writing {record_path(job)} failed: "
@@ -178,23 +170,9 @@ def hosts_of(fleet: Fleet, sj: SlurmJob) -> list[Host]:
 
 # stop: SIGTERM to every step (scancel's default cancel: SIGCONT+SIGTERM, SIGKILL after
 # KillWait); then every node checked for a process of the job (SLURM_JOB_ID in its environ)
-LEFT = """import os, sys
-want = b"SLURM_JOB_ID=" + sys.argv[1].encode() + b"\\0"
-n = 0
-for p in os.listdir("/proc"):
-    if p.isdigit():
-        try:
-            env = open(f"/proc/{p}/environ", "rb").read() + b"\\0"
-        except OSError:
-            continue
-        if b"\\0" + want in b"\\0" + env:
-            n += 1
-print(n)
-"""
-
-
 def processes_left(fleet: Fleet, h: Host, job_id: str) -> int:
-    r = fleet.run(h, "python3 -I - " + sh(job_id), root=True, timeout=30, data=LEFT)
+    r = fleet.run(h, "python3 -I - " + sh(job_id), root=True, timeout=30,
+                  data=script("slurm/left.py"))
     return int(r.stdout.strip() or 0) if r.exited == 0 else -1
 
 
@@ -225,14 +203,9 @@ def stop(fleet: Fleet, job: str, log=print) -> SlurmJob:
     return sj
 
 
-# the job's folders on a node, made by root as for the systemd launcher (jobdirs_remote.py)
-JOBDIRS = """python3 -I - {args} <<'TORCHRIG_PY'
-{script}
-TORCHRIG_PY
-"""
-
 # workers spawned on a node: torchrun makes <log dir>/<run>/attempt_N/<local rank> per worker
-WORKERS = "ls -d {logdir}/*/attempt_*/[0-9]* 2>/dev/null | wc -l"
+def workers_command(logdir: str) -> str:
+    return f"ls -d {sh(logdir)}/*/attempt_*/[0-9]* 2>/dev/null | wc -l"
 
 
 @dataclass
@@ -249,7 +222,7 @@ def launch(fleet: Fleet, hosts: list[Host], o, nnodes: int | None, partition: st
     `nnodes` of them on the controller as the job's user, and wait until every allocated
     node's workers run (or the job is still queued at --start-timeout: then it stays queued)."""
     from .push import push
-    from .run import PAYLOAD, JOBDIRS_SCRIPT, _gate, check_options, jobdirs_args, plan_job
+    from .run import PAYLOAD, _gate, check_options, jobdirs_values, plan_job
     t0 = time.monotonic()
     s = cluster(fleet.inv)
     check_options(o)
@@ -279,11 +252,10 @@ def launch(fleet: Fleet, hosts: list[Host], o, nnodes: int | None, partition: st
         f"({sum(r.value[1] for r in pushed)} file(s) sent)")
     job = plan_job(fleet.inv, candidates, o, release, interfaces)
     by_name = {h.name: h for h in candidates}
-    script = JOBDIRS_SCRIPT.read_text()
 
     def dirs(nd):
         r = fleet.run(by_name[nd.host], "bash -s", root=True, timeout=60,
-                      data=JOBDIRS.format(args=jobdirs_args(job, nd), script=script))
+                      data=script("launch/jobdirs.sh", **jobdirs_values(job, nd)))
         if r.exited != 0:
             raise TorchrigError(r.stderr.strip()[-300:])
     made = fleet.fan_out(dirs, job.nodes, name=lambda nd: nd.host)
@@ -338,8 +310,9 @@ def _confirm(fleet: Fleet, ctl: Host, job: Job, sj: SlurmJob, timeout: float) ->
                                 "on its first node")
         if st.state in ("RUNNING", "COMPLETING", "COMPLETED") and st.nodes:
             hosts = hosts_of(fleet, sj)
-            got = fleet.fan_out(lambda h: int(fleet.run(h, WORKERS.format(
-                logdir=sh(logdir[h.name])), root=True, timeout=30).stdout.strip() or 0), hosts)
+            got = fleet.fan_out(lambda h: int(fleet.run(h, workers_command(logdir[h.name]),
+                                                        root=True, timeout=30).stdout.strip() or 0),
+                                hosts)
             if all(r.ok and r.value >= nproc[r.host] for r in got) or st.state == "COMPLETED":
                 return True
         if time.monotonic() >= deadline:

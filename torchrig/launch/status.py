@@ -14,7 +14,7 @@ from ..facts import job_state, probe
 from ..inventory import Host
 from ..job import check_job_name, unit_name
 from ..logs import diagnose
-from ..remote import sh
+from ..quoting import sh
 from ..secrets import Redactor
 from ..session import Fleet, Outcome
 from ..settings import JOBS_DIR
@@ -27,11 +27,11 @@ def latest_job(fleet: Fleet) -> str:
     """The newest job: the systemd job on the first selected host whose env file was written
     last, or the newest Slurm job on the inventory's controller, whichever is newer."""
     first = fleet.hosts[0]
-    newest = f"cd {sh(JOBS_DIR)} 2>/dev/null && stat -c '%Y %n' -- *{{ext}} 2>/dev/null | sort -n | tail -1"
     found = []  # (mtime, job)
     for h, ext in ((first, ".env"),) + (((fleet.inv.host(fleet.inv.slurm.controller), ".slurm"),)
                                           if getattr(fleet.inv, "slurm", None) else ()):
-        out = fleet.run(h, newest.format(ext=ext)).stdout.split()
+        newest = f"cd {sh(JOBS_DIR)} 2>/dev/null && stat -c '%Y %n' -- *{ext} 2>/dev/null | sort -n | tail -1"
+        out = fleet.run(h, newest).stdout.split()
         if len(out) == 2 and out[0].isdigit():
             found.append((int(out[0]), out[1][:-len(ext)]))
     if not found:

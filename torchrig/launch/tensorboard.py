@@ -22,7 +22,8 @@ from ..errors import TorchrigError
 from ..facts import tensorboard as facts
 from ..forward import Forward
 from ..inventory import Host
-from ..remote import CONNECT_TIMEOUT, login_user, privileged, refusal, sh
+from ..connections import CONNECT_TIMEOUT
+from ..onhost import refusal, script
 from ..session import Fleet
 from ..job import check_job_name
 
@@ -34,40 +35,6 @@ def unit_name(job: str) -> str:
     """A transient unit per run. Not `torchrig-<job>.service`-shaped: launch and status count
     those as jobs."""
     return f"torchrig.tensorboard-{job}-{os.urandom(4).hex()}.service"
-
-
-START = """set -eu
-tb={tb}
-[ -x "$tb" ] || {{ echo "error: TensorBoard is not installed in {venv} on this node: set var \
-tensorboard: true for it and run torchrig provision" >&2; exit 3; }}
-# checked as the job's user: root follows no path in the job's folder
-runuser -u {user} -- test -d {logdir} || {{ echo "error: no TensorBoard folder {logdir} on this \
-node: was job {job} launched with var tensorboard set (and has it started logging)?" >&2; exit 3; }}
-systemd-run --quiet --collect --unit={unit} --uid={user} -p NoNewPrivileges=yes \
-  --setenv=PYTHONUNBUFFERED=1 --description={desc} -- \
-  "$tb" --logdir {logdir} --host 127.0.0.1 --port {port}
-"""
-
-WAIT = """u={unit}
-echo "state=$(systemctl show -p ActiveState --value "$u")"
-journalctl -u "$u" -o cat --no-pager -n 200 2>/dev/null || true
-"""
-
-# Tied to its SSH channel: when the channel is gone, the heartbeat's write fails (SIGPIPE) and
-# the unit is stopped. Ends by itself once the unit is no longer active.
-WATCH = """u={unit}
-trap 'systemctl stop "$u" 2>/dev/null || true' EXIT
-trap 'exit 0' HUP INT TERM PIPE
-while systemctl is-active --quiet "$u"; do
-  echo alive || exit 0
-  sleep {beat}
-done
-"""
-
-STOP = """u={unit}
-systemctl stop "$u" 2>/dev/null || true
-echo "$(systemctl show -p LoadState --value "$u") $(systemctl show -p ActiveState --value "$u")"
-"""
 
 
 @dataclass
@@ -83,15 +50,15 @@ class Board:
 
 def start_script(h: Host, job: str, unit: str, port: int) -> str:
     s = h.settings
-    return START.format(tb=sh(f"{s.venv}/bin/tensorboard"), venv=s.venv, user=sh(s.service_user),
-                        logdir=sh(s.tensorboard_dir(job)), job=job, unit=sh(unit), port=port,
-                        desc=sh(f"torchrig TensorBoard for job {job}"))
+    return script("tensorboard/start.sh", tb=f"{s.venv}/bin/tensorboard", venv=s.venv,
+                  user=s.service_user, logdir=s.tensorboard_dir(job), job=job, unit=unit,
+                  port=port, desc=f"torchrig TensorBoard for job {job}")
 
 
 def _wait_ready(fleet: Fleet, h: Host, unit: str) -> int:
     deadline = time.monotonic() + READY_TIMEOUT
     while True:
-        r = fleet.run(h, WAIT.format(unit=sh(unit)), root=True, timeout=30)
+        r = fleet.run(h, script("tensorboard/wait.sh", unit=unit), root=True, timeout=30)
         state, journal = facts.parse_wait(r.stdout)
         port = facts.serving_port(journal)
         if port is not None and state == "active":
@@ -107,7 +74,7 @@ def _wait_ready(fleet: Fleet, h: Host, unit: str) -> int:
 
 def stop(fleet: Fleet, h: Host, unit: str) -> str:
     """Stop the unit; 'gone' once systemd no longer has it running, else its state."""
-    r = fleet.run(h, STOP.format(unit=sh(unit)), root=True, timeout=120)
+    r = fleet.run(h, script("tensorboard/stop.sh", unit=unit), root=True, timeout=120)
     load, _, active = r.stdout.strip().partition(" ")
     if load == "not-found" or active in ("inactive", "failed"):
         return "gone"
@@ -136,8 +103,8 @@ def serve(fleet: Fleet, h: Host, job: str, port: int, on_ready: Callable[[Board]
 
         def watch():
             try:
-                cxn.stream(privileged(WATCH.format(unit=sh(unit), beat=BEAT_S), login_user(cxn)),
-                           "", lambda b: None, lambda b: None)
+                cxn.stream(script("tensorboard/watch.sh", unit=unit, beat=BEAT_S),
+                           "", lambda b: None, lambda b: None, root=True)
             except Exception:  # noqa: BLE001 - the connection went away: the node stops it
                 pass
             finally:

@@ -1,12 +1,12 @@
-"""Operator side of log following: turn follow_remote.py's records into rank-labelled lines.
+"""Operator side of log following: turn onhost/logs/follow.py's records into rank-labelled lines.
 
 Pure: no I/O. One Tracker per `logs` session, fed with every record from every node, and kept
 across reconnects: it remembers the byte offset reached in every file, and the file's identity,
-so that `Tracker.offsets_for(node)` can be handed back to follow_remote.py (no loss; a file
+so that `Tracker.offsets_for(node)` can be handed back to onhost/logs/follow.py (no loss; a file
 replaced meanwhile is read from its start), and it drops records at or before a known offset
 (no repetition).
 
-Record format (see follow_remote.py): TAB-separated, one per line:
+Record format (see onhost/logs/follow.py): TAB-separated, one per line:
     L relpath offset text | E relpath size json | T relpath 0 | I relpath identity |
     W relpath reason | H unix_time
 
@@ -149,7 +149,7 @@ def parse_error_json(doc) -> tuple[str, str, float | None]:
     """(message, traceback, timestamp) from an error.json document, tolerant of variants:
     {"message": {"message": M, "extraInfo": {"py_callstack": TB, "timestamp": "1700000000"}}}
     (torch elastic), "message" as a plain string, extraInfo/extra_info at either level,
-    "py_callstack"/"traceback", or {"torchrig_unparsed": text} from follow_remote."""
+    "py_callstack"/"traceback", or {"torchrig_unparsed": text} from onhost/logs/follow.py."""
     if not isinstance(doc, dict):
         return (str(doc), "", None)
     if "torchrig_unparsed" in doc:
@@ -191,7 +191,7 @@ class Tracker:
         self.malformed: list[tuple[str, str]] = []  # (node, record) that could not be parsed
 
     def offsets_for(self, node: str) -> dict[str, list]:
-        """{relpath: [offset, identity or None]} to pass to follow_remote.py as "offsets" on
+        """{relpath: [offset, identity or None]} to pass to onhost/logs/follow.py as "offsets" on
         (re)connect."""
         idents = self._idents.get(node, {})
         return {rel: [off, idents.get(rel)] for rel, off in self._offsets.get(node, {}).items()}

@@ -1,4 +1,4 @@
-"""`torchrig logs`: run follow_remote.py on every node over SSH and merge what comes back.
+"""`torchrig logs`: run onhost/logs/follow.py on every node over SSH and merge what comes back.
 
 One thread per node. A dropped connection (or one silent past the heartbeat timeout) is
 reopened with the offsets (and file identities) the Tracker holds, so lines are neither lost
@@ -13,18 +13,16 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, TextIO
 
 from ..facts import slurm as slurm_facts
 from ..inventory import Host
 from ..job import RUNNING_STATES
-from ..remote import describe_error, login_user, privileged
-from ..session import Fleet
+from ..onhost import script
+from ..session import Fleet, describe_error
 from ..terminal import printable
 from . import merge
 
-FOLLOWER = Path(__file__).parent / "follow_remote.py"
 FOLLOWER_CMD = "python3 -I -"  # isolated: root imports nothing from the cwd or PYTHON* vars
 HEARTBEAT_S = 5
 SILENCE_S = 20          # no record (not even a heartbeat) for this long: reconnect
@@ -61,7 +59,7 @@ def follower_input(args: dict) -> str:
     ever read: too long for one argv word after many restarts) never touch argv. The states
     that count as a running job go with them, from their one definition."""
     args = {**args, "running": list(RUNNING_STATES), "slurm_live": sorted(slurm_facts.LIVE)}
-    return f"ARGS = {json.dumps(args)!r}\n" + FOLLOWER.read_text()
+    return f"ARGS = {json.dumps(args)!r}\n" + script("logs/follow.py")
 
 
 class _Lines:
@@ -84,8 +82,9 @@ def _tail(b: bytes) -> str:
 
 
 def _stream(cxn, command: str, data: str, on_line: Callable[[str], None],
-            silence: float) -> tuple[int | None, str]:
-    """Run `command` (stdin = data) and call on_line for each whole stdout line as it arrives.
+            silence: float, *, root: bool = False) -> tuple[int | None, str]:
+    """Run `command` (stdin = data; as root with root=True) and call on_line for each whole
+    stdout line as it arrives.
     Returns (exit status or None if the connection went silent or dropped, stderr's tail)."""
     lines, err = _Lines(on_line), bytearray()
 
@@ -93,7 +92,7 @@ def _stream(cxn, command: str, data: str, on_line: Callable[[str], None],
         err.extend(chunk)
         del err[:-STDERR_KEEP]
 
-    rc = cxn.stream(command, data, lines.feed, keep_err, silence=silence)
+    rc = cxn.stream(command, data, lines.feed, keep_err, root=root, silence=silence)
     return rc, _tail(bytes(err))
 
 
@@ -201,8 +200,8 @@ def follow(fleet: Fleet, hosts: list[Host], o: FollowOptions, printer: Printer |
 
             try:
                 cxn = fleet.conn(h)
-                rc, err = _stream(cxn, privileged(FOLLOWER_CMD, login_user(cxn)),
-                                  follower_input(args), on_line, SILENCE_S)
+                rc, err = _stream(cxn, FOLLOWER_CMD, follower_input(args), on_line, SILENCE_S,
+                                  root=True)
                 tell_cleared(h.name)
                 if rc == 0:
                     return

@@ -11,9 +11,11 @@ from pathlib import Path
 from ..errors import TorchrigError
 from ..facts import probe, provision_facts
 from ..inventory import Host
-from ..remote import login_user, privileged, sh
+from ..onhost import script
+from ..connections import login_user
+from ..quoting import sh
 from ..resources import PAYLOAD
-from ..remote import Result, describe_error
+from ..session import Result, describe_error
 from ..secrets import Redactor
 from ..session import Fleet
 from ..changes.factview import fingerprint, what_changed
@@ -25,7 +27,6 @@ from .live import StepProgress
 from .steps import Ctx, Step, Upload, driver_state, fact_request
 
 PAYLOAD_REQUIREMENTS = PAYLOAD / "requirements.txt"
-SCRIPTS = Path(__file__).parent / "scripts"
 
 
 def payload_requirements() -> list[str]:
@@ -39,15 +40,15 @@ def payload_requirements() -> list[str]:
 def run_root_script(cxn, script: str, timeout: int = 3600):
     """A bash script run as root, sent on stdin: nothing of it (file contents, credentials)
     appears in any process's command line on the host."""
-    return cxn.run_input(privileged("bash -s", login_user(cxn)), script, timeout)
+    return cxn.run_input("bash -s", script, timeout, root=True)
 
 
 def gather(cxn, s: Settings) -> dict:
     """Every fact the planners need, in one round trip: the probe runs the commands as root
     and returns raw text; facts/provision_facts parses it here."""
     want = fact_request(s)
-    r = cxn.run_input(privileged(probe.COMMAND, login_user(cxn)),
-                      probe.stdin(provision_facts.probe_request(want)), timeout=120)
+    r = cxn.run_input(probe.COMMAND, probe.stdin(provision_facts.probe_request(want)),
+                      timeout=120, root=True)
     return provision_facts.facts(want, probe.reply(r.exited, r.stdout, r.stderr))
 
 
@@ -238,24 +239,10 @@ def _apply_plan(cxn, plan: Plan, s: Settings, rep: HostReport,
 
 
 def preamble(lock_timeout: int) -> str:
-    """Every apt-get and dpkg call goes through apt_get/dpkg_run: non-interactive, config files
-    kept, and first wait for the dpkg lock (naming its holder) up to lock_timeout.
-    TORCHRIG_TMP: a private folder (mktemp -d: root's, 0700, a fresh random name) for
-    downloads and credentials, removed however the script ends: no fixed path under /tmp."""
-    wait = (SCRIPTS / "apt_lock_wait.py").read_text()
-    opts = ("-o DPkg::Lock::Timeout={t} -o Dpkg::Options::=--force-confdef "
-            "-o Dpkg::Options::=--force-confold").format(t=int(lock_timeout))
-    return "\n".join([
-        "set -euo pipefail",
-        "export DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a",
-        f"TORCHRIG_APT_WAIT={sh(wait)}",
-        f"apt_wait() {{ python3 -c \"$TORCHRIG_APT_WAIT\" {int(lock_timeout)}; }}",
-        f"apt_get() {{ apt_wait; apt-get -q -y {opts} \"$@\"; }}",
-        "dpkg_run() { apt_wait; dpkg --force-confdef --force-confold \"$@\"; }",
-        "TORCHRIG_TMP=$(mktemp -d)",
-        "trap 'rm -rf -- \"$TORCHRIG_TMP\"' EXIT",
-        "",
-    ])
+    """What every step's root script starts with (onhost/provision/preamble.sh): apt-get and
+    dpkg that wait for the dpkg lock, and a private TORCHRIG_TMP folder."""
+    return script("provision/preamble.sh", apt_wait=script("provision/apt_lock_wait.py"),
+                  lock_timeout=int(lock_timeout))
 
 
 def step_script(step: Step, changes: list, s: Settings, upload=lambda data: b64(data)) -> str:

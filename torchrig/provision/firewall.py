@@ -19,7 +19,7 @@ from ..changes import managed
 from ..changes.model import Cmd, FileChange
 from ..errors import TorchrigError
 from ..facts.netfilter import TABLE, UNIT, loaded_argv, parse_ephemeral
-from ..remote import sh
+from ..quoting import sh
 from ..settings import RDZV_PORTS
 from .slurm import USER as slurm_user
 

@@ -13,7 +13,8 @@ from ..changes.factview import Facts
 from ..changes.model import Cmd, FileChange, b64
 from ..errors import TorchrigError
 from ..facts import netfilter, os_release, smi_query
-from ..remote import sh
+from ..onhost import script
+from ..quoting import sh
 from ..settings import ETC_DIR
 from . import firewall, slurm
 from .desired import (DRIVER_PACKAGE, DRIVER_PIN_GLOBS, Credentialed, Settings,
@@ -382,21 +383,6 @@ def service_user(c: Ctx) -> list[Change]:
 NODE_EXPORTER = "prometheus-node-exporter"   # Debian's and Ubuntu's package and unit
 NODE_EXPORTER_UNIT = f"{NODE_EXPORTER}.service"
 NODE_EXPORTER_PIN_DISTRO = "debian12"        # whose package version settings.py pins
-# node_exporter must answer on its address after a (re)start: a bind that fails (an address
-# the host does not have) ends the process after systemctl has already returned
-NODE_EXPORTER_CHECK = """answers=0
-for i in $(seq 1 20); do
-  if python3 -I -c 'import sys, urllib.request as u; u.build_opener(u.ProxyHandler({{}})).open(sys.argv[1], timeout=2).read(1)' {url} 2>/dev/null; then
-    answers=1; break
-  fi
-  sleep 0.5
-done
-if [ "$answers" = 0 ]; then
-  echo "error: node_exporter does not answer on {url}: $(journalctl -u {unit} -n 3 -o cat --no-pager | tr '\\n' ' ')" >&2
-  exit 1
-fi"""
-
-
 def node_exporter(c: Ctx) -> list[Change]:
     """Debian's node_exporter, pinned and held, on the cluster address (var
     node_exporter_address; never every interface by default) with torchrig's textfile folder.
@@ -416,8 +402,9 @@ def node_exporter(c: Ctx) -> list[Change]:
         why = "its config changed" if cfg and installed else "not running"
         out.append(Cmd(f"restart {NODE_EXPORTER_UNIT} ({why}) and check it answers on {listen}",
                        "systemctl restart " + sh(NODE_EXPORTER_UNIT) + "\n"
-                       + NODE_EXPORTER_CHECK.format(url=sh(f"http://{listen}/metrics"),
-                                                    unit=sh(NODE_EXPORTER_UNIT))))
+                       + script("provision/node_exporter_check.sh",
+                                url=f"http://{listen}/metrics", unit=NODE_EXPORTER_UNIT
+                                ).rstrip("\n")))
     return out
 
 

@@ -12,17 +12,15 @@ from .. import torchrun
 from ..errors import TorchrigError
 from ..facts import nccl_tests, probe, verify_facts
 from ..inventory import Host, Inventory
-from ..remote import CannotConnect, sh, with_env
+from ..onhost import script
+from ..quoting import sh, with_env
 from ..resources import PAYLOAD
-from ..session import Fleet
+from ..session import CannotConnect, Fleet
 from ..settings import procs_per_node
 from . import evaluate
 from .evaluate import HostVerdict
 
 BENCH = PAYLOAD / "allreduce_bench.py"
-LISTENER = ("import socket,sys\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-            "s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen(64)\n"
-            "while True:\n    c, _ = s.accept(); c.close()\n")
 
 
 @dataclass
@@ -150,7 +148,8 @@ def _listen(fleet: Fleet, h: Host, port: int) -> str | None:
     except CannotConnect:
         return None  # the host's own probe reports it, beside the others'
     r = fleet.run(h, sh("systemd-run", f"--unit={unit}", "--collect",
-                        "--property=RuntimeMaxSec=120", "python3", "-c", LISTENER, str(port))
+                        "--property=RuntimeMaxSec=120", "python3", "-c",
+                        script("verify/port_listener.py"), str(port))
                   + " && sleep 0.5", root=True)
     return unit if r.exited == 0 else None
 

@@ -6,7 +6,8 @@ the judging is pure."""
 from __future__ import annotations
 
 from ..facts import slurm as facts
-from ..remote import CannotConnect, describe_error, sh
+from ..quoting import sh
+from ..session import CannotConnect, describe_error
 from .evaluate import Check
 
 SRUN_TIMEOUT_S = 60

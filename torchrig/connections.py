@@ -1,30 +1,27 @@
-"""SSH to inventory hosts: strict host keys, timeouts, quoting, bounded parallel fan-out.
+"""Connections to a host, one interface (session.Connector) for two kinds: SSH (Fabric's
+Connection with strict host keys, timeouts, keepalives and ProxyJump in OpenSSH's order) and
+`connection: local` (the operator's own machine). Each runs a command as the login user, or
+as root with root=True (through quoting.privileged: root directly, else `sudo -n`): the one
+way anything in torchrig runs as root.
 
-Fabric's Connection accepts any host key by default (AutoAddPolicy, known_hosts never read)
-and waits forever to connect; `connect()` fixes both for the host and every jump hop.
+Fabric's Connection waits forever to connect; connect() sets timeouts for the host and every
+jump hop, and hostkeys.secure() checks their keys.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import errno
 import getpass
-import hashlib
 import logging
-import os
 import selectors
-import shlex
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import fabric.runners
 import invoke
@@ -32,10 +29,9 @@ import paramiko
 from fabric import Config, Connection
 
 from .errors import TorchrigError
+from .hostkeys import secure
 from .inventory import Host, Inventory
-from .settings import ENV_NAME
-
-T = TypeVar("T")
+from .quoting import doing, privileged
 
 CONNECT_TIMEOUT = 10  # seconds; also used for the SSH banner and authentication
 # OpenSSH's ServerAliveInterval / ServerAliveCountMax: a server that answers no keepalive for
@@ -50,143 +46,8 @@ ALIVE_COUNT = 3
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
-class UnknownHostKey(TorchrigError):
-    pass
-
-
-def fingerprint(key: paramiko.PKey) -> str:
-    """OpenSSH-style 'SHA256:...' fingerprint of a public key."""
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-def known_hosts_name(address: str, port: int | None) -> str:
-    """The name paramiko and OpenSSH look a host up by: 'addr', or '[addr]:port' off port 22."""
-    return address if port in (None, 22) else f"[{address}]:{port}"
-
-
-_known_hosts_lock = threading.Lock()
-
-
-class HostKeyRevoked(TorchrigError):
-    pass
-
-
-def parse_known_hosts(text: str) -> tuple[list, list[paramiko.PKey], list[str]]:
-    """(host key entries, revoked keys, notes) from known_hosts text, read as OpenSSH does:
-    a `@revoked` key is never accepted, for any host. `@cert-authority` lines (host
-    certificates, which paramiko cannot check) and unreadable lines are skipped with a note;
-    paramiko's own loader raises on them."""
-    entries, revoked, notes = [], [], []
-    for n, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        marker = None
-        if line.startswith("@"):
-            marker, _, line = line.partition(" ")
-            line = line.strip()
-        try:
-            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, n)
-        except (paramiko.hostkeys.InvalidHostKey, paramiko.SSHException, ValueError,
-                binascii.Error):
-            entry = None
-        if entry is None:
-            notes.append(f"line {n}: not a host key line paramiko can read; skipped")
-        elif marker == "@revoked":
-            revoked.append(entry.key)
-        elif marker == "@cert-authority":
-            notes.append(f"line {n}: @cert-authority skipped (torchrig checks host keys, not "
-                         "host certificates: list the hosts' own keys)")
-        elif marker:
-            notes.append(f"line {n}: unknown marker {marker}; skipped")
-        else:
-            entries.append(entry)
-    bad = {k.asbytes() for k in revoked}
-    return [e for e in entries if e.key.asbytes() not in bad], revoked, notes
-
-
-_noted: set[tuple[str, str]] = set()
-
-
-def _load_known_hosts(client: paramiko.SSHClient, path: str) -> list[paramiko.PKey]:
-    """Fill the client's host keys from `path`; the revoked keys for the policy."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except FileNotFoundError:
-        return []
-    except OSError as e:
-        raise TorchrigError(f"cannot read the known_hosts file {path} ({e.strerror})") from None
-    entries, revoked, notes = parse_known_hosts(text)
-    with _known_hosts_lock:
-        for note in notes:
-            if (path, note) not in _noted:  # once per run, not once per host and hop
-                _noted.add((path, note))
-                print(f"warning: {path}: {note}", file=sys.stderr)
-    client.get_host_keys()._entries.extend(entries)  # what HostKeys.load() does per line
-    return revoked
-
-
-class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
-    """Refuse unknown keys (with the fingerprint and how to accept), or record them
-    in the known_hosts file in use when accept_new is set (OpenSSH's accept-new).
-    A *changed* key never reaches this policy: paramiko raises BadHostKeyException.
-    A key marked @revoked is refused either way."""
-
-    def __init__(self, known_hosts: str, accept_new: bool, revoked=()):
-        self.known_hosts = known_hosts
-        self.accept_new = accept_new
-        self.revoked = {k.asbytes() for k in revoked}
-
-    def missing_host_key(self, client, hostname, key):
-        fp = fingerprint(key)
-        if key.asbytes() in self.revoked:
-            raise HostKeyRevoked(
-                f"host key for {hostname} ({key.get_name()} {fp}) is marked @revoked in "
-                f"{self.known_hosts}; refusing to connect")
-        if not self.accept_new:
-            raise UnknownHostKey(
-                f"unknown host key for {hostname} ({key.get_name()} {fp}); not in "
-                f"{self.known_hosts}. Check the fingerprint out of band, then rerun with "
-                "--accept-new-host-keys to record it"
-            )
-        with _known_hosts_lock:
-            os.makedirs(os.path.dirname(self.known_hosts) or ".", mode=0o700, exist_ok=True)
-            fd = os.open(self.known_hosts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            with os.fdopen(fd, "a") as f:
-                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        print(f"{hostname}: recorded new host key {key.get_name()} {fp} in {self.known_hosts}",
-              file=sys.stderr)
-
-
-def _secure(cxn: Connection, known_hosts: str, accept_new: bool) -> None:
-    revoked = _load_known_hosts(cxn.client, known_hosts)
-    cxn.client.set_missing_host_key_policy(HostKeyPolicy(known_hosts, accept_new, revoked))
-    if isinstance(cxn.gateway, Connection):  # ProxyJump hops, from ssh_config or inventory
-        _secure(cxn.gateway, known_hosts, accept_new)
-
-
 class ConnectionLost(TorchrigError):
     pass
-
-
-def _doing(command: str) -> str:
-    """A command line, shortened for an error message ('while running ...'): the script
-    inside privileged()'s `sudo -n -- bash -c '...'` wrapper, first line, at most 80 chars."""
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        words = []
-    if words[:3] == ["sudo", "-n", "--"]:
-        words = words[3:]
-    if words[:2] == ["bash", "-c"] and len(words) == 3:
-        command = words[2]
-    lines = [ln.strip() for ln in command.splitlines()
-             if ln.strip() and not ln.lstrip().startswith(("#", "set -"))]
-    first = lines[0] if lines else command.strip()
-    return first if len(first) <= 80 else first[:77] + "..."
 
 
 class SshConnection(Connection):
@@ -217,7 +78,7 @@ class SshConnection(Connection):
         try:
             self.gateway.open()
         except Exception as e:  # noqa: BLE001 - the jump host's own failure, named as such
-            why = _unreachable_why(e)
+            why = unreachable_why(e)
             if why is None:
                 raise
             gw = self.gateway
@@ -235,10 +96,11 @@ class SshConnection(Connection):
 
     def check_alive(self, command: str, data: str | None = None) -> None:
         if self.lost:
-            what = _doing(command) + (f" (script on stdin: {_doing(data)})" if data else "")
+            what = doing(command) + (f" (script on stdin: {doing(data)})" if data else "")
             raise ConnectionLost(f"{self.lost} while running: {what}")
 
-    def run(self, command, **kwargs):
+    def run(self, command, *, root: bool = False, **kwargs):
+        command = as_root(self, command) if root else command
         try:
             result = super().run(command, **kwargs)
         except Exception:
@@ -255,11 +117,13 @@ class SshConnection(Connection):
             raise
 
     def stream(self, command: str, data: str, on_out: Callable[[bytes], None],
-               on_err: Callable[[bytes], None], *, timeout: float | None = None,
-               silence: float | None = None) -> int | None:
-        """Run `command` with `data` on its stdin (all sent at once), handing stdout and stderr
-        chunks to on_out/on_err as they arrive. The exit status, or None when nothing arrived
-        for `silence` seconds (a dead or frozen peer). The one paramiko read loop."""
+               on_err: Callable[[bytes], None], *, root: bool = False,
+               timeout: float | None = None, silence: float | None = None) -> int | None:
+        """Run `command` (as root with root=True) with `data` on its stdin (all sent at once),
+        handing stdout and stderr chunks to on_out/on_err as they arrive. The exit status, or
+        None when nothing arrived for `silence` seconds (a dead or frozen peer). The one
+        paramiko read loop."""
+        command = as_root(self, command) if root else command
         self.open()
         chan = self.client.get_transport().open_session(timeout=CONNECT_TIMEOUT)
         try:
@@ -298,8 +162,9 @@ class SshConnection(Connection):
         finally:
             chan.close()
 
-    def run_input(self, command: str, data: str, timeout: float = 600) -> "Ran":
-        return _collect(self, command, data, timeout)
+    def run_input(self, command: str, data: str, timeout: float = 600, *,
+                  root: bool = False) -> "Ran":
+        return _collect(self, as_root(self, command) if root else command, data, timeout)
 
 
 def _watch(cxn: SshConnection) -> None:
@@ -361,13 +226,14 @@ class LocalConnection:
     def is_connected(self) -> bool:
         return True
 
-    def run(self, command: str, **kwargs):
-        return self._ctx.run(command, **kwargs)
+    def run(self, command: str, *, root: bool = False, **kwargs):
+        return self._ctx.run(as_root(self, command) if root else command, **kwargs)
 
     def stream(self, command: str, data: str, on_out: Callable[[bytes], None],
-               on_err: Callable[[bytes], None], *, timeout: float | None = None,
-               silence: float | None = None) -> int | None:
+               on_err: Callable[[bytes], None], *, root: bool = False,
+               timeout: float | None = None, silence: float | None = None) -> int | None:
         """SshConnection.stream in a local bash."""
+        command = as_root(self, command) if root else command
         p = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
@@ -404,8 +270,9 @@ class LocalConnection:
             p.stdout.close()
             p.stderr.close()
 
-    def run_input(self, command: str, data: str, timeout: float = 600) -> "Ran":
-        return _collect(self, command, data, timeout)
+    def run_input(self, command: str, data: str, timeout: float = 600, *,
+                  root: bool = False) -> "Ran":
+        return _collect(self, as_root(self, command) if root else command, data, timeout)
 
     def put(self, local: str, remote: str) -> None:
         shutil.copyfile(local, remote)
@@ -420,7 +287,7 @@ def _jump(inv: Inventory, spec: str, accept_new: bool) -> Connection:
         if h.name == spec:
             return connect(h, inv, accept_new=accept_new)
     cxn = SshConnection(spec, config=_config(), connect_timeout=CONNECT_TIMEOUT)
-    _secure(cxn, inv.known_hosts, accept_new)
+    secure(cxn, inv.known_hosts, accept_new)
     return cxn
 
 
@@ -450,54 +317,17 @@ def connect(host: Host, inv: Inventory, accept_new: bool = False):
     if host.jump:
         kwargs["gateway"] = _jump(inv, host.jump, accept_new)
     cxn = SshConnection(host.address, **kwargs)
-    _secure(cxn, inv.known_hosts, accept_new)
+    secure(cxn, inv.known_hosts, accept_new)
     return cxn
-
-
-# --- quoting ---------------------------------------------------------------------------------
-
-def sh(*argv: Any) -> str:
-    """One shell command line from argv, every word quoted."""
-    return shlex.join(str(a) for a in argv)
-
-
-def with_env(command: str, env: dict[str, str]) -> str:
-    """Prefix `command` with env assignments, names checked and values quoted."""
-    for k in env:
-        if not ENV_NAME.fullmatch(k):
-            raise TorchrigError(f"environment variable name {k!r} is not valid")
-    return sh("env", *(f"{k}={v}" for k, v in env.items()), "bash", "-c", command)
-
-
-def privileged(command: str, user: str | None) -> str:
-    """Run a (possibly compound) command line as root: directly when the login user is root,
-    else through passwordless sudo (-n: fail at once rather than wait for a password).
-    The whole line goes to bash as one quoted argument, so `a && b` runs entirely as root."""
-    wrapped = sh("bash", "-c", command)
-    return wrapped if user == "root" else f"sudo -n -- {wrapped}"
-
-
-def flock_lines(folder: str, holder: str, code: int) -> str:
-    """Shell lines, as a str.format template (braces doubled), that take an exclusive lock on
-    <folder>/.lock for the rest of the script, waiting up to 300 s. The lock file is root's,
-    0600: a lock on the 0755 folder itself could be taken, and held, by any local user."""
-    return (f'old_umask=$(umask); umask 077; exec 9>>{folder}/.lock; umask "$old_umask"\n'
-            f'flock -w 300 9 || {{{{ echo "error: {holder} for 300 s" >&2; exit {code}; }}}}\n')
-
-
-def refusal(stderr: str) -> str | None:
-    """The `error: ...` line a node-side script printed, without the prefix."""
-    lines = [ln[len("error: "):] for ln in stderr.splitlines() if ln.startswith("error: ")]
-    return lines[-1] if lines else None
 
 
 def login_user(cxn) -> str:
     return getattr(cxn, "user", None) or getpass.getuser()
 
 
-def run_priv(cxn, command: str, **kwargs):
-    """Run `command` as root on `cxn` (see privileged())."""
-    return cxn.run(privileged(command, login_user(cxn)), **kwargs)
+def as_root(cxn, command: str) -> str:
+    """`command` as the connection runs it with root=True (see quoting.privileged)."""
+    return privileged(command, login_user(cxn))
 
 
 @dataclass
@@ -515,27 +345,6 @@ def _collect(cxn, command: str, data: str, timeout: float) -> Ran:
     out, err = bytearray(), bytearray()
     rc = cxn.stream(command, data, out.extend, err.extend, timeout=timeout)
     return Ran(rc, out.decode(errors="replace"), err.decode(errors="replace"))
-
-
-# --- fan-out ---------------------------------------------------------------------------------
-
-@dataclass
-class Result:
-    host: str
-    ok: bool
-    value: Any = None
-    error: str | None = None
-    seconds: float = 0.0
-
-
-class CannotConnect(TorchrigError):
-    """A host's connection could not be opened. Made in one place (Fleet.conn), so every task
-    says it in the same words: `str()` is "HOST: REASON" for a task's own error line,
-    `reason` is what fan_out's per-host results (and the lines built from them) show."""
-
-    def __init__(self, host: str, reason: str):
-        super().__init__(f"{host}: {reason}")
-        self.host, self.reason = host, reason
 
 
 class JumpHostFailed(Exception):
@@ -559,7 +368,7 @@ _NET_ERRORS = {
 }
 
 
-def _unreachable_why(exc: BaseException) -> str | None:
+def unreachable_why(exc: BaseException) -> str | None:
     """What failed when a host could not be reached over the network, or None when `exc` is
     not that (authentication, host keys: their own words in describe_error)."""
     if isinstance(exc, JumpHostFailed):
@@ -587,64 +396,3 @@ def _unreachable_why(exc: BaseException) -> str | None:
     return None
 
 
-def cannot_connect(host: Host, cxn, exc: BaseException) -> CannotConnect:
-    """The one error for a host whose connection could not be opened: which host, what
-    failed, what to try. Unreachable hosts read the same in every task."""
-    if isinstance(exc, CannotConnect):
-        return exc
-    why = _unreachable_why(exc)
-    if why is None:
-        return CannotConnect(host.name, describe_error(exc))
-    user, port = getattr(cxn, "user", None), getattr(cxn, "port", None) or 22
-    where = f"{user + '@' if user else ''}{host.address}:{port}"
-    via = f" through jump host {host.jump}" if host.jump else ""
-    if isinstance(exc, JumpHostFailed):  # the jump host is the one to look at
-        hint = (f"check that the jump host is up and sshd runs there (try: ssh -p {exc.port} "
-                f"{exc.login})")
-    else:
-        hint = (f"check that the host is up and sshd runs there, and its address and port in "
-                f"the inventory (try: ssh -p {port} {user + '@' if user else ''}{host.address})")
-    return CannotConnect(host.name, f"unreachable: SSH to {where}{via} failed: {why}; {hint}")
-
-
-def describe_error(exc: BaseException) -> str:
-    """Why a host failed, in words an operator can act on."""
-    if isinstance(exc, CannotConnect):
-        return exc.reason  # the host is named beside it
-    if isinstance(exc, TorchrigError):
-        return str(exc)
-    if isinstance(exc, paramiko.BadHostKeyException):
-        return (f"HOST KEY CHANGED for {exc.hostname}: got {exc.key.get_name()} "
-                f"{fingerprint(exc.key)}, expected {fingerprint(exc.expected_key)}. "
-                "Refusing to connect (possible man-in-the-middle). If the host was reinstalled, "
-                "remove its old line from the known_hosts file and accept the new key")
-    if isinstance(exc, paramiko.AuthenticationException):
-        return f"SSH authentication failed ({exc}); check user and identity_file in the inventory"
-    why = _unreachable_why(exc)
-    if why is not None:  # without the address: Fleet.conn's cannot_connect() adds it
-        return f"unreachable: {why}"
-    if isinstance(exc, paramiko.SSHException):
-        return f"SSH error: {exc}"
-    if isinstance(exc, invoke.exceptions.CommandTimedOut):
-        return f"command timed out after {exc.timeout}s"
-    return f"{type(exc).__name__}: {exc}"
-
-
-def fan_out(hosts: Iterable[Any], fn: Callable[[Any], T], parallel: int = 16,
-            name: Callable[[Any], str] = lambda h: h.name) -> list[Result]:
-    """Run fn(host) for every host on a bounded pool; one Result per host, in input order.
-    fn raising marks that host failed; it never stops the others. `name` names an item
-    (a Host by default)."""
-    hosts = list(hosts)
-
-    def one(h) -> Result:
-        t0 = time.monotonic()
-        try:
-            return Result(name(h), True, fn(h), seconds=time.monotonic() - t0)
-        except Exception as e:  # noqa: BLE001 - every failure becomes that host's result
-            return Result(name(h), False, error=describe_error(e), seconds=time.monotonic() - t0)
-
-    if not hosts:
-        return []
-    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(hosts)))) as pool:
-        return list(pool.map(one, hosts))

@@ -477,7 +477,7 @@ def main(text):
         args = json.loads(text)
         root, running, slurm_live = args["dir"], args["running"], args["slurm_live"]
     except (ValueError, KeyError, TypeError) as e:
-        sys.stderr.write("follow_remote: bad arguments: %r\n" % (e,))
+        sys.stderr.write("follow: bad arguments: %r\n" % (e,))
         return 2
     follow = bool(args.get("follow"))
     unit = args.get("unit")
