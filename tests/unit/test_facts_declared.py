@@ -1,0 +1,109 @@
+"""provision's facts are declared once (facts/provision_facts.FACTS: request part + pure
+parser), the planners name what they read (steps.Step.reads), and the probe request, the
+facts dict, the planners' view and the fingerprint all derive from the two."""
+
+import json
+
+import pytest
+
+from torchrig.changes.factview import FactNotRequested, Facts, fingerprint
+from torchrig.facts import provision_facts as pf
+from torchrig.provision import steps
+from torchrig.settings import DEFAULTS
+
+from _fixtures import FIXTURES
+
+
+def contains(req: dict, part: dict) -> bool:
+    """Every entry of a fact's request part is in the built request."""
+    for key, v in part.items():
+        if isinstance(v, dict):
+            if any(req[key].get(k) != x for k, x in v.items()):
+                return False
+        elif isinstance(v, list):
+            if not set(map(json.dumps, v)) <= set(map(json.dumps, req[key])):
+                return False
+        elif req[key] != v:
+            return False
+    return True
+
+
+def test_every_declared_fact_is_gathered_by_the_built_request():
+    want = steps.fact_request(DEFAULTS)
+    req = pf.probe_request(want)
+    for f in pf.FACTS:
+        part = f.gather(want)
+        assert part, f"fact {f.name}: the planners' reads ask nothing of it"
+        assert contains(req, part), f"fact {f.name}: its request part is not in the probe request"
+    # nothing in the request that no declared fact asked for
+    merged = pf.probe_request({})
+    assert set(req) == set(merged)
+    for key in ("run", "read", "glob", "stat"):
+        assert set(req[key]) == {k for f in pf.FACTS for k in f.gather(want).get(key, {})}, key
+
+
+def test_every_fact_a_planner_names_is_declared_and_every_declared_one_is_read():
+    named, keys = set(), set()
+    for who, r in steps.readers(DEFAULTS):
+        named |= set(r.get("facts", ()))
+        keys |= set(r) - {"facts"}
+    assert named <= pf.plain() and keys <= set(pf.want_keys())
+    # kernel only describes the host in the fingerprint (a new kernel re-plans); every other
+    # declared fact is read by some planner
+    assert pf.plain() - named == {"kernel"}
+    assert set(pf.want_keys()) == keys
+
+
+def test_a_planner_naming_an_undeclared_fact_is_an_error_naming_both(monkeypatch):
+    bad = steps.Step("gpu-clocks", lambda c: [], reads=lambda s: steps.reads("gpu_clocks"))
+    monkeypatch.setattr(steps, "STEPS", [*steps.STEPS, bad])
+    with pytest.raises(steps.UndeclaredFact, match=r"step gpu-clocks reads fact\(s\) 'gpu_clocks', "
+                                                   r"which facts/provision_facts.FACTS does not declare"):
+        steps.fact_request(DEFAULTS)
+    bad = steps.Step("gpu-clocks", lambda c: [], reads=lambda s: {"clocks": ["sm"]})
+    monkeypatch.setattr(steps, "STEPS", [*steps.STEPS[:-1], bad])
+    with pytest.raises(steps.UndeclaredFact, match=r"step gpu-clocks reads 'clocks', which no fact"):
+        steps.fact_request(DEFAULTS)
+
+
+def test_a_plain_fact_no_planner_names_is_refused():
+    c = steps.Ctx(json.loads((FIXTURES / "provision_facts_converged_testbed.json").read_text())["facts"],
+                  DEFAULTS, "h")
+    assert c.facts["lspci"] is not None
+    with pytest.raises(FactNotRequested, match=r"'kernel' was read but no planner names it"):
+        c.facts["kernel"]
+
+
+def test_adding_a_fact_is_one_declaration_and_the_reads_of_its_planner(monkeypatch):
+    """A new fact (the host's hostname, parsed from what the probe's host part returns):
+    declared once, named by the step that reads it; the request, the facts dict, the view and
+    the fingerprint follow with no other edit."""
+    hostname = pf.Fact("hostname", lambda want: {"host": True},
+                       lambda raw, want: raw["host"]["hostname"].lower())
+    monkeypatch.setattr(pf, "FACTS", (*pf.FACTS, hostname))
+    seen = []
+    step = steps.Step("motd", lambda c: seen.append(c.facts["hostname"]) or [],
+                      reads=lambda s: steps.reads("hostname"))
+    monkeypatch.setattr(steps, "STEPS", [*steps.STEPS, step])
+    want = steps.fact_request(DEFAULTS)
+    assert "hostname" in want["facts"] and pf.probe_request(want)["host"] is True
+    cap = json.loads((FIXTURES / "probe_01_provision_reply_testbed_gpu1.json").read_text())
+    raw = pf.facts(cap["want"], cap["reply"])   # the request that reply answered
+    assert raw["hostname"] == cap["reply"]["host"]["hostname"].lower()
+    step.plan(steps.Ctx(raw, DEFAULTS, "h"))
+    assert seen == [raw["hostname"]]
+    assert fingerprint(raw) != fingerprint({**raw, "hostname": "other"})
+
+
+def test_the_view_follows_the_declarations():
+    want = steps.fact_request(DEFAULTS)
+    f = Facts({}, want)
+    assert f.venv(DEFAULTS.venv) == {} and f.node() == {}
+    with pytest.raises(FactNotRequested, match="venv '/elsewhere'"):
+        f.venv("/elsewhere")
+    with pytest.raises(FactNotRequested, match=r"units\['sshd.service'\] was read .* not requested"):
+        f.unit("sshd.service")
+    with pytest.raises(FactNotRequested, match="node"):
+        Facts({}, {k: v for k, v in want.items() if k != "node"}).node()
+    # volatile facts (free space) stay out of the fingerprint
+    assert pf.volatile() == {"disk_free_gb"}
