@@ -107,3 +107,46 @@ def test_the_view_follows_the_declarations():
         Facts({}, {k: v for k, v in want.items() if k != "node"}).node()
     # volatile facts (free space) stay out of the fingerprint
     assert pf.volatile() == {"disk_free_gb"}
+
+
+def only(step_reads: dict, s) -> dict:
+    """The want of one planner alone (plus what Ctx's derived properties read)."""
+    return steps.merge_reads([("Ctx", steps.Ctx.READS), ("the planner", step_reads)])
+
+
+@pytest.mark.parametrize("table", ["fresh", "converged", "drifted", "h100", "slurm"])
+def test_each_planner_names_everything_it_reads(table):
+    """Each planner run over a view that holds only what it names (its Step.reads): a fact it
+    reads without naming it raises FactNotRequested here, even when another planner asked
+    the probe for it."""
+    from test_provision_plan import DEBIAN, H100, UBUNTU, _drifted, converged, ctx, fresh, tb_ctx
+    from test_slurm_plan import SPEC, cluster_facts, raw
+    from torchrig.provision import slurm
+    if table == "slurm":
+        cl = slurm.plan_cluster(SPEC, cluster_facts(), new_key=lambda: "k" * 64)
+        contexts = [steps.Ctx({**raw(h), "os_release": DEBIAN}, DEFAULTS, h, [], cluster=cl)
+                    for h in ("head", "gpu1")]
+    elif table == "h100":
+        contexts = [ctx(fresh(os_release=UBUNTU, lspci=H100), nccl_tests=True,
+                        cuda_repo_url="https://u:p@mirror.internal/cuda"),
+                    tb_ctx(converged(H100), firewall=False, node_exporter=False)]
+    else:
+        contexts = [tb_ctx({"fresh": fresh, "converged": converged, "drifted": _drifted}[table]())]
+    ran = set()
+    for c in contexts:
+        for what, reads, run in [("preflight", steps.PREFLIGHT_READS, steps.preflight),
+                                 *((st.name, st.reads(c.s), st) for st in steps.STEPS)]:
+            alone = steps.Ctx(Facts(c.facts.raw, only(reads, c.s)), c.s, c.host,
+                              c.payload_requirements, c.address, c.cluster, c.fleet, c.login)
+            try:
+                if isinstance(run, steps.Step):
+                    if run.enabled(alone) is not None:
+                        continue
+                    run = run.plan
+                run(alone)
+            except FactNotRequested as e:
+                pytest.fail(f"{what} reads what its reads do not name: {e}")
+            ran.add(what)
+    if table in ("fresh", "slurm"):
+        assert ran >= {"preflight", "cuda-repo", "driver", "python-venv", "firewall"} | (
+            {"slurm-packages", "munge", "slurm-config"} if table == "slurm" else set())

@@ -666,10 +666,15 @@ def readers(s: Settings) -> list[tuple[str, dict]]:
 def fact_request(s: Settings) -> dict:
     """What the probe must report for these settings (one round trip): the union of what
     every planner reads. The planners read facts through Ctx.facts, which refuses anything
-    not asked for here; a name or want key that facts/provision_facts.FACTS does not declare
-    is an error naming the planner."""
+    not asked for here."""
+    return merge_reads(readers(s))
+
+
+def merge_reads(parts: list[tuple[str, dict]]) -> dict:
+    """One want from (who, reads) pairs; a name or want key that facts/provision_facts.FACTS
+    does not declare is an error naming who reads it."""
     want: dict = {"facts": set()}
-    for who, r in readers(s):
+    for who, r in parts:
         for key, v in r.items():
             if key == "facts":
                 unknown = [n for n in v if n not in provision_facts.plain()]
