@@ -43,8 +43,7 @@ class Fact:
     gather: Callable[[Want], Request]      # the probe request's part for it ({}: nothing)
     parse: Callable[[Reply, Want], Any]    # the probe's reply -> the fact (pure)
     asked_by: tuple[str, ...] = ()         # want keys naming what may be read; () = plain
-    whole: bool = False                    # keyed, but read whole (venv, node), not by key
-    optional: bool = False                 # in the facts dict only when asked (else {} or [])
+    optional: bool = False                 # in the facts dict only when asked (the others: always)
     volatile: bool = False                 # moves by itself: left out of the fingerprint
 
     @property
@@ -198,8 +197,9 @@ FACTS: tuple[Fact, ...] = (
                                 if want.get("units") else {}),
          _units, ("units",)),
     # CPU topology, memory and GPU access, for slurm.conf/gres.conf
-    Fact("node", _node_gather, _node, ("node",), whole=True, optional=True),
-    Fact("venv", _venv_gather, _venv, ("venv",), whole=True),
+    # node and venv: asked by a flag / one path, read whole (Facts.node(), Facts.venv(path))
+    Fact("node", _node_gather, _node, ("node",), optional=True),
+    Fact("venv", _venv_gather, _venv, ("venv",)),
 )
 
 
