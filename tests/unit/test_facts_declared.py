@@ -148,3 +148,23 @@ def test_each_planner_names_everything_it_reads(table):
     if table in ("fresh", "slurm"):
         assert ran >= {"preflight", "cuda-repo", "driver", "python-venv", "firewall"} | (
             {"slurm-packages", "munge", "slurm-config"} if table == "slurm" else set())
+
+
+def test_the_real_probe_answers_every_declared_fact(tmp_path):
+    """The built request run by the real probe (here, not as root: commands the machine lacks
+    answer 127) and every parser reading only what its own request part asked for."""
+    import subprocess
+    import sys
+
+    from torchrig.facts import probe
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    (venv / "pyvenv.cfg").write_text("version = 3.11.2\n")
+    want = dict(steps.fact_request(DEFAULTS), venv=str(venv))
+    r = subprocess.run([sys.executable, "-I", "-"], input=probe.stdin(pf.probe_request(want)),
+                       capture_output=True, text=True, timeout=120)
+    got = pf.facts(want, probe.reply(r.returncode, r.stdout, r.stderr))
+    assert list(got) == [f.name for f in pf.FACTS]
+    assert got["venv"]["python"] == "3.11.2" and set(got["units"]) == set(want["units"])
+    assert set(got["files"]) == {*want["files"], *want["secret_files"]}
