@@ -60,11 +60,17 @@ class Fact:
 
 
 def _run(raw: Reply, name: str) -> dict:
+    """A command's result (a reply without it is an error: its fact asked for it)."""
+    return raw["run"][name]
+
+
+def _run_if(raw: Reply, name: str) -> dict:
+    """A command run only when its want asked for something (dpkg-query, apt-cache, units)."""
     return raw["run"].get(name, NONE)
 
 
 def _text(raw: Reply, name: str) -> str:
-    return (raw["read"].get(name) or {}).get("text", "")
+    return (raw["read"][name] or {}).get("text", "")
 
 
 def _always(**part) -> Callable[[Want], Request]:
@@ -91,8 +97,8 @@ def files_request(want: Want) -> dict:
 def _available(raw: Reply, want: Want) -> dict:
     """Each pinned "pkg=ver" asked: in the package lists now. Installed at that version:
     available whatever apt says now (so not looked up)."""
-    pk = dpkg.parse_query(_run(raw, "dpkg-query")["out"])
-    shown = dpkg.parse_apt_cache_show(_run(raw, "apt-cache")["out"])
+    pk = dpkg.parse_query(_run_if(raw, "dpkg-query")["out"])
+    shown = dpkg.parse_apt_cache_show(_run_if(raw, "apt-cache")["out"])
     return {spec: spec in shown for spec in want.get("available", [])
             if pk.get(spec.partition("=")[0]) != spec.partition("=")[2]}
 
@@ -135,7 +141,7 @@ def _node(raw: Reply, want: Want) -> dict:
 
 
 def _units(raw: Reply, want: Want) -> dict:
-    units = systemd.parse_show(_run(raw, "units")["out"], want.get("units", []))
+    units = systemd.parse_show(_run_if(raw, "units")["out"], want.get("units", []))
     return {u: systemd.unit_state(p) for u, p in units.items()}
 
 
@@ -161,7 +167,7 @@ FACTS: tuple[Fact, ...] = (
          lambda raw, want: secure_boot(_run(raw, "mokutil"), raw["glob"]["efi-secure-boot"])),
     Fact("packages", lambda want: ({"run": {"dpkg-query": dpkg.query_argv(want["packages"])}}
                                    if want.get("packages") else {}),
-         lambda raw, want: dpkg.parse_query(_run(raw, "dpkg-query")["out"]), ("packages",)),
+         lambda raw, want: dpkg.parse_query(_run_if(raw, "dpkg-query")["out"]), ("packages",)),
     Fact("held", _always(run={"holds": ["apt-mark", "showhold"]}),
          lambda raw, want: dpkg.parse_holds(_run(raw, "holds")["out"])),
     # one apt-cache call for every pinned version
