@@ -120,8 +120,11 @@ def test_each_planner_names_everything_it_reads(table):
     from test_provision_plan import DEBIAN, H100, UBUNTU, _drifted, converged, ctx, fresh, tb_ctx
     from test_slurm_plan import SPEC, cluster_facts, raw
     from torchrig.provision import slurm
-    if table == "slurm":
-        cl = slurm.plan_cluster(SPEC, cluster_facts(), new_key=lambda: "k" * 64)
+    if table == "slurm":   # the cluster's plan, too, over what it names alone
+        alone = {h: Facts(f.raw, steps.merge_reads([("cluster", steps.SLURM_CLUSTER_READS)]))
+                 for h, f in cluster_facts().items()}
+        cl = slurm.plan_cluster(SPEC, alone, new_key=lambda: "k" * 64)
+        assert cl.files and not cl.blocked
         contexts = [steps.Ctx({**raw(h), "os_release": DEBIAN}, DEFAULTS, h, [], cluster=cl)
                     for h in ("head", "gpu1")]
     elif table == "h100":
