@@ -1,7 +1,6 @@
-"""What a training script needs around its model, after torchrun: the distributed setup and
-the ranks' stop agreement, the stop signal, checkpoints (atomic, ordered by step, the newest
-loadable one found on resume), the progress writer (progress.py's lines on stdout), and a clean
-exit. Depends on the standard library, torch and progress.py."""
+"""What a training script needs around its model, after torchrun: the distributed setup, the
+stop signal and the ranks' agreement to stop, the progress writer (progress.py's lines on
+stdout), and a clean exit. Depends on the standard library, torch and progress.py."""
 
 from __future__ import annotations
 
@@ -11,11 +10,8 @@ import hashlib
 import json
 import os
 import random
-import re
-import resource
 import signal
 import sys
-import time
 from dataclasses import dataclass
 
 import torch
@@ -135,6 +131,40 @@ def agree_stop(ctx: DistCtx, stop: bool, every: int) -> tuple[bool, int]:
     return flag > 0, int(-neg_every)
 
 
+class StopAgreement:
+    """When the ranks check whether to stop, and whether they do: a check at most every `every`
+    steps, proposed from this rank's step time and agreed as the slowest rank's, and at
+    --stop-after's step; the caller adds the steps that must check anyway (a step line, a
+    checkpoint, the last step)."""
+
+    def __init__(self, ctx: DistCtx, stop_after: int | None = None):
+        self.ctx, self.stop_after = ctx, stop_after
+        self.next_check, self.every = 1, 1  # the first step checks (a resumed run's too)
+
+    def due(self, step: int) -> bool:
+        return step >= self.next_check or step == self.stop_after
+
+    def agree(self, step: int) -> bool:
+        """At a check step (the same on every rank): whether any rank stops (a signal, or
+        --stop-after reached), and the step of the next check. A single CUDA process waits for
+        its GPU here, as the all-reduce makes the ranks of a group wait."""
+        ctx = self.ctx
+        stop = stop_requested() or (self.stop_after is not None and step >= self.stop_after)
+        stop_all, every = agree_stop(ctx, stop, self.every)
+        if not ctx.initialized and ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        self.next_check = step + every
+        return stop_all
+
+    def interval_took(self, seconds: float, steps: int):
+        """The last interval between checks: this rank proposes about SYNC_TARGET_S of steps."""
+        self.every = steps_to_next_check(seconds, steps)
+
+    def reason(self) -> str:
+        """Why the ranks stop: the signal this rank got, else --stop-after, else a peer."""
+        return stopped_by() or ("stop-after" if self.stop_after else "peer")
+
+
 def finish_distributed(ctx: DistCtx):
     """Leave the process group in step with the peers: a barrier, so that no rank tears down
     its connections while a peer still waits on one of its collectives, then destroy it."""
@@ -205,130 +235,6 @@ def stopped_by() -> str | None:
 
 
 # --------------------------------------------------------------------------------------
-# Checkpoints
-# --------------------------------------------------------------------------------------
-
-CKPT_RE = re.compile(r"^ckpt_(\d{8,})\.pt$")
-TMP_PREFIX = ".tmp_ckpt_"
-
-
-def ckpt_name(step: int) -> str:
-    return f"ckpt_{step:08d}.pt"
-
-
-def list_checkpoints(ckpt_dir: str) -> list[str]:
-    """Complete checkpoint paths, oldest first (temp files are ignored). Ordered by step
-    number: names are padded to 8 digits only, so from step 100,000,000 on the name order is
-    not the step order."""
-    if not ckpt_dir or not os.path.isdir(ckpt_dir):
-        return []
-    found = [(int(m.group(1)), n) for n in os.listdir(ckpt_dir) if (m := CKPT_RE.match(n))]
-    return [os.path.join(ckpt_dir, n) for _, n in sorted(found)]
-
-
-def cleanup_temp_files(ckpt_dir: str) -> list[str]:
-    """Remove leftovers of interrupted writes. Only call when no write is in progress."""
-    removed = []
-    if ckpt_dir and os.path.isdir(ckpt_dir):
-        for n in os.listdir(ckpt_dir):
-            if n.startswith(TMP_PREFIX):
-                with contextlib.suppress(OSError):
-                    os.remove(os.path.join(ckpt_dir, n))
-                    removed.append(n)
-    return removed
-
-
-def fsync_dir(path: str):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_save(obj, path: str):
-    """torch.save to a temp file in the same directory, flush+fsync, os.replace, fsync the dir."""
-    d = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(d, f"{TMP_PREFIX}{os.path.basename(path)}.{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
-    fsync_dir(d)
-
-
-def save_checkpoint(ckpt_dir: str, step: int, state: dict, keep: int) -> str:
-    os.makedirs(ckpt_dir, exist_ok=True)
-    path = os.path.join(ckpt_dir, ckpt_name(step))
-    atomic_save(state, path)
-    if keep and keep > 0:
-        for old in list_checkpoints(ckpt_dir)[:-keep]:
-            with contextlib.suppress(OSError):
-                os.remove(old)
-    return path
-
-
-REQUIRED_KEYS = ("model", "optimizer", "step")
-
-
-def try_load(path: str):
-    """Load a checkpoint with weights_only=True; return (state, None) or (None, reason)."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # truncated zip, bad pickle, I/O error, ...
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        why = next((ln for ln in lines if "WeightsUnpickler error" in ln), lines[0] if lines else "")
-        return None, f"{type(e).__name__}: {why}"
-    if not isinstance(state, dict) or any(k not in state for k in REQUIRED_KEYS):
-        return None, "missing keys"
-    return state, None
-
-
-def find_latest_checkpoint(ckpt_dir: str, warn=print):
-    """Newest loadable checkpoint (path, state); unreadable newer ones are skipped with a warning."""
-    for path in reversed(list_checkpoints(ckpt_dir)):
-        state, err = try_load(path)
-        if state is not None:
-            return path, state
-        warn(f"WARNING: skipping unreadable checkpoint {path}: {err}")
-    return None, None
-
-
-def py_random_state_to_plain(st):
-    version, internal, gauss = st
-    return {"version": int(version), "state": torch.tensor(internal, dtype=torch.int64),
-            "gauss": gauss}
-
-
-def py_random_state_from_plain(d):
-    return (d["version"], tuple(int(v) for v in d["state"].tolist()), d["gauss"])
-
-
-def capture_rng(device: torch.device) -> dict:
-    rng = {
-        "python": py_random_state_to_plain(random.getstate()),
-        "torch_cpu": torch.get_rng_state(),
-        "cuda": None,
-    }
-    if device.type == "cuda":
-        rng["cuda"] = torch.cuda.get_rng_state(device)
-    return rng
-
-
-def restore_rng(rng: dict, device: torch.device):
-    random.setstate(py_random_state_from_plain(rng["python"]))
-    torch.set_rng_state(rng["torch_cpu"])
-    if device.type == "cuda" and rng.get("cuda") is not None:
-        torch.cuda.set_rng_state(rng["cuda"], device)
-
-
-# --------------------------------------------------------------------------------------
 # Misc helpers
 # --------------------------------------------------------------------------------------
 
@@ -339,15 +245,6 @@ def param_hash(model: nn.Module) -> str:
         h.update(name.encode())
         h.update(bytes(t.detach().cpu().clone(memory_format=torch.contiguous_format).untyped_storage()))
     return h.hexdigest()
-
-
-def peak_mem(device: torch.device) -> dict[str, float]:
-    """Peak memory so far, GiB, labelled: on CUDA what tensors held (alloc) and what the
-    caching allocator held (reserved, what nvidia-smi and OOM see); on CPU the peak RSS."""
-    if device.type == "cuda":
-        return {"alloc": torch.cuda.max_memory_allocated(device) / 2**30,
-                "reserved": torch.cuda.max_memory_reserved(device) / 2**30}
-    return {"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30}  # KiB
 
 
 def seed_everything(seed: int):
@@ -372,47 +269,3 @@ def write_json_atomic(path: str, obj):
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-class CheckpointManager:
-    """One run's checkpoints in `ckpt_dir` (None: none): the newest loadable one that every rank
-    resumes from, and atomic writes that keep the `keep` newest."""
-
-    def __init__(self, ctx: DistCtx, ckpt_dir: str | None, keep: int):
-        self.ctx, self.dir, self.keep = ctx, ckpt_dir, keep
-
-    def load_latest(self):
-        """(path, state) every rank resumes from, or (None, None). Rank 0 picks the newest
-        loadable checkpoint (skipping unreadable ones with a warning); every rank loads that one,
-        and when a rank cannot (the folder is not shared between nodes) rank 0 ships its copy."""
-        ctx = self.ctx
-        if ctx.is_main:
-            os.makedirs(self.dir, exist_ok=True)
-            cleanup_temp_files(self.dir)
-            path, state = find_latest_checkpoint(self.dir, warn=lambda m: log(ctx, m))
-        else:
-            path, state = None, None
-        if ctx.initialized:
-            box = [os.path.basename(path) if path else None]
-            dist.broadcast_object_list(box, src=0)
-            chosen = box[0]
-            if chosen and not ctx.is_main:
-                path = os.path.join(self.dir, chosen)
-                state, _ = try_load(path)
-            have = all_reduce_scalar(ctx, 1.0 if (chosen is None or state is not None) else 0.0, "min")
-            if have < 1:  # checkpoint dir not shared between nodes: ship rank 0's copy
-                box = [state if ctx.is_main else None]
-                dist.broadcast_object_list(box, src=0)
-                state = box[0]
-        return path, state
-
-    def save(self, step: int, state: dict | None) -> str | None:
-        """Rank 0 writes `state` (None on the other ranks) and logs it; every rank then waits."""
-        path = None
-        if self.ctx.is_main:
-            t0 = time.perf_counter()
-            path = save_checkpoint(self.dir, step, state, self.keep)
-            emit(self.ctx, "ckpt", {"step": step, "path": path,
-                                    "write_s": f"{time.perf_counter() - t0:.2f}"})
-        barrier(self.ctx)  # other ranks wait while rank 0 writes
-        return path

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """torchrig training payload: a small GPT trained with DDP under torchrun.
 
-Depends only on the Python standard library and torch. The files next to it: model.py (the
-GPT), data.py, runtime.py (distributed setup, stop signal, checkpoints, progress writer),
-progress.py (the output lines), cli.py (the options), batch_search.py (--find-batch-size).
-This file is the training: precision, optimizer and schedule, one step, and the Trainer.
+Depends only on the Python standard library and torch. This file is the training: one step
+(train_step) and the Trainer, which makes a run's parts in __init__ and runs them in run().
+The parts live next to it: config.py (TrainConfig, every option) and cli.py (its command line),
+model.py (the GPT), data.py, optim.py (precision, optimizer, LR schedule), checkpoint.py (the
+Checkpointer), step_metrics.py (the step line, --out-json, TensorBoard, the profiler),
+runtime.py (distributed setup, the stop signal and agreement, the progress writer),
+progress.py (the output lines), batch_search.py (--find-batch-size).
 
 Launch (one node, 8 GPUs):
     torchrun --standalone --nproc-per-node 8 train.py --preset gpt2 --compile \
@@ -32,114 +35,29 @@ A value with a space or a quote is written as a JSON string (device_name="NVIDIA
 from __future__ import annotations
 
 import contextlib
-import gc
-import math
 import os
-import resource
 import socket
-import statistics
 import time
-from dataclasses import asdict
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-import progress
-from batch_search import gpu_probe, search_batch_size
+from batch_search import find_batch_size
+from checkpoint import Checkpointer
 from cli import parse_args
+from config import TrainConfig
 from data import ByteFileDataset, SyntheticCopyDataset, iterate_batches
 from model import build_model, device_peak_flops, flops_per_token
-from runtime import (CheckpointManager, DistCtx, agree_stop, all_reduce_scalar, capture_rng, emit,
-                     exit_now, finish_distributed, install_signal_handlers, log, param_hash,
-                     peak_mem, restore_rng, seed_everything, set_deterministic, setup_distributed,
-                     steps_to_next_check, stop_requested, stopped_by, write_json_atomic)
-
-# --------------------------------------------------------------------------------------
-# Precision, optimizer, schedule, training step
-# --------------------------------------------------------------------------------------
-
-
-def enable_tf32():
-    """TF32 for fp32 matmuls (cuBLAS) and convolutions (cuDNN), through the legacy API only.
-
-    torch >= 2.9 also has per-backend `fp32_precision` settings; once those are set, every
-    read of the legacy flags raises ("mix of the legacy and new APIs"), and the compiler reads
-    them (torch.get_float32_matmul_precision) while lowering, so --compile died (pytorch
-    issue 166387). The legacy setters keep both families readable on every torch we support.
-    """
-    torch.set_float32_matmul_precision("high")
-    torch.backends.cudnn.allow_tf32 = True
-
-
-def auto_cuda_precision(capability: tuple[int, int]) -> str:
-    """--precision auto on a GPU of this compute capability: bf16 from sm80 (Ampere) on.
-
-    Not torch.cuda.is_bf16_supported(): it counts emulation, so it says True on V100 (sm70)
-    and T4 (sm75), where bf16 is emulated and slow; those get fp16 with a GradScaler.
-    """
-    return "bf16" if tuple(capability) >= (8, 0) else "fp16"
-
-
-def resolve_precision(pref: str, device: torch.device) -> str:
-    if device.type == "cuda":
-        if pref == "auto":
-            return auto_cuda_precision(torch.cuda.get_device_capability(device))
-        return pref
-    if pref == "auto":
-        return "fp32"
-    if pref == "fp16":
-        raise RuntimeError("--precision fp16 needs CUDA")
-    return pref
-
-
-def autocast_ctx(device: torch.device, precision: str):
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def make_scaler(device: torch.device, precision: str):
-    if device.type == "cuda" and precision == "fp16":
-        return torch.amp.GradScaler("cuda")
-    return None
-
-
-def make_optimizer(model: nn.Module, lr: float, weight_decay: float, device: torch.device):
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    groups = [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    kwargs = dict(lr=lr, betas=(0.9, 0.95), eps=1e-8)
-    if device.type == "cuda":
-        try:
-            return torch.optim.AdamW(groups, fused=True, **kwargs), "fused"
-        except (RuntimeError, TypeError):
-            pass
-    return torch.optim.AdamW(groups, foreach=True, **kwargs), "foreach"
-
-
-def lr_at(step: int, peak_lr: float, warmup: int, total: int, min_ratio: float = 0.1) -> float:
-    """Linear warmup to peak_lr over `warmup` steps, then cosine decay to min_ratio*peak at `total`."""
-    min_lr = peak_lr * min_ratio
-    if warmup > 0 and step < warmup:
-        return peak_lr * (step + 1) / warmup
-    if step >= total:
-        return min_lr
-    span = max(1, total - warmup)
-    progress = (step - warmup) / span
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (peak_lr - min_lr)
-
-
-def scaled_lr(lr: float, global_batch: int, ref_batch: int) -> float:
-    return lr * global_batch / ref_batch
+from optim import (autocast_ctx, enable_tf32, lr_at, make_optimizer, make_scaler, resolve_precision,
+                   scaled_lr)
+from runtime import (DistCtx, StopAgreement, emit, exit_now, finish_distributed,
+                     install_signal_handlers, log, param_hash, seed_everything, set_deterministic,
+                     setup_distributed, write_json_atomic)
+from step_metrics import StepMetrics, StepProfiler
 
 
 def train_step(model, optimizer, micro_batches, *, device, precision="fp32", scaler=None,
@@ -181,465 +99,242 @@ def train_step(model, optimizer, micro_batches, *, device, precision="fp32", sca
     return total, grad_norm
 
 
-# --------------------------------------------------------------------------------------
-# Batch-size search
-# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Plan:
+    """The run's batch and schedule, from the config, the world size and this rank's share of
+    the data."""
+    global_batch: int  # samples per optimizer step, all ranks together
+    tokens_per_step: int
+    steps_per_epoch: int  # 0: the data holds less than one global batch
+    total_steps: int
+    warmup: int
+    peak_lr: float  # --lr scaled from --lr-ref-batch to the global batch
+
+    @classmethod
+    def of(cls, cfg: TrainConfig, world_size: int, rank_samples: int) -> Plan:
+        steps_per_epoch = rank_samples // cfg.batch_size // cfg.grad_accum
+        global_batch = cfg.batch_size * cfg.grad_accum * world_size
+        epochs = cfg.epochs if cfg.epochs is not None else (None if cfg.max_steps else 1)
+        total = int(min(cfg.max_steps or float("inf"),
+                        epochs * steps_per_epoch if epochs else float("inf")))
+        warmup = (cfg.warmup_steps if cfg.warmup_steps is not None
+                  else max(1, min(200, total // 20)))
+        return cls(global_batch, global_batch * cfg.seq_len, steps_per_epoch, total, warmup,
+                   scaled_lr(cfg.lr, global_batch, cfg.lr_ref_batch))
 
 
-def find_batch_size(args, ctx: DistCtx) -> int:
-    torch.manual_seed(args.seed)
-    model = build_model(args.preset, args.seq_len, args.dropout).to(ctx.device)
-    precision = resolve_precision(args.precision, ctx.device)
-    opt, _ = make_optimizer(model, 1e-4, 0.0, ctx.device)
-    vocab = model.config.vocab_size
+@dataclass
+class Position:
+    """Where the run is (what a checkpoint records): optimizer steps taken, the epoch, and the
+    steps taken in it."""
+    steps_per_epoch: int
+    step: int = 0
+    epoch: int = 0
+    step_in_epoch: int = 0
 
-    def one_step(b):
-        x = torch.randint(0, min(vocab, 256), (b, args.seq_len))
-        # A fresh GradScaler per probe: one that ran out of memory between unscale_ and
-        # update would refuse the next probe's unscale_ ("already been called").
-        # Two steps: the second runs with the optimizer state and the allocator's blocks as
-        # the first left them, which is where training itself first runs out of memory.
-        for _ in range(2):
-            train_step(model, opt, [(x, x)], device=ctx.device, precision=precision,
-                       scaler=make_scaler(ctx.device, precision), clip=args.clip)
-
-    if ctx.device.type == "cuda":
-        if args.mem_budget_gb:
-            total = torch.cuda.get_device_properties(ctx.device).total_memory
-            torch.cuda.set_per_process_memory_fraction(
-                min(1.0, args.mem_budget_gb * 2**30 / total), ctx.device)
-
-        def fits(b):
-            ok = gpu_probe(one_step, b, ctx.device)
-            opt.zero_grad(set_to_none=True)
-            gc.collect()
-            torch.cuda.empty_cache()
-            log(ctx, f"probe batch_size={b} {'ok' if ok else 'oom'}")
-            return ok
-    else:
-        # CPU: no OOM to catch. Measure peak-RSS growth over a few small batches, take
-        # the larger of the measured and analytic per-sample cost, and compare the
-        # predicted peak against the budget.
-        budget = args.mem_budget_gb * 2**30
-
-        def maxrss():
-            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-        one_step(1)
-        samples = []
-        for b in (2, 4, 8):
-            one_step(b)
-            samples.append((b, maxrss()))
-        measured = max(0.0, (samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0]))
-        cfg = model.config
-        bytes_per = 4 if precision == "fp32" else 2
-        analytic = (args.seq_len * cfg.n_embd * cfg.n_layer * 34 * bytes_per  # activations
-                    + args.seq_len * cfg.vocab_size * 4 * 3)                  # logits + grad
-        per_sample = max(measured, analytic)
-        base = samples[-1][1] - per_sample * samples[-1][0]
-        log(ctx, f"probe base={base / 2**30:.3f}GiB per_sample={per_sample / 2**20:.2f}MiB "
-                 f"(measured {measured / 2**20:.2f}MiB, analytic {analytic / 2**20:.2f}MiB)")
-
-        def fits(b):
-            pred = base + per_sample * b
-            ok = pred <= budget
-            log(ctx, f"probe batch_size={b} predicted={pred / 2**30:.3f}GiB {'ok' if ok else 'oom'}")
-            return ok
-
-    best = search_batch_size(fits, args.max_batch_size)
-    best = int(all_reduce_scalar(ctx, best, "min"))
-    return max(1, int(best * 0.9)) if best > 0 else 0
-
-
-def fmt_step_line(step, loss, lr, tok_s, samples_s, mfu, mem: dict[str, float], epoch) -> str:
-    fields = {"step": step, "loss": f"{loss:.4f}", "lr": f"{lr:.2e}", "tok/s": f"{tok_s:.0f}",
-              "samples/s": f"{samples_s:.1f}", "mfu": "n/a" if mfu is None else f"{mfu * 100:.1f}%"}
-    fields.update({k: f"{v:.2f}GiB" for k, v in mem.items()})
-    fields["epoch"] = epoch
-    return progress.format_line("step", fields)
-
-
-# --------------------------------------------------------------------------------------
-# Training
-# --------------------------------------------------------------------------------------
+    def resume_point(self) -> tuple[int, int]:
+        """(epoch, step in it) to continue from: after an epoch's last step, the next epoch."""
+        if self.step_in_epoch >= self.steps_per_epoch:
+            return self.epoch + 1, 0
+        return self.epoch, self.step_in_epoch
 
 
 class Trainer:
-    """One run, in named steps: setup (model, data, optimizer), resume, wrap (compile, DDP),
-    then the loop of train_one_step / check_stop / log_progress / checkpoint, and finish."""
+    """One run. __init__ makes everything it holds; run() resumes, wraps the model (compile,
+    DDP), loops over steps and finishes (last checkpoint, --out-json, the done line)."""
 
-    def __init__(self, args, ctx: DistCtx):
-        self.args, self.ctx, self.dev = args, ctx, ctx.device
-        self.dev_name = torch.cuda.get_device_name(self.dev) if self.dev.type == "cuda" else "cpu"
-        self.ckpts = CheckpointManager(ctx, args.ckpt_dir, args.keep)
+    def __init__(self, cfg: TrainConfig, ctx: DistCtx):
+        dev = ctx.device
+        self.cfg, self.ctx, self.dev = cfg, ctx, dev
+        self.dev_name = device_name(dev)
+        self.precision = resolve_precision(cfg.precision, dev)
+        # The model: the same init on every rank (DDP also broadcasts rank 0's parameters).
+        torch.manual_seed(cfg.seed)
+        self.raw_model = build_model(cfg.preset, cfg.seq_len, cfg.dropout).to(dev)
+        seed_everything(cfg.seed + ctx.rank)
+        self.model = self.raw_model  # what steps run: run() compiles it and wraps it in DDP
+        # One process has nothing to all-reduce: DDP would only add its bucket hooks, and under
+        # --compile its graph splitter cuts the model into a graph per bucket.
+        self.use_ddp = ctx.world_size > 1
+        # The data, this rank's share of it, and the batch and schedule that follow.
+        self.dataset = (ByteFileDataset(cfg.data, cfg.seq_len) if cfg.data else
+                        SyntheticCopyDataset(cfg.synthetic_samples, cfg.seq_len, seed=cfg.seed))
+        self.sampler = DistributedSampler(self.dataset, num_replicas=ctx.world_size, rank=ctx.rank,
+                                          shuffle=True, seed=cfg.seed, drop_last=True)
+        self.plan = Plan.of(cfg, ctx.world_size, len(self.sampler))
+        self.opt, self.opt_kind = make_optimizer(self.raw_model, self.plan.peak_lr,
+                                                 cfg.weight_decay, dev)
+        self.scaler = make_scaler(dev, self.precision)
+        # Where the run is, and the parts that save it, measure it and stop it.
+        self.pos = Position(self.plan.steps_per_epoch)
+        self.ckpt = Checkpointer(ctx, cfg, self.raw_model, self.opt, self.scaler, self.pos)
+        self.metrics = StepMetrics(ctx, self.plan.tokens_per_step, self.plan.global_batch,
+                                   flops_per_token(self.raw_model, cfg.seq_len),
+                                   device_peak_flops(self.dev_name) if dev.type == "cuda" else None)
+        self.profiler = StepProfiler(ctx, cfg.profile_steps, cfg.profile_dir)
+        self.stop = StopAgreement(ctx, cfg.stop_after)
+        self.stopped_by: str | None = None  # once the ranks agreed to stop: why
 
     def run(self) -> int:
-        args, ctx = self.args, self.ctx
-        emit(ctx, "start", {"rank": ctx.rank, "local_rank": ctx.local_rank,
-                            "host": socket.gethostname(), "device": self.dev,
-                            "device_name": self.dev_name, "world_size": ctx.world_size,
-                            "backend": ctx.backend, "pid": os.getpid()}, all_ranks=True)
-        if self.dev.type == "cuda":
-            enable_tf32()
-        seed_everything(args.seed + ctx.rank)
-        if args.find_batch_size:
-            n = find_batch_size(args, ctx)
-            emit(ctx, "batch_size", {"batch_size": n})
-            return 0 if n > 0 else 1
-        self.setup_model()
-        if not self.setup_data():
+        """The exit status: 0 trained (or stopped, or nothing left to train), 2 too little data."""
+        ctx, pos = self.ctx, self.pos
+        if self.plan.steps_per_epoch < 1:
+            log(ctx, f"error: data set of {len(self.dataset)} samples is smaller than one global "
+                     f"batch ({self.plan.global_batch} samples)")
             return 2
-        self.setup_optimizer()
-        self.resume()
-        if self.step >= self.total_steps:  # e.g. restarted after the final checkpoint
-            emit(ctx, "done", {"step": self.step, "ckpt": self.resumed_from},
+        resumed = self.ckpt.resume()
+        if pos.step >= self.plan.total_steps:  # e.g. restarted after the final checkpoint
+            emit(ctx, "done", {"step": pos.step, "ckpt": resumed},
                  "(nothing to train: the checkpoint is at or past the last step)")
             return 0
-        self.wrap_model()
+        if self.cfg.compile:
+            self.model = torch.compile(self.model)
+        if self.use_ddp:
+            self.model = DDP(self.model,
+                             device_ids=[self.dev.index] if self.dev.type == "cuda" else None)
         self.log_config()
+        self.metrics.begin(pos.step, self.cfg.tensorboard)
         self.loop()
         self.finish()
         return 0
 
-    # ---- setup ----------------------------------------------------------------------
-
-    def setup_model(self):
-        """Same init on every rank (DDP also broadcasts rank 0's parameters)."""
-        args, dev = self.args, self.dev
-        self.precision = resolve_precision(args.precision, dev)
-        torch.manual_seed(args.seed)
-        self.raw_model = build_model(args.preset, args.seq_len, args.dropout).to(dev)
-        seed_everything(args.seed + self.ctx.rank)
-        self.n_params = self.raw_model.num_params()
-        self.fpt = flops_per_token(self.raw_model, args.seq_len)
-        self.peak = device_peak_flops(self.dev_name) if dev.type == "cuda" else None
-
-    def setup_data(self) -> bool:
-        args, ctx = self.args, self.ctx
-        if args.data:
-            self.dataset = ByteFileDataset(args.data, args.seq_len)
-        else:
-            self.dataset = SyntheticCopyDataset(args.synthetic_samples, args.seq_len, seed=args.seed)
-        self.sampler = DistributedSampler(self.dataset, num_replicas=ctx.world_size, rank=ctx.rank,
-                                          shuffle=True, seed=args.seed, drop_last=True)
-        micro_per_epoch = len(self.sampler) // args.batch_size
-        self.steps_per_epoch = micro_per_epoch // args.grad_accum
-        self.global_batch = args.batch_size * args.grad_accum * ctx.world_size
-        if self.steps_per_epoch < 1:
-            log(ctx, f"error: data set of {len(self.dataset)} samples is smaller than one global "
-                     f"batch ({self.global_batch} samples)")
-            return False
-        epochs = args.epochs if args.epochs is not None else (None if args.max_steps else 1)
-        self.total_steps = int(min(args.max_steps or float("inf"),
-                                   epochs * self.steps_per_epoch if epochs else float("inf")))
-        self.warmup = (args.warmup_steps if args.warmup_steps is not None
-                       else max(1, min(200, self.total_steps // 20)))
-        self.peak_lr = scaled_lr(args.lr, self.global_batch, args.lr_ref_batch)
-        self.tokens_per_step = self.global_batch * args.seq_len
-        return True
-
-    def setup_optimizer(self):
-        self.opt, self.opt_kind = make_optimizer(self.raw_model, self.peak_lr,
-                                                 self.args.weight_decay, self.dev)
-        self.scaler = make_scaler(self.dev, self.precision)
-
-    def resume(self):
-        """From the newest loadable checkpoint: weights, optimizer, scaler, step, data position
-        and every rank's RNG state."""
-        args, ctx = self.args, self.ctx
-        self.step, self.epoch, self.step_in_epoch, self.resumed_from = 0, 0, 0, None
-        self.last_ckpt = {"step": None, "path": None}
-        if not args.ckpt_dir or args.no_resume:
-            return
-        path, state = self.ckpts.load_latest()
-        if state is None:
-            return
-        self.raw_model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.step = int(state["step"])
-        data = state.get("data", {})
-        self.epoch = int(data.get("epoch", state.get("epoch", 0)))
-        self.step_in_epoch = int(data.get("step_in_epoch", 0))
-        if self.step_in_epoch >= self.steps_per_epoch:
-            self.epoch, self.step_in_epoch = self.epoch + 1, 0
-        rngs = state.get("rng") or []
-        if len(rngs) == ctx.world_size:
-            restore_rng(rngs[ctx.rank], self.dev)
-        else:
-            seed_everything(args.seed + ctx.rank + self.step)
-        self.resumed_from = path
-        self.last_ckpt = {"step": self.step, "path": path}
-        emit(ctx, "resume", {"step": self.step, "epoch": self.epoch, "ckpt": path})
-
-    def wrap_model(self):
-        args, ctx = self.args, self.ctx
-        model = self.raw_model
-        if args.compile:
-            model = torch.compile(model)
-        # One process has nothing to all-reduce: DDP would only add its bucket hooks, and under
-        # --compile its graph splitter cuts the model into a graph per bucket.
-        self.use_ddp = ctx.world_size > 1
-        if self.use_ddp:
-            model = DDP(model, device_ids=[self.dev.index] if self.dev.type == "cuda" else None)
-        self.model = model
-
-    def log_config(self):
-        args, ctx, peak = self.args, self.ctx, self.peak
-        emit(ctx, "config", {
-            "preset": args.preset, "params": f"{self.n_params / 1e6:.2f}M", "seq_len": args.seq_len,
-            "batch_size": args.batch_size, "grad_accum": args.grad_accum,
-            "world_size": ctx.world_size, "global_batch": self.global_batch,
-            "tokens_per_step": self.tokens_per_step, "lr": f"{self.peak_lr:.3e}",
-            "warmup": self.warmup, "total_steps": self.total_steps,
-            "steps_per_epoch": self.steps_per_epoch, "precision": self.precision,
-            "compile": args.compile, "ddp": "on" if self.use_ddp else "off",
-            "optimizer": f"adamw-{self.opt_kind}", "deterministic": args.deterministic,
-            "data": args.data or "synthetic", "flops_per_token": f"{self.fpt:.3e}",
-            "peak_flops": "n/a" if peak is None else f"{peak:.3g}"},
-            f"(lr {args.lr:g} x {self.global_batch}/{args.lr_ref_batch})")
-        self.tb = None
-        if args.tensorboard and ctx.is_main:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-                self.tb = SummaryWriter(args.tensorboard)
-            except Exception as e:  # ImportError, or tensorboard missing behind torch's shim
-                log(ctx, f"WARNING: --tensorboard ignored: tensorboard is not importable ({e}); "
-                         f"pip install tensorboard")
-
-    # ---- the loop -------------------------------------------------------------------
-
     def loop(self):
-        args, dev = self.args, self.dev
-        self.prof_range = (tuple(int(v) for v in args.profile_steps.split(":"))
-                           if args.profile_steps else None)
-        self.prof = None
-        self.step_times: list[float] = []  # time per step, one per interval between stop checks
-        self.losses: list[tuple[int, float]] = []
-        self.last_loss = float("nan")
-        self.window_time, self.window_steps = 0.0, 0  # summed step times: no checkpoint writes
-        self.interval_time, self.interval_steps = 0.0, 0  # since the last stop check
-        self.next_check, self.check_every = self.step + 1, 1
-        self.stopped_by = None
-        self.start_step = self.step
-        self.t_start = time.perf_counter()
-        if dev.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(dev)
+        """Epochs of steps, until the last step or until the ranks agree to stop: then the
+        signal line, and finish() writes the checkpoint."""
+        cfg, pos, plan = self.cfg, self.pos, self.plan
         self.model.train()
-        while self.step < self.total_steps and self.stopped_by is None:
-            self.sampler.set_epoch(self.epoch)
-            batches = iterate_batches(self.dataset, list(iter(self.sampler)), args.batch_size,
-                                      skip_batches=self.step_in_epoch * args.grad_accum,
-                                      pin=dev.type == "cuda")
-            while self.step_in_epoch < self.steps_per_epoch and self.step < self.total_steps:
-                self.profile_start()
+        while pos.step < plan.total_steps and self.stopped_by is None:
+            self.sampler.set_epoch(pos.epoch)
+            batches = iterate_batches(self.dataset, list(iter(self.sampler)), cfg.batch_size,
+                                      skip_batches=pos.step_in_epoch * cfg.grad_accum,
+                                      pin=self.dev.type == "cuda")
+            while pos.step_in_epoch < plan.steps_per_epoch and pos.step < plan.total_steps:
+                self.profiler.before_step(pos.step)
                 t0 = time.perf_counter()
                 loss_t, lr = self.train_one_step(batches)
                 stop_all = self.check_stop(t0)
-                self.profile_stop()
-                is_last = self.step >= self.total_steps or stop_all
-                if self.step % args.log_every == 0 or is_last:
-                    self.log_progress(loss_t, lr)
+                self.profiler.after_step(pos.step)
+                is_last = pos.step >= plan.total_steps or stop_all
+                if pos.step % cfg.log_every == 0 or is_last:
+                    self.metrics.log_step(pos.step, loss_t, lr, pos.epoch)
                 if stop_all:
-                    self.stopped_by = stopped_by() or ("stop-after" if args.stop_after else "peer")
+                    self.stopped_by = self.stop.reason()
                     emit(self.ctx, "signal", {},
-                         f"{self.stopped_by} received: stopping after step {self.step}")
+                         f"{self.stopped_by} received: stopping after step {pos.step}")
                     break
-                if args.ckpt_every and self.step % args.ckpt_every == 0 and not is_last:
-                    self.checkpoint()
-            if self.step_in_epoch >= self.steps_per_epoch:
-                self.epoch, self.step_in_epoch = self.epoch + 1, 0
-        if self.prof is not None:
-            self.prof.__exit__(None, None, None)
+                if self.ckpt.due(pos.step) and not is_last:
+                    self.ckpt.save()
+            pos.epoch, pos.step_in_epoch = pos.resume_point()
+        self.profiler.close()
 
     def train_one_step(self, batches):
         """One optimizer step at the schedule's learning rate: (loss tensor, lr)."""
-        args = self.args
-        micro = [next(batches) for _ in range(args.grad_accum)]
-        lr = lr_at(self.step, self.peak_lr, self.warmup, self.total_steps, args.min_lr_ratio)
+        cfg, pos, plan = self.cfg, self.pos, self.plan
+        micro = [next(batches) for _ in range(cfg.grad_accum)]
+        lr = lr_at(pos.step, plan.peak_lr, plan.warmup, plan.total_steps, cfg.min_lr_ratio)
         for g in self.opt.param_groups:
             g["lr"] = lr
         loss_t, _ = train_step(self.model, self.opt, micro, device=self.dev,
-                               precision=self.precision, scaler=self.scaler, clip=args.clip)
-        self.step += 1
-        self.step_in_epoch += 1
+                               precision=self.precision, scaler=self.scaler, clip=cfg.clip)
+        pos.step += 1
+        pos.step_in_epoch += 1
         return loss_t, lr
 
     def check_stop(self, t0: float) -> bool:
-        """At check steps (the same on every rank), whether the ranks agree to stop; also times
-        the step begun at t0: an interval's time is only real once a check drained the GPU queue."""
-        args, ctx, step = self.args, self.ctx, self.step
-        check = (step >= self.next_check or step >= self.total_steps or step % args.log_every == 0
-                 or (args.ckpt_every and step % args.ckpt_every == 0) or step == args.stop_after)
-        stop_all = False
+        """Whether the ranks agree to stop after this step, asked at check steps (the same on
+        every rank: those the agreement schedules, and each that logs, checkpoints or is the
+        last); then the step begun at t0 is timed: an interval's time is only real once a check
+        drained the GPU queue."""
+        step = self.pos.step
+        check = (self.stop.due(step) or step >= self.plan.total_steps
+                 or step % self.cfg.log_every == 0 or self.ckpt.due(step))
+        stop_all = self.stop.agree(step) if check else False
+        self.metrics.step_timed(time.perf_counter() - t0)
         if check:
-            stop_local = stop_requested() or (args.stop_after is not None and step >= args.stop_after)
-            stop_all, every = agree_stop(ctx, stop_local, self.check_every)
-            if not ctx.initialized and self.dev.type == "cuda":
-                torch.cuda.synchronize(self.dev)
-        dt = time.perf_counter() - t0
-        self.window_steps += 1
-        self.window_time += dt
-        self.interval_steps += 1
-        self.interval_time += dt
-        if check:
-            self.step_times.append(self.interval_time / self.interval_steps)
-            self.check_every = steps_to_next_check(self.interval_time, self.interval_steps)
-            self.next_check = step + every
-            self.interval_time, self.interval_steps = 0.0, 0
+            self.stop.interval_took(*self.metrics.close_interval())
         return stop_all
 
-    def log_progress(self, loss_t, lr):
-        """The step line: the loss averaged over ranks, throughput since the last line."""
-        ctx = self.ctx
-        loss_v = all_reduce_scalar(ctx, float(loss_t.item()), "sum") / ctx.world_size
-        self.last_loss = loss_v
-        self.losses.append((self.step, loss_v))
-        el = max(self.window_time, 1e-9)
-        tok_s = self.window_steps * self.tokens_per_step / el
-        sam_s = self.window_steps * self.global_batch / el
-        mfu = (self.fpt * tok_s / ctx.world_size / self.peak) if self.peak else None
-        log(ctx, fmt_step_line(self.step, loss_v, lr, tok_s, sam_s, mfu, peak_mem(self.dev),
-                               self.epoch))
-        if self.tb is not None:
-            self.tb.add_scalar("train/loss", loss_v, self.step)
-            self.tb.add_scalar("train/lr", lr, self.step)
-            self.tb.add_scalar("perf/tokens_per_s", tok_s, self.step)
-            if mfu is not None:
-                self.tb.add_scalar("perf/mfu", mfu, self.step)
-        self.window_time, self.window_steps = 0.0, 0
-
-    def profile_start(self):
-        r = self.prof_range
-        if r and self.ctx.is_main and self.prof is None and self.step + 1 == r[0]:
-            acts = [torch.profiler.ProfilerActivity.CPU]
-            if self.dev.type == "cuda":
-                acts.append(torch.profiler.ProfilerActivity.CUDA)
-            self.prof = torch.profiler.profile(activities=acts, record_shapes=True)
-            self.prof.__enter__()
-
-    def profile_stop(self):
-        r = self.prof_range
-        if self.prof is not None and self.step == r[1]:
-            self.prof.__exit__(None, None, None)
-            os.makedirs(self.args.profile_dir, exist_ok=True)
-            trace = os.path.join(self.args.profile_dir, f"trace_rank{self.ctx.rank}_steps{r[0]}-{r[1]}.json")
-            self.prof.export_chrome_trace(trace)
-            log(self.ctx, f"profile steps={r[0]}:{r[1]} trace={trace}")
-            self.prof, self.prof_range = None, None
-
-    # ---- checkpoints and the end ----------------------------------------------------
-
-    def state(self) -> dict | None:
-        """The checkpoint's content on rank 0 (None elsewhere); collective: every rank's RNG
-        state is gathered."""
-        args, ctx = self.args, self.ctx
-        ep, sie = self.epoch, self.step_in_epoch
-        if sie >= self.steps_per_epoch:
-            ep, sie = ep + 1, 0
-        rng = capture_rng(self.dev)
-        if ctx.initialized:
-            gathered = [None] * ctx.world_size if ctx.is_main else None
-            dist.gather_object(rng, gathered, dst=0)
-            rngs = gathered
-        else:
-            rngs = [rng]
-        if not ctx.is_main:
-            return None
-        return {
-            "model": self.raw_model.state_dict(),
-            "optimizer": self.opt.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "step": self.step,
-            "epoch": ep,
-            "data": {"epoch": ep, "step_in_epoch": sie, "sampler_seed": args.seed,
-                     "world_size": ctx.world_size, "batch_size": args.batch_size,
-                     "grad_accum": args.grad_accum},
-            "rng": rngs,
-            "config": {k: (v if v is None or isinstance(v, (bool, int, float)) else str(v))
-                       for k, v in vars(args).items()},
-            "model_config": asdict(self.raw_model.config),
-            "world_size": ctx.world_size,
-            "torch_version": str(torch.__version__),  # TorchVersion is not weights_only-safe
-        }
-
-    def checkpoint(self):
-        if not self.args.ckpt_dir or self.last_ckpt["step"] == self.step:
-            return
-        path = self.ckpts.save(self.step, self.state())
-        if self.ctx.is_main:
-            self.last_ckpt["path"] = path
-        self.last_ckpt["step"] = self.step
+    def log_config(self):
+        cfg, plan, m = self.cfg, self.plan, self.metrics
+        emit(self.ctx, "config", {
+            "preset": cfg.preset, "params": f"{self.raw_model.num_params() / 1e6:.2f}M",
+            "seq_len": cfg.seq_len, "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum,
+            "world_size": self.ctx.world_size, "global_batch": plan.global_batch,
+            "tokens_per_step": plan.tokens_per_step, "lr": f"{plan.peak_lr:.3e}",
+            "warmup": plan.warmup, "total_steps": plan.total_steps,
+            "steps_per_epoch": plan.steps_per_epoch, "precision": self.precision,
+            "compile": cfg.compile, "ddp": "on" if self.use_ddp else "off",
+            "optimizer": f"adamw-{self.opt_kind}", "deterministic": cfg.deterministic,
+            "data": cfg.data or "synthetic", "flops_per_token": f"{m.fpt:.3e}",
+            "peak_flops": "n/a" if m.peak is None else f"{m.peak:.3g}"},
+            f"(lr {cfg.lr:g} x {plan.global_batch}/{cfg.lr_ref_batch})")
 
     def finish(self):
         """The last checkpoint, the parameter hashes, --out-json and the done line."""
-        args, ctx, dev = self.args, self.ctx, self.dev
-        if args.ckpt_dir:
-            self.checkpoint()
-        wall = time.perf_counter() - self.t_start
-        if args.dump_param_hash:
-            emit(ctx, "param_hash", {"rank": ctx.rank, "step": self.step,
+        cfg, ctx, pos = self.cfg, self.ctx, self.pos
+        self.ckpt.save()
+        wall = time.perf_counter() - self.metrics.t_start
+        if cfg.dump_param_hash:
+            emit(ctx, "param_hash", {"rank": ctx.rank, "step": pos.step,
                                      "sha256": param_hash(self.raw_model)}, all_ranks=True)
         if not ctx.is_main:
             return
-        times = self.step_times
-        skip = max(1, len(times) // 10) if len(times) > 1 else 0
-        steady = times[skip:] or times
-        med_dt = statistics.median(steady) if steady else None
-        tok_s_med = self.tokens_per_step / med_dt if med_dt else None
-        mfu_med = (self.fpt * tok_s_med / ctx.world_size / self.peak) if (self.peak and tok_s_med) else None
-        if args.out_json:
-            mem_end = peak_mem(dev)
-            write_json_atomic(args.out_json, {
-                "steps": self.step,
-                "steps_run": self.step - self.start_step,
-                "start_step": self.start_step,
-                "final_loss": None if math.isnan(self.last_loss) else self.last_loss,
-                "losses": self.losses,
-                "tokens_per_s_median": tok_s_med,
-                "samples_per_s_median": (self.global_batch / med_dt) if med_dt else None,
-                "step_time_s_median": med_dt,
-                "mfu_median": mfu_med,
-                "flops_per_token": self.fpt,
-                "peak_flops": self.peak,
-                "peak_mem_gib": mem_end.get("alloc", mem_end.get("rss")),
-                "peak_mem_reserved_gib": mem_end.get("reserved"),
-                "params": self.n_params,
-                "preset": args.preset,
-                "seq_len": args.seq_len,
-                "batch_size": args.batch_size,
-                "grad_accum": args.grad_accum,
+        if cfg.out_json:
+            write_json_atomic(cfg.out_json, {
+                **self.metrics.summary(pos.step),
+                "params": self.raw_model.num_params(),
+                "preset": cfg.preset,
+                "seq_len": cfg.seq_len,
+                "batch_size": cfg.batch_size,
+                "grad_accum": cfg.grad_accum,
                 "world_size": ctx.world_size,
-                "global_batch": self.global_batch,
-                "peak_lr": self.peak_lr,
+                "global_batch": self.plan.global_batch,
+                "peak_lr": self.plan.peak_lr,
                 "precision": self.precision,
-                "compile": args.compile,
+                "compile": cfg.compile,
                 "ddp": self.use_ddp,
                 "optimizer": f"adamw-{self.opt_kind}",
-                "device": str(dev),
+                "device": str(self.dev),
                 "device_name": self.dev_name,
                 "backend": ctx.backend,
                 "torch_version": str(torch.__version__),
-                "resumed_from": self.resumed_from,
+                "resumed_from": self.ckpt.resumed_from,
                 "stopped_by_signal": self.stopped_by,
-                "checkpoint": self.last_ckpt["path"],
+                "checkpoint": self.ckpt.last_path,
                 "wall_s": wall,
             })
-        if self.tb is not None:
-            self.tb.close()
-        loss_s = "nan" if math.isnan(self.last_loss) else f"{self.last_loss:.4f}"
-        emit(ctx, "done", {"step": self.step, "loss": loss_s,
-                           "ckpt": self.last_ckpt["path"] or "none"})
+        self.metrics.close()
+        emit(ctx, "done", {"step": pos.step, "loss": self.metrics.loss_text(),
+                           "ckpt": self.ckpt.last_path or "none"})
 
 
-def train(args) -> int:
+def device_name(dev: torch.device) -> str:
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+
+
+def run(cfg: TrainConfig, ctx: DistCtx) -> int:
+    """This rank's start line, then --find-batch-size's search or the training."""
+    emit(ctx, "start", {"rank": ctx.rank, "local_rank": ctx.local_rank,
+                        "host": socket.gethostname(), "device": ctx.device,
+                        "device_name": device_name(ctx.device), "world_size": ctx.world_size,
+                        "backend": ctx.backend, "pid": os.getpid()}, all_ranks=True)
+    if ctx.device.type == "cuda":
+        enable_tf32()
+    seed_everything(cfg.seed + ctx.rank)
+    if cfg.find_batch_size:
+        n = find_batch_size(cfg, ctx, train_step)
+        emit(ctx, "batch_size", {"batch_size": n})
+        return 0 if n > 0 else 1
+    return Trainer(cfg, ctx).run()
+
+
+def train(cfg: TrainConfig) -> int:
     install_signal_handlers()
-    if args.deterministic:
+    if cfg.deterministic:
         set_deterministic()
-    ctx = setup_distributed(args.device, args.init_timeout)
+    ctx = setup_distributed(cfg.device, cfg.init_timeout)
     try:
-        rc = Trainer(args, ctx).run()
+        rc = run(cfg, ctx)
     except BaseException:
         # A failing rank leaves at once: its peers may be gone, so no barrier. torchrun sees
         # the exit status and restarts (or ends) the whole group either way.
@@ -652,8 +347,7 @@ def train(args) -> int:
 
 @record
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    return train(args)
+    return train(parse_args(argv))
 
 
 if __name__ == "__main__":
@@ -663,4 +357,6 @@ if __name__ == "__main__":
     # called std::terminate while the main thread was finalizing ("terminate called without
     # an active exception", SIGABRT after a clean "done"); torchrun then restarted the
     # finished group or waited in its exit barrier. Everything written is flushed first.
-    exit_now(main())
+    # @record turns a SystemExit(0) (--help) into a return of None.
+    rc = main()
+    exit_now(0 if rc is None else rc)

@@ -16,7 +16,11 @@ REPO = Path(__file__).resolve().parents[2]
 PAYLOAD = REPO / "payload"
 sys.path.insert(0, str(PAYLOAD))
 import batch_search  # noqa: E402
+import data  # noqa: E402
+import model  # noqa: E402
+import optim  # noqa: E402
 import runtime  # noqa: E402
+import step_metrics  # noqa: E402
 import train  # noqa: E402
 from test_train import _env, _fail_msg, run_torchrun  # noqa: E402
 
@@ -24,8 +28,9 @@ from test_train import _env, _fail_msg, run_torchrun  # noqa: E402
 TF32_SCRIPT = f"""
 import sys, torch
 sys.path.insert(0, {str(PAYLOAD)!r})
-import train
-train.enable_tf32()
+import optim
+from model import build_model
+optim.enable_tf32()
 got = {{
     "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
     "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
@@ -37,7 +42,7 @@ got = {{
 }}
 # What --compile does with these flags set: Inductor reads the matmul precision while lowering.
 torch.manual_seed(0)
-model = train.build_model("tiny", 16)
+model = build_model("tiny", 16)
 x = torch.randint(0, 256, (2, 16))
 _, loss = torch.compile(model)(x, x)
 loss.backward()
@@ -72,9 +77,9 @@ def test_auto_precision_by_compute_capability(capability, expected, monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     cuda = torch.device("cuda", 0)
-    assert train.resolve_precision("auto", cuda) == expected
-    assert train.resolve_precision("bf16", cuda) == "bf16"  # an explicit choice is kept
-    assert train.auto_cuda_precision(capability) == expected
+    assert optim.resolve_precision("auto", cuda) == expected
+    assert optim.resolve_precision("bf16", cuda) == "bf16"  # an explicit choice is kept
+    assert optim.auto_cuda_precision(capability) == expected
 
 
 def test_world_size_1_under_torchrun_is_not_wrapped_in_ddp(tmp_path):
@@ -120,7 +125,7 @@ def test_world_size_1_under_torchrun_is_not_wrapped_in_ddp(tmp_path):
     (None, None),
 ])
 def test_peak_flops_by_real_device_names(name, peak):
-    assert train.device_peak_flops(name) == peak
+    assert model.device_peak_flops(name) == peak
 
 
 @pytest.mark.parametrize("exc, oom", [
@@ -141,12 +146,12 @@ def test_every_out_of_memory_form_is_does_not_fit(exc, oom, monkeypatch):
         if b > 4:
             raise exc
 
-    assert train.gpu_probe(step, 4, torch.device("cuda", 0)) is True
+    assert batch_search.gpu_probe(step, 4, torch.device("cuda", 0)) is True
     if oom:
-        assert train.gpu_probe(step, 8, torch.device("cuda", 0)) is False
+        assert batch_search.gpu_probe(step, 8, torch.device("cuda", 0)) is False
     else:  # a real fault is not a batch size: it stops the search
         with pytest.raises(type(exc)):
-            train.gpu_probe(step, 8, torch.device("cuda", 0))
+            batch_search.gpu_probe(step, 8, torch.device("cuda", 0))
 
 
 def test_each_batch_size_probe_gets_a_fresh_grad_scaler(monkeypatch):
@@ -156,10 +161,10 @@ def test_each_batch_size_probe_gets_a_fresh_grad_scaler(monkeypatch):
         made.append(torch.amp.GradScaler("cpu"))
         return made[-1]
 
-    monkeypatch.setattr(train, "make_scaler", make_scaler)
+    monkeypatch.setattr(batch_search, "make_scaler", make_scaler)
     args = train.parse_args(["--preset", "tiny", "--seq-len", "16", "--device", "cpu",
                              "--find-batch-size", "--mem-budget-gb", "4"])
-    assert train.find_batch_size(args, train.DistCtx()) > 0
+    assert batch_search.find_batch_size(args, runtime.DistCtx(), train.train_step) > 0
     # the CPU path probes 1, 2, 4, 8, two steps each, a fresh scaler per step
     assert len(made) == 8 and len({id(s) for s in made}) == 8
 
@@ -175,10 +180,9 @@ def test_each_batch_size_probe_runs_two_optimizer_steps(monkeypatch):
         sizes.append(micro[0][0].shape[0])
         return real(model, opt, micro, **kw)
 
-    monkeypatch.setattr(train, "train_step", train_step)
     args = train.parse_args(["--preset", "tiny", "--seq-len", "16", "--device", "cpu",
                              "--find-batch-size", "--mem-budget-gb", "4"])
-    train.find_batch_size(args, train.DistCtx())
+    batch_search.find_batch_size(args, runtime.DistCtx(), train_step)
     assert sizes == [1, 1, 2, 2, 4, 4, 8, 8]
 
 
@@ -212,10 +216,10 @@ def test_nccl_process_group_is_bound_to_the_ranks_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: seen.setdefault("set_device", d))
-    monkeypatch.setattr(train.dist, "init_process_group", lambda **kw: seen.update(kw))
-    monkeypatch.setattr(train.dist, "get_rank", lambda: 1)
-    monkeypatch.setattr(train.dist, "get_world_size", lambda: 2)
-    ctx = train.setup_distributed("auto", 30)
+    monkeypatch.setattr(runtime.dist, "init_process_group", lambda **kw: seen.update(kw))
+    monkeypatch.setattr(runtime.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(runtime.dist, "get_world_size", lambda: 2)
+    ctx = runtime.setup_distributed("auto", 30)
     assert seen["backend"] == "nccl" and seen["device_id"] == torch.device("cuda", 1)
     assert seen["set_device"] == torch.device("cuda", 1)  # set before the group
     assert ctx.device == torch.device("cuda", 1) and ctx.initialized
@@ -224,18 +228,18 @@ def test_nccl_process_group_is_bound_to_the_ranks_gpu(monkeypatch):
 def test_step_line_labels_allocated_and_reserved_memory(monkeypatch):
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: 1.5 * 2**30)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d=None: 2 * 2**30)
-    mem = train.peak_mem(torch.device("cuda", 0))
+    mem = step_metrics.peak_mem(torch.device("cuda", 0))
     assert mem == {"alloc": 1.5, "reserved": 2.0}
-    line = train.fmt_step_line(10, 2.0, 1e-4, 1000.0, 1.0, 0.4, mem, 0)
+    line = step_metrics.fmt_step_line(10, 2.0, 1e-4, 1000.0, 1.0, 0.4, mem, 0)
     assert line.endswith(" mfu=40.0% alloc=1.50GiB reserved=2.00GiB epoch=0"), line
-    assert list(train.peak_mem(torch.device("cpu"))) == ["rss"]
+    assert list(step_metrics.peak_mem(torch.device("cpu"))) == ["rss"]
 
 
 def test_stop_check_interval_follows_step_time():
-    assert train.steps_to_next_check(30.0, 1) == 1  # a compiling first step: check again at once
-    assert train.steps_to_next_check(1.0, 10) == 10  # 0.1 s steps: about a second between checks
-    assert train.steps_to_next_check(0.01, 10) == runtime.SYNC_EVERY_MAX
-    assert train.steps_to_next_check(0.0, 3) == 1
+    assert runtime.steps_to_next_check(30.0, 1) == 1  # a compiling first step: check again at once
+    assert runtime.steps_to_next_check(1.0, 10) == 10  # 0.1 s steps: about a second between checks
+    assert runtime.steps_to_next_check(0.01, 10) == runtime.SYNC_EVERY_MAX
+    assert runtime.steps_to_next_check(0.0, 3) == 1
 
 
 def test_batches_are_pinned_for_the_gpu(monkeypatch):
@@ -246,9 +250,9 @@ def test_batches_are_pinned_for_the_gpu(monkeypatch):
         return t
 
     monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
-    ds = train.SyntheticCopyDataset(8, 16)
-    assert len(list(train.iterate_batches(ds, list(range(8)), 4))) == 2 and pinned == []
-    assert len(list(train.iterate_batches(ds, list(range(8)), 4, pin=True))) == 2
+    ds = data.SyntheticCopyDataset(8, 16)
+    assert len(list(data.iterate_batches(ds, list(range(8)), 4))) == 2 and pinned == []
+    assert len(list(data.iterate_batches(ds, list(range(8)), 4, pin=True))) == 2
     assert len(pinned) == 4  # x and y of each batch
 
 
@@ -258,13 +262,13 @@ def test_stop_checks_are_not_every_step(tmp_path):
     code = f"""
 import sys
 sys.path.insert(0, {str(PAYLOAD)!r})
-import train
+import runtime, train
 calls = []
-real = train.agree_stop
+real = runtime.agree_stop
 def counting(ctx, stop, every):
     calls.append(stop)
     return real(ctx, stop, every)
-train.agree_stop = counting
+runtime.agree_stop = counting
 rc = train.main(["--device", "cpu", "--max-steps", "40", "--log-every", "20", "--stop-after", "33"])
 print("checks", len(calls), "rc", rc)
 """

@@ -5,6 +5,7 @@ Kept small (tiny preset, tens of steps) so the file runs in a few minutes on 2 c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -25,8 +26,14 @@ import torch.distributed as dist  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "payload" / "train.py"
 sys.path.insert(0, str(TRAIN.parent))
+import batch_search  # noqa: E402
+import checkpoint  # noqa: E402
+import cli  # noqa: E402
+import config  # noqa: E402
+import data  # noqa: E402
+import model  # noqa: E402
+import optim  # noqa: E402
 import progress  # noqa: E402
-import runtime  # noqa: E402
 import train  # noqa: E402
 
 STEP_RE = re.compile(r"^step=(\d+) loss=([0-9.]+|nan) lr=\S+ tok/s=\d+ samples/s=[0-9.]+ "
@@ -141,8 +148,8 @@ def gloo_world1():
 
 
 def _batches(n, bs, seq_len, seed=0):
-    ds = train.SyntheticCopyDataset(n * bs, seq_len, seed=seed)
-    return list(train.iterate_batches(ds, list(range(n * bs)), bs))
+    ds = data.SyntheticCopyDataset(n * bs, seq_len, seed=seed)
+    return list(data.iterate_batches(ds, list(range(n * bs)), bs))
 
 
 def test_grad_accum_no_sync_equals_large_batch(gloo_world1):
@@ -150,14 +157,14 @@ def test_grad_accum_no_sync_equals_large_batch(gloo_world1):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(0)
-    base = train.build_model("tiny", 32)
+    base = model.build_model("tiny", 32)
     k, bs = 4, 2
     micro = _batches(k, bs, 32)
     big = [(torch.cat([x for x, _ in micro]), torch.cat([y for _, y in micro]))]
     assert not torch.equal(micro[0][0], micro[1][0])  # micro-batches differ
 
     def run(batches, opt_name):
-        m = train.build_model("tiny", 32)
+        m = model.build_model("tiny", 32)
         m.load_state_dict(base.state_dict())
         ddp = DDP(m)
         calls = []
@@ -170,7 +177,7 @@ def test_grad_accum_no_sync_equals_large_batch(gloo_world1):
         if opt_name == "sgd":
             opt = torch.optim.SGD(m.parameters(), lr=0.1)
         else:
-            opt, _ = train.make_optimizer(m, 1e-3, 0.1, torch.device("cpu"))
+            opt, _ = optim.make_optimizer(m, 1e-3, 0.1, torch.device("cpu"))
         loss, _ = train.train_step(ddp, opt, batches, device=torch.device("cpu"),
                                    clip=0.0 if opt_name == "sgd" else 1.0)
         return m, float(loss), calls
@@ -278,12 +285,12 @@ def test_checkpoints_ordered_by_step_past_eight_digits(tmp_path):
     ck = tmp_path / "ck"
     steps_saved = [99_999_998, 99_999_999, 100_000_000, 100_000_001]
     for s in steps_saved:
-        runtime.save_checkpoint(str(ck), s, {"model": {}, "optimizer": {}, "step": s}, keep=2)
+        checkpoint.save_checkpoint(str(ck), s, {"model": {}, "optimizer": {}, "step": s}, keep=2)
     assert sorted(os.listdir(ck)) == ["ckpt_100000000.pt", "ckpt_100000001.pt"]
     (ck / "ckpt_99999999.pt").write_bytes((ck / "ckpt_100000000.pt").read_bytes())  # an older one
-    assert [Path(p).name for p in runtime.list_checkpoints(str(ck))] == [
+    assert [Path(p).name for p in checkpoint.list_checkpoints(str(ck))] == [
         "ckpt_99999999.pt", "ckpt_100000000.pt", "ckpt_100000001.pt"]
-    path, st = runtime.find_latest_checkpoint(str(ck))
+    path, st = checkpoint.find_latest_checkpoint(str(ck))
     assert Path(path).name == "ckpt_100000001.pt" and st["step"] == 100_000_001
 
 
@@ -292,13 +299,13 @@ def test_checkpoints_ordered_by_step_past_eight_digits(tmp_path):
 SAVER = r"""
 import sys, torch
 sys.path.insert(0, sys.argv[2])
-import runtime
+import checkpoint
 state = {"model": {"w": torch.randn(6_000_000)}, "optimizer": {}, "step": 0}
 step = 0
 while True:
     step += 1
     state["step"] = step
-    runtime.save_checkpoint(sys.argv[1], step, state, keep=3)
+    checkpoint.save_checkpoint(sys.argv[1], step, state, keep=3)
 """
 
 
@@ -311,11 +318,11 @@ def test_kill_during_checkpoint_write_leaves_loadable_checkpoints(tmp_path):
                                 env=_env())
         try:
             deadline = time.time() + 60
-            n_before = len(runtime.list_checkpoints(str(ck)))
+            n_before = len(checkpoint.list_checkpoints(str(ck)))
             while time.time() < deadline:
                 names = os.listdir(ck)
                 if (len([n for n in names if n.startswith("ckpt_")]) >= min(n_before + 2, 3)
-                        and any(n.startswith(runtime.TMP_PREFIX) for n in names)):
+                        and any(n.startswith(checkpoint.TMP_PREFIX) for n in names)):
                     break
                 time.sleep(0.002)
             proc.send_signal(signal.SIGKILL)
@@ -323,17 +330,17 @@ def test_kill_during_checkpoint_write_leaves_loadable_checkpoints(tmp_path):
         finally:
             if proc.poll() is None:
                 proc.kill()
-        caught_mid_write += any(n.startswith(runtime.TMP_PREFIX) for n in os.listdir(ck))
-        ckpts = runtime.list_checkpoints(str(ck))
+        caught_mid_write += any(n.startswith(checkpoint.TMP_PREFIX) for n in os.listdir(ck))
+        ckpts = checkpoint.list_checkpoints(str(ck))
         assert ckpts and all(os.path.basename(c).startswith("ckpt_") for c in ckpts)
         for c in ckpts:
             st = torch.load(c, map_location="cpu", weights_only=True)
             assert st["model"]["w"].numel() == 6_000_000
-        path, st = runtime.find_latest_checkpoint(str(ck))
+        path, st = checkpoint.find_latest_checkpoint(str(ck))
         assert path == ckpts[-1] and st["step"] == int(path[-11:-3])
     assert caught_mid_write >= 1  # the kills really hit a write in progress
-    runtime.cleanup_temp_files(str(ck))
-    assert not [n for n in os.listdir(ck) if n.startswith(runtime.TMP_PREFIX)]
+    checkpoint.cleanup_temp_files(str(ck))
+    assert not [n for n in os.listdir(ck) if n.startswith(checkpoint.TMP_PREFIX)]
 
 
 # ------------------------------------------------------------------ SIGTERM
@@ -498,10 +505,10 @@ def test_search_batch_size_doubling_then_binary():
         seen.append(b)
         return b <= 37
 
-    assert train.search_batch_size(fits, 4096) == 37
+    assert batch_search.search_batch_size(fits, 4096) == 37
     assert seen[:7] == [1, 2, 4, 8, 16, 32, 64]
-    assert train.search_batch_size(lambda b: True, 100) == 100
-    assert train.search_batch_size(lambda b: False, 100) == 0
+    assert batch_search.search_batch_size(lambda b: True, 100) == 100
+    assert batch_search.search_batch_size(lambda b: False, 100) == 0
 
 
 def test_bad_cli_clear_error_no_traceback():
@@ -510,6 +517,13 @@ def test_bad_cli_clear_error_no_traceback():
     assert p.returncode == 2
     assert "argument --batch-size: expected a positive integer, got '0'" in p.stderr
     assert "Traceback" not in p.stderr + p.stdout
+
+
+def test_help_exits_0():
+    p = subprocess.run([sys.executable, str(TRAIN), "--help"], cwd=REPO, env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    assert p.stdout.startswith("usage: train.py") and "--ckpt-every" in p.stdout
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -529,13 +543,54 @@ def test_cli_validation(argv, needle, capsys):
     assert needle in capsys.readouterr().err
 
 
+# The command line torchrig's launch, its integration tests and the docs pass: one flag a
+# TrainConfig field, in this order (--help's), each with its default.
+FLAGS = {
+    "--preset": "tiny", "--seq-len": None, "--data": None, "--synthetic-samples": 8192,
+    "--dropout": 0.0, "--batch-size": 8, "--grad-accum": 1, "--lr": None, "--lr-ref-batch": 32,
+    "--min-lr-ratio": 0.1, "--warmup-steps": None, "--weight-decay": 0.1, "--clip": 1.0,
+    "--max-steps": None, "--epochs": None, "--seed": 1337, "--device": "auto",
+    "--precision": "auto", "--compile": False, "--deterministic": False, "--init-timeout": 600.0,
+    "--ckpt-dir": None, "--ckpt-every": 0, "--keep": 3, "--no-resume": False, "--log-every": 10,
+    "--out-json": None, "--tensorboard": None, "--profile-steps": None, "--profile-dir": None,
+    "--stop-after": None, "--dump-param-hash": False, "--find-batch-size": False,
+    "--mem-budget-gb": None, "--max-batch-size": 4096,
+}
+
+
+def test_the_command_line_is_the_config():
+    actions = [a for a in cli.build_parser()._actions if a.dest != "help"]
+    assert {a.option_strings[0]: a.default for a in actions} == FLAGS
+    assert list(FLAGS) == [cli.flag(f.name) for f in dataclasses.fields(config.TrainConfig)]
+    assert all(a.help for a in actions)
+    cfg = cli.parse_args(["--device", "cpu", "--preset", "gpt2", "--compile"])
+    assert isinstance(cfg, config.TrainConfig) and cfg.compile and cfg.batch_size == 8
+    assert (cfg.seq_len, cfg.lr) == (1024, 1e-4)  # the preset's
+    assert config.TrainConfig(preset="gpt2", lr=1.0) == dataclasses.replace(cfg, compile=False,
+                                                                            device="auto", lr=1.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.lr = 1.0
+
+
+def test_plan_and_position():
+    cfg = cli.parse_args(["--device", "cpu", "--batch-size", "4", "--grad-accum", "2"])
+    plan = train.Plan.of(cfg, world_size=2, rank_samples=100)  # 25 micro-batches of 4: 12 steps
+    assert (plan.global_batch, plan.tokens_per_step, plan.steps_per_epoch) == (16, 16 * 64, 12)
+    assert (plan.total_steps, plan.warmup, plan.peak_lr) == (12, 1, 1e-2 * 16 / 32)
+    assert train.Plan.of(dataclasses.replace(cfg, max_steps=1000), 2, 100).total_steps == 1000
+    assert train.Plan.of(dataclasses.replace(cfg, max_steps=1000, epochs=2), 2, 100).total_steps == 24
+    assert train.Plan.of(cfg, 2, 7).steps_per_epoch == 0  # less than one global batch
+    pos = train.Position(steps_per_epoch=12, step=12, epoch=0, step_in_epoch=12)
+    assert pos.resume_point() == (1, 0) and train.Position(12, 5, 0, 5).resume_point() == (0, 5)
+
+
 # ------------------------------------------------------------------ small pure functions
 
 
 def test_lr_warmup_then_cosine():
-    peak = train.scaled_lr(1e-3, global_batch=128, ref_batch=32)
+    peak = optim.scaled_lr(1e-3, global_batch=128, ref_batch=32)
     assert peak == pytest.approx(4e-3)
-    lrs = [train.lr_at(s, peak, 10, 100, 0.1) for s in range(101)]
+    lrs = [optim.lr_at(s, peak, 10, 100, 0.1) for s in range(101)]
     assert lrs[0] == pytest.approx(peak / 10) and lrs[9] == pytest.approx(peak)
     assert all(a < b for a, b in zip(lrs[:9], lrs[1:10]))  # linear warmup
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # decay
@@ -544,42 +599,42 @@ def test_lr_warmup_then_cosine():
 
 
 def test_peak_table_and_flops():
-    assert train.device_peak_flops("NVIDIA H100 80GB HBM3") == 989e12
-    assert train.device_peak_flops("NVIDIA H200") == 989e12
-    assert train.device_peak_flops("NVIDIA H100 PCIe") == 756e12
-    assert train.device_peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
-    assert train.device_peak_flops("Tesla V100-SXM2-32GB") == 125e12
-    assert train.device_peak_flops("NVIDIA A10G") == 70e12
-    assert train.device_peak_flops("NVIDIA L4") == 121e12
-    assert train.device_peak_flops("NVIDIA L40S") == 362e12
-    assert train.device_peak_flops("Some Future GPU") is None
-    m = train.build_model("gpt2", 1024)
+    assert model.device_peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert model.device_peak_flops("NVIDIA H200") == 989e12
+    assert model.device_peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert model.device_peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert model.device_peak_flops("Tesla V100-SXM2-32GB") == 125e12
+    assert model.device_peak_flops("NVIDIA A10G") == 70e12
+    assert model.device_peak_flops("NVIDIA L4") == 121e12
+    assert model.device_peak_flops("NVIDIA L40S") == 362e12
+    assert model.device_peak_flops("Some Future GPU") is None
+    m = model.build_model("gpt2", 1024)
     assert 123e6 < m.num_params() < 125e6  # GPT-2 124M (non-embedding-position count)
-    assert train.flops_per_token(m, 1024) == 6 * m.num_params() + 12 * 12 * 12 * 64 * 1024
+    assert model.flops_per_token(m, 1024) == 6 * m.num_params() + 12 * 12 * 12 * 64 * 1024
 
 
 def test_rng_state_roundtrip_weights_only(tmp_path):
     import random
     random.seed(5)
     torch.manual_seed(5)
-    rng = train.capture_rng(torch.device("cpu"))
+    rng = checkpoint.capture_rng(torch.device("cpu"))
     a = (random.random(), torch.rand(3))
     path = tmp_path / "r.pt"
-    runtime.atomic_save({"rng": rng}, str(path))
+    checkpoint.atomic_save({"rng": rng}, str(path))
     back = torch.load(path, weights_only=True)["rng"]
     random.seed(99)
     torch.manual_seed(99)
-    train.restore_rng(back, torch.device("cpu"))
+    checkpoint.restore_rng(back, torch.device("cpu"))
     b = (random.random(), torch.rand(3))
     assert a[0] == b[0] and torch.equal(a[1], b[1])
 
 
 def test_synthetic_data_is_deterministic_and_structured():
-    ds = train.SyntheticCopyDataset(10, 32, seed=3)
+    ds = data.SyntheticCopyDataset(10, 32, seed=3)
     x1, y1 = ds[7]
-    x2, y2 = train.SyntheticCopyDataset(10, 32, seed=3)[7]
+    x2, y2 = data.SyntheticCopyDataset(10, 32, seed=3)[7]
     assert torch.equal(x1, x2) and torch.equal(x1[1:], y1[:-1])
-    assert not torch.equal(ds[7][0], train.SyntheticCopyDataset(10, 32, seed=4)[7][0])
+    assert not torch.equal(ds[7][0], data.SyntheticCopyDataset(10, 32, seed=4)[7][0])
     seq = torch.cat([x1, y1[-1:]])
     period = next(p for p in range(2, 9) if torch.equal(seq[p:], seq[:-p]))
     assert 2 <= period <= 8 and int(seq.max()) < 256

@@ -9,7 +9,7 @@ import pytest
 from torchrig.errors import TorchrigError
 from torchrig.fetch import plan
 
-RUNTIME = Path(__file__).resolve().parents[2] / "payload" / "runtime.py"
+CHECKPOINT = Path(__file__).resolve().parents[2] / "payload" / "checkpoint.py"
 
 
 def listing(*steps, skipped=(), other=()):
@@ -19,7 +19,7 @@ def listing(*steps, skipped=(), other=()):
 
 
 def test_the_checkpoint_name_is_the_payloads():
-    pattern = re.search(r'CKPT_RE = re\.compile\(r"([^"]+)"\)', RUNTIME.read_text()).group(1)
+    pattern = re.search(r'CKPT_RE = re\.compile\(r"([^"]+)"\)', CHECKPOINT.read_text()).group(1)
     assert plan.CKPT_RE.pattern == pattern
     assert plan.step_of("ckpt_00000040.pt") == 40 and plan.step_of("ckpt_123000000.pt") == 123000000
     assert plan.step_of(".tmp_ckpt_ckpt_00000040.pt.77") is None and plan.step_of("ckpt_40.pt") is None

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 
-IN_PROGRESS = ".tmp_ckpt_"  # payload/runtime.py's TMP_PREFIX: a checkpoint being written
+IN_PROGRESS = ".tmp_ckpt_"  # payload/checkpoint.py's TMP_PREFIX: a checkpoint being written
 CHUNK = 1 << 20
 SNAPSHOT_PREFIX = ".torchrig-fetch-"  # root's private folders in the checkpoint folder
 SNAPSHOT_RE = re.compile(re.escape(SNAPSHOT_PREFIX) + r"[A-Za-z0-9_]{4,32}")

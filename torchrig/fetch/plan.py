@@ -9,7 +9,7 @@ import re
 
 from ..errors import TorchrigError
 
-# payload/runtime.py's CKPT_RE (the name the payload gives a checkpoint); a unit test checks
+# payload/checkpoint.py's CKPT_RE (the name the payload gives a checkpoint); a unit test checks
 # that the two agree, the payload being stdlib + torch and not importable here
 CKPT_RE = re.compile(r"^ckpt_(\d{8,})\.pt$")
 MANIFEST = "MANIFEST.json"
