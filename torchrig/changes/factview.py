@@ -1,7 +1,8 @@
-"""The host's facts as planners see them: only what was requested. Reading a fact that the
-fact request did not ask for is an error, never a silent None or empty default, so a planner
-that reads a file, package or unit nobody asked the host about fails in the first unit test
-instead of planning a change on every run. Also the plan's fingerprint of the facts."""
+"""The host's facts as planners see them: only what was requested, by the declarations in
+facts/provision_facts.FACTS. Reading a fact that the fact request did not ask for is an
+error, never a silent None or empty default, so a planner that reads a file, package or unit
+nobody asked the host about fails in the first unit test instead of planning a change on
+every run. Also the plan's fingerprint of the facts (volatile facts left out)."""
 
 from __future__ import annotations
 
@@ -11,18 +12,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from ..errors import TorchrigError
-
-# Reported by every gather whatever the request (the dict shape gather returns).
-ALWAYS = frozenset({"os_release", "arch", "kernel", "euid", "boot_id", "disk_free_gb", "lspci",
-                    "secure_boot", "held", "dpkg_audit", "dpkg_updates_pending", "nvidia_smi",
-                    "firewall"})
-# Facts keyed by what was requested: request key -> the facts' key.
-KEYED = {"packages": "packages", "available": "available", "files": "files",
-         "secret_files": "files", "dirs": "dirs", "paths": "paths", "users": "users",
-         "units": "units"}
-# Change by themselves between plan and apply without anything to re-plan (free space moves
-# with every log line; preflight checks it again when applying).
-VOLATILE = frozenset({"disk_free_gb"})
+from ..facts import provision_facts
 
 
 class FactNotRequested(TorchrigError):
@@ -30,18 +20,24 @@ class FactNotRequested(TorchrigError):
 
 
 class Facts:
+    """`raw`: the facts dict (provision_facts.facts); `request`: the want it was gathered
+    for, with "facts": the plain facts the planners named (steps.fact_request). What a planner
+    may read follows from provision_facts.FACTS: a plain fact when named, a keyed one for the
+    keys asked."""
+
     def __init__(self, raw: dict, request: dict):
         self.raw = raw
-        self._asked: dict[str, set[str]] = {}
-        for key, fact in KEYED.items():
-            self._asked.setdefault(fact, set()).update(request.get(key) or [])
-        self._venv = request.get("venv")
-        self._node = bool(request.get("node"))
+        self._asked = {f.name: f.asked(request) for f in provision_facts.FACTS if not f.plain}
+        self._named = set(request.get("facts") or ())
 
     def __getitem__(self, name: str) -> Any:
-        if name not in ALWAYS:
-            raise FactNotRequested(f"fact {name!r} is not one every gather reports "
-                                   f"({', '.join(sorted(ALWAYS))}); use its accessor")
+        plain = provision_facts.plain()
+        if name not in plain:
+            raise FactNotRequested(f"fact {name!r} is not a plain fact ({', '.join(sorted(plain))}) "
+                                   "in facts/provision_facts.py; use its accessor")
+        if name not in self._named:
+            raise FactNotRequested(f"fact {name!r} was read but no planner names it: add it to "
+                                   "the reads of the step that reads it (provision/steps.py)")
         if name not in self.raw:
             raise FactNotRequested(f"fact {name!r} missing from the gathered facts")
         return self.raw[name]
@@ -49,9 +45,15 @@ class Facts:
     def _keyed(self, fact: str, key: str) -> Any:
         if key not in self._asked[fact]:
             raise FactNotRequested(f"fact {fact}[{key!r}] was read by a planner but not "
-                                   "requested: add it to provision's fact request "
-                                   "(steps.fact_request, or managed.py for a file)")
+                                   "requested: add it to the reads of the step that reads it "
+                                   "(provision/steps.py; a file: managed.py)")
         return (self.raw.get(fact) or {}).get(key)
+
+    def _whole(self, fact: str, what: str) -> dict:
+        if what not in self._asked[fact]:
+            raise FactNotRequested(f"fact {fact} {what!r} was read but the request asked for "
+                                   f"{sorted(self._asked[fact], key=str)!r}")
+        return self.raw.get(fact) or {}
 
     def file(self, path: str) -> dict | None:
         return self._keyed("files", path)
@@ -84,28 +86,24 @@ class Facts:
 
     def node(self) -> dict:
         """CPU topology, memory, hostname and GPU access (Slurm's node description)."""
-        if not self._node:
-            raise FactNotRequested("fact node was read but not requested (request 'node')")
-        return self.raw.get("node") or {}
+        return self._whole("node", True)
 
     def venv(self, path: str) -> dict:
-        if path != self._venv:
-            raise FactNotRequested(f"fact venv {path!r} was read but the request asked for "
-                                   f"{self._venv!r}")
-        return self.raw.get("venv") or {}
+        return self._whole("venv", path)
 
 
 def fingerprint(raw: dict) -> str:
     """A short hash of the facts a plan was built from (volatile ones left out)."""
-    stable = {k: v for k, v in raw.items() if k not in VOLATILE}
+    volatile = provision_facts.volatile()
+    stable = {k: v for k, v in raw.items() if k not in volatile}
     return hashlib.sha256(json.dumps(stable, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def what_changed(old: dict, new: dict, limit: int = 6) -> list[str]:
     """The facts that differ, as `kind[key]` (file contents and credentials never shown)."""
-    out = []
+    out, volatile = [], provision_facts.volatile()
     for k in sorted(set(old) | set(new)):
-        if k in VOLATILE or old.get(k) == new.get(k):
+        if k in volatile or old.get(k) == new.get(k):
             continue
         a, b = old.get(k), new.get(k)
         if isinstance(a, dict) and isinstance(b, dict):

@@ -1,7 +1,8 @@
 """Every file torchrig manages on a host, declared once: its template (under templates/,
 mirroring the target path; JOB stands for a job's name), mode, owner and whether it holds
-secrets. provision's fact request and planners, and launch's install, all derive from these
-tables, so a managed file that provision never reads back cannot exist."""
+secrets. provision's planners (which name the files they read: steps.Step.reads, whence the
+fact request; a test checks every file here is read back) and launch's install derive from
+these tables."""
 
 from __future__ import annotations
 
@@ -68,12 +69,6 @@ def keyring_list(distro: str, arch: str) -> str:
 
 
 PROVISION_ABSENT = tuple(keyring_list(d, a) for d in sorted(DISTROS) for a in REPO_ARCHES)
-
-
-def provision_request() -> dict[str, list[str]]:
-    """The file part of provision's fact request: every managed file, secrets by hash only."""
-    return {"files": [f.path() for f in PROVISION_FILES if not f.secret] + list(PROVISION_ABSENT),
-            "secret_files": [f.path() for f in PROVISION_FILES if f.secret]}
 
 
 def absent(facts, path: str) -> list[FileChange]:

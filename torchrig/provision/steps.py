@@ -12,7 +12,7 @@ from ..changes import managed
 from ..changes.factview import Facts
 from ..changes.model import Cmd, FileChange, b64
 from ..errors import TorchrigError
-from ..facts import netfilter, os_release, smi_query
+from ..facts import netfilter, os_release, provision_facts, smi_query
 from ..onhost import script
 from ..quoting import sh
 from ..settings import ETC_DIR
@@ -21,6 +21,21 @@ from .desired import (DRIVER_PACKAGE, DRIVER_PIN_GLOBS, Credentialed, Settings,
                       driver_flavor, held_family, repo_source, split_credentials)
 
 Change = Cmd | FileChange
+
+
+def reads(*plain: str, **keyed) -> dict:
+    """What a planner reads of the host: plain facts by name, and of keyed facts the keys,
+    by the want key that asks for them (packages=[...], units=[...], files=[...], venv=path,
+    node=True): facts/provision_facts.FACTS declares both. fact_request merges every
+    planner's reads into the one probe request."""
+    return {"facts": plain, **keyed}
+
+
+def managed_files(*mfs: managed.ManagedFile, absent: tuple[str, ...] = ()) -> dict:
+    """reads() of managed files (secret ones by hash only) and of paths that must not exist."""
+    return {"files": [f.path() for f in mfs if not f.secret] + list(absent),
+            "secret_files": [f.path() for f in mfs if f.secret]}
+
 
 SOURCES_FILE = managed.CUDA_SOURCES.path()
 AUTH_FILE = managed.CUDA_AUTH.path()
@@ -47,6 +62,9 @@ class Ctx:
     fleet: tuple[str, ...] = ()   # every inventory host's IP addresses (the firewall admits them)
     login: str | None = None      # the inventory's login user of the host
     ssh_port: int = 22
+
+    # what the derived properties below read (distro, arch, GPUs on the PCI bus)
+    READS = reads("os_release", "arch", "lspci")
 
     def __post_init__(self):
         if not isinstance(self.facts, Facts):  # the dict gather returned
@@ -104,6 +122,13 @@ def driver_state(facts) -> tuple[str, str]:
 
 # --- preflight: nothing is changed on a host that fails it ----------------------------------
 
+PREFLIGHT_READS = reads("arch", "euid", "disk_free_gb", "lspci", "secure_boot",
+                        packages=list(DRIVER_PACKAGE.values()))
+# what the plan's walk and apply read besides the planners: whether the driver answers
+# (driver_state, for needs_driver) and the boot id (to see a reboot happen)
+WALK_READS = reads("nvidia_smi", "boot_id")
+
+
 def preflight(c: Ctx) -> list[str]:
     """Problems that stop provision before it touches the host."""
     problems = []
@@ -148,6 +173,15 @@ def _pinned(c: Ctx) -> dict[str, str]:
     if node_exporter_skip(c) is None:
         pins[NODE_EXPORTER] = s.node_exporter_version
     return pins | _slurm_pins(c)
+
+
+def _all_pins(s: Settings) -> dict[str, str]:
+    """Every package _pinned may pin on some host (it depends on the GPUs, the distro and
+    the host's Slurm roles), with its version: what cuda_repo reads."""
+    pins = {p: s.driver_deb for p in (*DRIVER_PACKAGE.values(), s.fabricmanager_pkg)}
+    pins.update({s.cuda_pkg: s.cuda_package_version, "libnccl2": s.nccl_version,
+                 "libnccl-dev": s.nccl_version, NODE_EXPORTER: s.node_exporter_version})
+    return pins | _slurm_versions(s)
 
 
 def cuda_repo(c: Ctx) -> list[Change]:
@@ -329,9 +363,13 @@ def _satisfied(req: str, dists: dict[str, str]) -> bool:
     return not ver or have.split("+")[0] == ver.strip().split("+")[0]
 
 
+def nccl_tests_binary(s: Settings) -> str:
+    return f"{s.prefix}/nccl-tests/build/all_reduce_perf"
+
+
 def nccl_tests(c: Ctx) -> list[Change]:
     s = c.s
-    binary = f"{s.prefix}/nccl-tests/build/all_reduce_perf"
+    binary = nccl_tests_binary(s)
     if c.facts.path_exists(binary):
         return []
     dest = sh(s.prefix + "/nccl-tests")
@@ -439,15 +477,23 @@ SLURM_UNITS = {"controller": "slurmctld.service", "compute": "slurmd.service"}
 MUNGE_UNIT = "munge.service"
 
 
+SLURM_DAEMONS = {"slurmctld": "controller", "slurmd": "compute"}   # package: the role it serves
+# what the cluster's plan (provision/slurm.py) reads of every host of the cluster
+SLURM_CLUSTER_READS = reads("nvidia_smi", node=True, **managed_files(managed.MUNGE_KEY))
+
+
+def _slurm_versions(s: Settings) -> dict[str, str]:
+    return {"munge": s.munge_version, "slurm-client": s.slurm_version,
+            **{p: s.slurm_version for p in SLURM_DAEMONS}}
+
+
 def _slurm_pins(c: Ctx) -> dict[str, str]:
     """munge and the Slurm client everywhere in the cluster, each daemon where it runs."""
     roles = c.cluster.roles(c.host) if c.cluster else set()
     if not roles:
         return {}
-    pins = {"munge": c.s.munge_version, "slurm-client": c.s.slurm_version}
-    pins |= {"slurmctld": c.s.slurm_version} if "controller" in roles else {}
-    pins |= {"slurmd": c.s.slurm_version} if "compute" in roles else {}
-    return pins
+    return {p: v for p, v in _slurm_versions(c.s).items()
+            if p not in SLURM_DAEMONS or SLURM_DAEMONS[p] in roles}
 
 
 def _in_cluster(c: Ctx) -> str | None:
@@ -537,6 +583,7 @@ class Step:
     reprobes_driver: bool = False  # once this step changed something, ask nvidia-smi again
     upload: Callable[[Settings], Upload | None] = lambda s: None
     enabled: Callable[[Ctx], str | None] = lambda c: None  # a reason to skip, or None
+    reads: Callable[[Settings], dict] = lambda s: {}       # what `plan` reads: see reads()
 
 
 def nccl_tests_upload(s: Settings) -> Upload | None:
@@ -545,50 +592,90 @@ def nccl_tests_upload(s: Settings) -> Upload | None:
     return None
 
 
+DRIVER_UNITS = ["nvidia-persistenced.service", "nvidia-fabricmanager.service"]
+
+
+def _installs(s: Settings, *pkgs: str, family: str | None = None) -> dict:
+    """reads() of _install: the pinned packages (and `family`'s globs) and the holds."""
+    return reads("held", packages=[*pkgs, *(held_family(s)[family] if family else ())])
+
+
 STEPS = [
-    Step("apt-recover", apt_recover),
-    Step("cuda-repo", cuda_repo),
-    Step("driver", driver, reprobes_driver=True),
-    Step("driver-services", driver_services, needs_driver=True),
-    Step("cuda-toolkit", cuda_toolkit),
-    Step("nccl", nccl),
-    Step("python-venv", python_venv),
+    Step("apt-recover", apt_recover, reads=lambda s: reads("dpkg_audit", "dpkg_updates_pending")),
+    Step("cuda-repo", cuda_repo, reads=lambda s: {
+        "packages": ["cuda-keyring", *_all_pins(s)],
+        "available": [f"{p}={v}" for p, v in _all_pins(s).items()],
+        **managed_files(managed.CUDA_SOURCES, managed.CUDA_AUTH, absent=managed.PROVISION_ABSENT)}),
+    Step("driver", driver, reprobes_driver=True, reads=lambda s: {
+        **_installs(s, *DRIVER_PACKAGE.values(), s.fabricmanager_pkg), "units": DRIVER_UNITS,
+        **managed_files(managed.NOUVEAU_BLACKLIST, managed.DRIVER_PIN, managed.UNATTENDED_HOLD)}),
+    Step("driver-services", driver_services, needs_driver=True,
+         reads=lambda s: reads(units=DRIVER_UNITS)),
+    Step("cuda-toolkit", cuda_toolkit,
+         reads=lambda s: {**_installs(s, s.cuda_pkg, family="cuda"), **managed_files(managed.CUDA_ENV)}),
+    Step("nccl", nccl, reads=lambda s: _installs(s, "libnccl2", "libnccl-dev", family="nccl")),
+    Step("python-venv", python_venv, reads=lambda s: reads(venv=s.venv)),
     Step("nccl-tests", nccl_tests, needs_driver=True, upload=nccl_tests_upload,
-         enabled=lambda c: None if c.s.nccl_tests else "disabled (var nccl_tests: false)"),
-    Step("service-user", service_user),
+         enabled=lambda c: None if c.s.nccl_tests else "disabled (var nccl_tests: false)",
+         reads=lambda s: reads(paths=[nccl_tests_binary(s)])),
+    Step("service-user", service_user,
+         reads=lambda s: reads(users=[s.service_user], dirs=[d for d, _, _ in dirs(s)])),
     Step("node-exporter", node_exporter,  # after service-user: its textfile folder is that user's
-         enabled=lambda c: node_exporter_skip(c)),
-    Step("slurm-packages", slurm_packages, enabled=_in_cluster),
+         enabled=lambda c: node_exporter_skip(c), reads=lambda s: {
+             **_installs(s, NODE_EXPORTER), "units": [NODE_EXPORTER_UNIT],
+             **managed_files(managed.NODE_EXPORTER_ARGS)}),
+    Step("slurm-packages", slurm_packages, enabled=_in_cluster,
+         reads=lambda s: _installs(s, *_slurm_versions(s))),
     # after service-user and slurm-packages: the rules name their users
-    Step("firewall", firewall.plan),
+    Step("firewall", firewall.plan, reads=lambda s: {
+        **reads("firewall", packages=[firewall.PACKAGE], units=[netfilter.UNIT]),
+        **managed_files(managed.FIREWALL_RULES, managed.FIREWALL_UNIT)}),
     Step("munge", munge, enabled=lambda c: _in_cluster(c) or (
-        f"Slurm waits: {c.cluster.missing}" if c.cluster.missing else None)),
-    Step("slurm-config", slurm_config, enabled=_cluster_ready),
+        f"Slurm waits: {c.cluster.missing}" if c.cluster.missing else None),
+        reads=lambda s: {"units": [MUNGE_UNIT], **managed_files(managed.MUNGE_KEY)}),
+    Step("slurm-config", slurm_config, enabled=_cluster_ready, reads=lambda s: {
+        "dirs": [slurm.LOG_DIR, slurm.STATE_DIR], "units": list(SLURM_UNITS.values()),
+        **managed_files(managed.SLURM_CONF, managed.GRES_CONF, managed.CGROUP_CONF)}),
 ]
 
 
-def fact_request(s: Settings, flavor_pkgs: list[str] | None = None) -> dict:
-    """What the probe must report for these settings (one round trip). The planners
-    read facts through Ctx.facts, which refuses anything not asked for here; files come
-    from the managed-file table."""
-    pkgs = sorted({*(flavor_pkgs or DRIVER_PACKAGE.values()), s.fabricmanager_pkg, s.cuda_pkg,
-                   "libnccl2", "libnccl-dev", "cuda-keyring", NODE_EXPORTER, firewall.PACKAGE})
-    versions = {p: s.driver_deb for p in (*DRIVER_PACKAGE.values(), s.fabricmanager_pkg)}
-    versions.update({s.cuda_pkg: s.cuda_package_version, "libnccl2": s.nccl_version,
-                     "libnccl-dev": s.nccl_version, NODE_EXPORTER: s.node_exporter_version})
-    slurm_pkgs = {"munge": s.munge_version, "slurm-client": s.slurm_version,
-                  "slurmctld": s.slurm_version, "slurmd": s.slurm_version}
-    pkgs = sorted({*pkgs, *slurm_pkgs, *(g for f in held_family(s).values() for g in f)})
-    versions.update(slurm_pkgs)
-    return {
-        "packages": pkgs,
-        "available": [f"{p}={v}" for p, v in sorted(versions.items())],
-        **managed.provision_request(),
-        "dirs": [d for d, _, _ in dirs(s)] + [slurm.LOG_DIR, slurm.STATE_DIR],
-        "units": ["nvidia-persistenced.service", "nvidia-fabricmanager.service", NODE_EXPORTER_UNIT,
-                  MUNGE_UNIT, *SLURM_UNITS.values(), netfilter.UNIT],
-        "node": True,
-        "users": [s.service_user],
-        "venv": s.venv,
-        "paths": [f"{s.prefix}/nccl-tests/build/all_reduce_perf"],
-    }
+class UndeclaredFact(TorchrigError):
+    pass
+
+
+def readers(s: Settings) -> list[tuple[str, dict]]:
+    """(who, what it reads) for everything that reads provision's facts."""
+    return [("Ctx", Ctx.READS), ("preflight", PREFLIGHT_READS), ("the plan's walk", WALK_READS),
+            ("the Slurm cluster's plan", SLURM_CLUSTER_READS),
+            *((f"step {st.name}", st.reads(s)) for st in STEPS)]
+
+
+def fact_request(s: Settings) -> dict:
+    """What the probe must report for these settings (one round trip): the union of what
+    every planner reads. The planners read facts through Ctx.facts, which refuses anything
+    not asked for here."""
+    return merge_reads(readers(s))
+
+
+def merge_reads(parts: list[tuple[str, dict]]) -> dict:
+    """One want from (who, reads) pairs; a name or want key that facts/provision_facts.FACTS
+    does not declare is an error naming who reads it."""
+    want: dict = {"facts": set()}
+    for who, r in parts:
+        for key, v in r.items():
+            if key == "facts":
+                unknown = [n for n in v if n not in provision_facts.plain()]
+                if unknown:
+                    raise UndeclaredFact(f"{who} reads fact(s) {', '.join(map(repr, unknown))}, "
+                                         "which facts/provision_facts.FACTS does not declare "
+                                         "as plain facts")
+            elif key not in provision_facts.want_keys():
+                raise UndeclaredFact(f"{who} reads {key!r}, which no fact in "
+                                     "facts/provision_facts.FACTS is asked by")
+            if isinstance(v, (str, bool)):
+                if want.setdefault(key, v) != v:
+                    raise UndeclaredFact(f"{who} reads {key} {v!r}, another planner "
+                                         f"{want[key]!r}: one per request")
+            else:
+                want.setdefault(key, set()).update(v)
+    return {k: v if isinstance(v, (str, bool)) else sorted(v) for k, v in want.items()}
