@@ -4,7 +4,6 @@ In a checkout, `invoke <task>` reads the same collection through tasks.py."""
 
 import os
 import sys
-from importlib.metadata import PackageNotFoundError, version
 
 from invoke import Config, Program
 
@@ -15,6 +14,9 @@ VERSIONS_OF = ("torchrig", "invoke", "fabric", "paramiko")
 
 
 def _version(dist: str) -> str:
+    """An installed distribution's version, read when --version asks (reading package metadata
+    costs tens of ms: not on every start)."""
+    from importlib.metadata import PackageNotFoundError, version
     try:
         return version(dist)
     except PackageNotFoundError:
@@ -35,9 +37,8 @@ class TorchrigProgram(Program):
             print(f"{dist} {_version(dist)}")
 
 
-program = TorchrigProgram(name="torchrig", namespace=ns, version=_version("torchrig"),
-                          config_class=TorchrigConfig, binary="torchrig",
-                          binary_names=["torchrig"])
+program = TorchrigProgram(name="torchrig", namespace=ns, config_class=TorchrigConfig,
+                          binary="torchrig", binary_names=["torchrig"])
 
 
 def main() -> None:
