@@ -73,10 +73,10 @@ UTIL_FILE = "gpu_util.csv"                           # the sampler's GPU use sam
 MEM_FILE = "gpu_mem.csv"                             # its memory samples (torchrig report)
 TENSORBOARD_DIR = "tensorboard"                      # rank 0's TensorBoard events
 SAMPLER = "gpumon.py"  # in the payload release (root's), beside progress.py and metrics.py
-# torchrun's per-rank layout in the log folder (--log-dir, --redirects 3 --tee 3):
+# torchrun's per-rank layout in the log folder (--log-dir, --redirects 3 --tee 3), which
+# logs/merge.py parses and the follower (onhost/logs/follow.py) walks:
 #   <run>/attempt_<N>/<local rank>/{stdout.log,stderr.log,error.json}
 # <run> is <rdzv_id>_<random>, a new one per torchrun start; attempt_<N+1> per group restart
-RANK_STREAMS = ("stdout.log", "stderr.log", "error.json")
 
 
 def job_folder(base: str, job: str) -> str:
