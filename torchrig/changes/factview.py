@@ -29,11 +29,12 @@ class Facts:
         self.raw = raw
         self._asked = {f.name: f.asked(request) for f in provision_facts.FACTS if not f.plain}
         self._named = set(request.get("facts") or ())
+        self._plain = provision_facts.plain()  # once per view, not once per read
 
     def __getitem__(self, name: str) -> Any:
-        plain = provision_facts.plain()
-        if name not in plain:
-            raise FactNotRequested(f"fact {name!r} is not a plain fact ({', '.join(sorted(plain))}) "
+        if name not in self._plain:
+            raise FactNotRequested(f"fact {name!r} is not a plain fact "
+                                   f"({', '.join(sorted(self._plain))}) "
                                    "in facts/provision_facts.py; use its accessor")
         if name not in self._named:
             raise FactNotRequested(f"fact {name!r} was read but no planner names it: add it to "
