@@ -72,7 +72,7 @@ def test_flags_the_backend_cannot_honour_are_refused(calls, kw, want):
 def test_stop_goes_through_slurm_only_when_its_cluster_knows_the_job(monkeypatch):
     sj = object()
     monkeypatch.setattr(slurm, "find", lambda fleet, job: sj if job == "sj" else None)
-    monkeypatch.setattr(slurm, "stop", lambda fleet, job, log: sj)
+    monkeypatch.setattr(slurm, "stop", lambda fleet, found, log: found)
     out = Outcome("stop of job j", [Result("gpu1", True, "inactive")])
     monkeypatch.setattr(run, "stop", lambda fleet, hosts, job: out)
     cluster = _fleet("gpu1", slurm_section=object())

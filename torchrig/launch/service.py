@@ -60,6 +60,7 @@ class Stopped:
 def stop(fleet: Fleet, job: str, log=print) -> Stopped:
     """Stop the job wherever it runs: through Slurm when the inventory's cluster knows it,
     else its units on the selected hosts."""
-    if getattr(fleet.inv, "slurm", None) is not None and slurm.find(fleet, job) is not None:
-        return Stopped(job, slurm=slurm.stop(fleet, job, log=log))
+    sj = slurm.find(fleet, job) if getattr(fleet.inv, "slurm", None) is not None else None
+    if sj is not None:  # its record, read once: stop acts on it
+        return Stopped(job, slurm=slurm.stop(fleet, sj, log=log))
     return Stopped(job, nodes=run.stop(fleet, fleet.hosts, job))

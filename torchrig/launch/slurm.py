@@ -176,12 +176,10 @@ def processes_left(fleet: Fleet, h: Host, job_id: str) -> int:
     return int(r.stdout.strip() or 0) if r.exited == 0 else -1
 
 
-def stop(fleet: Fleet, job: str, log=print) -> SlurmJob:
-    """scancel the job (every step gets SIGTERM and has KillWait to checkpoint), wait until
-    Slurm says it ended, then check no process of it is left on any of its nodes."""
-    sj = find(fleet, job)
-    if sj is None:
-        raise TorchrigError(f"job {job!r} is not a Slurm job torchrig launched")
+def stop(fleet: Fleet, sj: SlurmJob, log=print) -> SlurmJob:
+    """scancel the job `find` returned (every step gets SIGTERM and has KillWait to
+    checkpoint), wait until Slurm says it ended, then check no process of it is left on any
+    of its nodes."""
     ctl = fleet.inv.host(cluster(fleet.inv).controller)
     if sj.state and sj.state.live:
         r = fleet.run(ctl, sh("scancel", sj.job_id), root=True, timeout=60)
