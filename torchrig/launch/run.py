@@ -43,6 +43,13 @@ class LaunchOptions:
     start_timeout: int = DEFAULTS.start_timeout
     rdzv_timeout: int = DEFAULTS.rdzv_timeout
     exit_barrier_timeout: int = DEFAULTS.exit_barrier_timeout
+    # the user's project (None: torchrig's own payload/), run as a script inside it or as a
+    # module (torchrun -m); its dependencies from `requirements` (a file in it; None: found)
+    workdir: str | None = None
+    module: str | None = None
+    requirements: str | None = None
+    allow_torch_change: bool = False   # a requirement may replace the provisioned torch
+    secret_env: list[str] = field(default_factory=list)  # more names whose values are masked
 
 
 def check_options(o: LaunchOptions) -> None:
