@@ -91,6 +91,13 @@ class Settings(BaseModel):
     nccl_tests_source: str = _var("https://github.com/NVIDIA/nccl-tests", "provision",
                                   "git URL, or a `.tar.gz` path on the operator", shown="the git URL")
     extra_pip_packages: list[str] = _var([], "provision", "more requirements for the venv")
+    workdir_max_mb: int = _var(500, "launch", "the most a `launch --workdir` project may send "
+                               "(MiB, after its ignore files)", ge=1)
+    deps_index_url: str | None = _var(
+        None, "launch", "package index for a project's requirements (credentials go to a 0600 "
+        "netrc, never a command line; none: the node's own pip configuration)")
+    deps_timeout: int = _var(1800, "launch", "seconds a node may take to build a project's "
+                             "job environment", ge=30)
     accelerator: Literal["cuda", "cpu"] = _var(
         "cuda", "verify, launch", f"`cpu`: gloo and CPU torch, {CPU_PROCS} processes per node "
         "(a CPU-only cluster, or the testbed)")

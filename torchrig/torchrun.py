@@ -29,6 +29,8 @@ TORCHRUN = "torch.distributed.run"
 BOUNDED_TORCHRUN = "torchrig_torchrun"
 
 
-def command(venv: str, rdzv: list[str], nproc: int, module: str = TORCHRUN) -> list[str]:
-    """torchrun from the venv (`python -m`: no reliance on the venv's bin/ scripts)."""
-    return [f"{venv}/bin/python", "-m", module, *rdzv, "--nproc-per-node", str(nproc)]
+def command(venv: str, rdzv: list[str], nproc: int, module: str = TORCHRUN,
+            python: str | None = None) -> list[str]:
+    """torchrun from the venv (`python -m`: no reliance on the venv's bin/ scripts), or from
+    `python` (a job environment that sees the venv's packages)."""
+    return [python or f"{venv}/bin/python", "-m", module, *rdzv, "--nproc-per-node", str(nproc)]

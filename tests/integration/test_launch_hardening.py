@@ -186,13 +186,14 @@ def test_concurrent_pushes_to_one_node_all_succeed(testbed, tmp_path):
     """Today 11 in 20 concurrent pushes failed (`mv: cannot move ... Directory not empty`)."""
     from torchrig.inventory import load
     from torchrig.launch.push import push
+    from torchrig.launch.tree import payload_tree
     from torchrig.session import Fleet
     inv = load(testbed)
     h = inv.select("gpu1")[0]
 
     def one_launch(payload):  # a session, so a connection, of its own: six launches at once
         with Fleet(inv) as fleet:
-            return push(fleet.conn(h), payload, "/opt/torchrig")
+            return push(fleet.conn(h), payload_tree(payload), "/opt/torchrig/payload")
 
     for rnd in range(3):
         payload = _payload(tmp_path, f"race{rnd}")
@@ -212,11 +213,12 @@ def test_a_release_about_to_be_used_is_not_swept(testbed, tmp_path):
     moment later: a push by another launch meanwhile must not delete that release."""
     from torchrig.inventory import load
     from torchrig.launch.push import push as push_payload
+    from torchrig.launch.tree import payload_tree
     from torchrig.session import Fleet
     inv = load(testbed)
     h = inv.select("gpu1")[0]
     fleet = Fleet(inv)
-    push = lambda tag: push_payload(fleet.conn(h), _payload(tmp_path, tag), "/opt/torchrig")  # noqa: E731
+    push = lambda tag: push_payload(fleet.conn(h), payload_tree(_payload(tmp_path, tag)), "/opt/torchrig/payload")  # noqa: E731
     first, _ = push("old")
     older = [push(f"mid{i}")[0] for i in range(4)]
     sh(testbed, "gpu1", f"touch -d '3 hours ago' /opt/torchrig/payload/releases/*; touch -d '4 hours ago' {first}")

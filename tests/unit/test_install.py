@@ -23,7 +23,8 @@ from pathlib import Path
 import torchrig
 from torchrig import inventory, resources
 from torchrig.launch.plan import render_unit
-from torchrig.launch.push import manifest, push
+from torchrig.launch.push import push
+from torchrig.launch.tree import payload_tree
 from torchrig.launch.run import LaunchOptions, plan_job
 from torchrig.connections import LocalConnection
 
@@ -36,11 +37,11 @@ inv = inventory.load(tmp / "inv.yml")
 job = plan_job(inv, list(inv.hosts), LaunchOptions(job="j1", nproc="2"), "/opt/r", {})
 unit = render_unit(job, job.nodes[0])
 assert "ExecStart=" in unit and "train.py" in unit, unit
-m = manifest(resources.PAYLOAD)
+m = payload_tree(resources.PAYLOAD).manifest()
 assert "train.py" in m and "requirements.txt" in m, sorted(m)
 if os.geteuid() == 0:  # the push scripts chown to root
     (tmp / "prefix").mkdir(mode=0o755)
-    rel, sent = push(LocalConnection(), resources.PAYLOAD, str(tmp / "prefix"))
+    rel, sent = push(LocalConnection(), payload_tree(resources.PAYLOAD), str(tmp / "prefix" / "payload"))
     assert sent == len(m) and (Path(rel) / "train.py").read_bytes() == (resources.PAYLOAD / "train.py").read_bytes()
 print("INSTALLED-OK", here)
 """

@@ -90,8 +90,8 @@ def test_lines_that_would_not_parse_back_are_refused(kind, fields, note):
 def test_the_module_is_stdlib_only_and_pushed_with_the_payload():
     """Importable in an isolated interpreter with torch made unimportable, and a payload file
     (push sends every file under payload/)."""
-    from torchrig.launch.push import manifest
-    assert "progress.py" in manifest(REPO / "payload")
+    from torchrig.launch.tree import payload_tree
+    assert "progress.py" in payload_tree(REPO / "payload").manifest()
     code = ("import sys; sys.modules['torch'] = None; sys.path.insert(0, sys.argv[1]); "
             "import progress; print(progress.format_line('done', {'step': 1}))")
     r = subprocess.run([sys.executable, "-I", "-c", code, str(REPO / "payload")],

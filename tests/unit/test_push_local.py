@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from torchrig.launch.push import manifest, push
+from torchrig.launch.push import push
+from torchrig.launch.tree import payload_tree
 from torchrig.connections import LocalConnection
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the push scripts chown to root")
@@ -28,14 +29,14 @@ def test_push_of_1500_files_then_their_removal(tmp_path):
     prefix.mkdir(mode=0o755)
     cxn = LocalConnection(None)
     big = _payload(tmp_path / "big", 1500, "one")
-    rel, sent = push(cxn, big, str(prefix))
+    rel, sent = push(cxn, payload_tree(big), f"{prefix}/payload")
     assert sent == 1501 and Path(rel, "train.py").read_text() == "print('one')\n"
-    on_node = {k: v for k, v in manifest(Path(rel)).items() if k not in (".complete", ".manifest.json")}
-    assert on_node == manifest(big) == json.loads(Path(rel, ".manifest.json").read_text())
+    on_node = {k: v for k, v in payload_tree(Path(rel)).manifest().items() if k not in (".complete", ".manifest.json")}
+    assert on_node == payload_tree(big).manifest() == json.loads(Path(rel, ".manifest.json").read_text())
     small = tmp_path / "small"
     small.mkdir()
     (small / "train.py").write_text("print('two')\n")
-    rel2, sent2 = push(cxn, small, str(prefix))
+    rel2, sent2 = push(cxn, payload_tree(small), f"{prefix}/payload")
     assert sent2 == 1 and rel2 != rel
     left = sorted(p.relative_to(rel2).as_posix() for p in Path(rel2).rglob("*") if p.is_file())
     assert left == [".complete", ".manifest.json", "train.py"]
@@ -57,7 +58,7 @@ def test_a_lock_held_on_the_payload_folder_does_not_block_a_push(tmp_path):
     small.mkdir()
     (small / "train.py").write_text("print('x')\n")
     done = []
-    t = threading.Thread(target=lambda: done.append(push(LocalConnection(None), small, str(prefix))),
+    t = threading.Thread(target=lambda: done.append(push(LocalConnection(None), payload_tree(small), f"{prefix}/payload")),
                          daemon=True)
     try:
         t.start()

@@ -15,7 +15,17 @@ from .logs import logs
       help={"nodes": "use the first N selected hosts (the first one hosts the rendezvous)",
             "nproc_per_node": "processes per node: a number, or 'gpu' = one per GPU "
                               "(2 on hosts with var accelerator: cpu)",
-            "script": f"the training script, a path inside payload/ (default {DEFAULTS.script})",
+            "script": "the training script: a path inside --workdir, else inside torchrig's "
+                      f"payload/ (default {DEFAULTS.script})",
+            "workdir": "your project's folder: pushed to every node as a verified release "
+                       "(its .gitignore and .torchrigignore honoured), the job's working "
+                       "directory and on its PYTHONPATH (default: torchrig's payload/)",
+            "module": "run a module of the project instead of a script (torchrun -m pkg.train)",
+            "requirements": "the project's requirements file (default: its requirements.txt, "
+                            "else pyproject.toml's dependencies), installed once per content "
+                            "into a job environment on every node",
+            "allow_torch_change": "let the requirements replace the provisioned torch (in the "
+                                  "job environment only)",
             "args": "arguments for the script, quoted as in a shell",
             "job": "job name (default job-YYYYmmdd-HHMMSS); names the unit and log directory",
             "max_restarts": "torchrun restarts of the worker group after a failure "
@@ -41,7 +51,8 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node=DEFAULTS.npr
            script=DEFAULTS.script,
            args="", job=None, max_restarts=None, env=None, dry_run=False, follow=False,
            start_timeout=None, rdzv_timeout=None, exit_barrier_timeout=None,
-           backend=None, partition=None, time=None, accept_new_host_keys=False):
+           backend=None, partition=None, time=None, workdir=None, module=None,
+           requirements=None, allow_torch_change=False, accept_new_host_keys=False):
     """Run a torchrun DDP job under systemd (or Slurm) on the nodes: everywhere or nowhere."""
     from torchrig.job import default_job_name
     from torchrig.launch import service
@@ -55,7 +66,9 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node=DEFAULTS.npr
                       env=list(env or []), nproc=str(nproc_per_node), dry_run=dry_run,
                       max_restarts=numbers["max_restarts"],
                       start_timeout=numbers["start_timeout"], rdzv_timeout=numbers["rdzv_timeout"],
-                      exit_barrier_timeout=numbers["exit_barrier_timeout"])
+                      exit_barrier_timeout=numbers["exit_barrier_timeout"],
+                      workdir=workdir, module=module, requirements=requirements,
+                      allow_torch_change=allow_torch_change)
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
         res = service.launch(fleet, o, nodes, backend, partition, time, log=_log)
     if isinstance(res, SlurmLaunched):

@@ -59,7 +59,7 @@ class Node:
 @dataclass
 class Job:
     name: str
-    script: str                      # path relative to the payload directory
+    script: str                      # path relative to the release (or a module, see module)
     args: list[str]
     max_restarts: int
     rdzv_port: int
@@ -69,6 +69,9 @@ class Job:
     rdzv_timeout: int = 300          # how long nodes wait for each other (then the job ends)
     exit_barrier_timeout: int = 120  # how long a finished node waits for the others to finish
     secret_keys: set[str] = field(default_factory=set)
+    module: bool = False             # script names a module: torchrun -m (the user's project)
+    support: str = ""                # torchrig's files (sampler, progress) in the release
+    python: str | None = None        # the job environment's python (None: the torch venv's)
     # marks the unit files this launch wrote: another launch of the same job at the same time
     # may overwrite them, and then this one must neither start nor remove what it finds
     launch_id: str = field(default_factory=lambda: os.urandom(8).hex())
@@ -94,9 +97,10 @@ def torchrun_argv(job: Job, n: Node, endpoint: str | None = None,
     rdzv = torchrun.rendezvous(job.nnodes, endpoint or f"{first.address}:{job.rdzv_port}",
                                n is first if is_host is None else is_host, n.address,
                                join_timeout=job.rdzv_timeout)
-    return torchrun.command(n.venv, rdzv, n.nproc, torchrun.BOUNDED_TORCHRUN) + [
+    return torchrun.command(n.venv, rdzv, n.nproc, torchrun.BOUNDED_TORCHRUN,
+                            python=job.python) + [
         "--max-restarts", str(job.max_restarts), "--log-dir", job_folder(n.log_dir, job.name),
-        "--redirects", "3", "--tee", "3", job.script, *job.args]
+        "--redirects", "3", "--tee", "3", *(["-m"] if job.module else []), job.script, *job.args]
 
 
 def script_and_args(argv: list[str]) -> tuple[str, list[str]] | None:
@@ -104,6 +108,8 @@ def script_and_args(argv: list[str]) -> tuple[str, list[str]] | None:
     follow its last torchrun option, `--tee 3`. None for another command line."""
     for i in range(len(argv) - 2):
         if argv[i] == "--tee" and argv[i + 1] == "3":
+            if argv[i + 2] == "-m" and len(argv) > i + 3:   # a module: shown as `-m pkg.train`
+                return f"-m {argv[i + 3]}", argv[i + 4:]
             return argv[i + 2], argv[i + 3:]
     return None
 
@@ -127,6 +133,10 @@ def node_env(job: Job, n: Node) -> dict[str, str]:
         "TORCHRIG_CKPT_DIR": job_folder(n.checkpoint_dir, job.name),
         "TORCHRIG_DATA_DIR": n.data_dir,
     }
+    if job.support:
+        # a user's project: its folder first (its own packages, from any script's folder), then
+        # torchrig's support files (the bounded torchrun, `import progress`)
+        env["PYTHONPATH"] = f"{job.release}:{job.release}/{job.support}"
     if n.interface:
         env["NCCL_SOCKET_IFNAME"] = n.interface
         env["GLOO_SOCKET_IFNAME"] = n.interface
@@ -171,7 +181,8 @@ def util_file(n: Node, job: str, name: str = UTIL_FILE) -> str:
 def sampler_argv(job: Job, n: Node) -> list[str]:
     """The job's sampler (payload/gpumon.py) with the system python: stdlib only, so it runs
     whatever the venv holds, and `-I` keeps the job's environment and folders out of it."""
-    argv = ["/usr/bin/python3", "-I", f"{job.release}/{SAMPLER}", "--job", job.name,
+    sampler = "/".join(p for p in (job.release, job.support, SAMPLER) if p)
+    argv = ["/usr/bin/python3", "-I", sampler, "--job", job.name,
             "--node", n.host, "--unit", unit_name(job.name),
             "--logdir", job_folder(n.log_dir, job.name), "--util-file", util_file(n, job.name),
             "--mem-file", util_file(n, job.name, MEM_FILE)]

@@ -18,10 +18,11 @@ from ..settings import JOBS_DIR, job_folder, procs_per_node
 from ..verify.run import verify
 from ..job import (DEFAULTS, JOB_RE, RUNNING_STATES, check_job_name, gpumon_name, job_of_unit, job_port,
                    unit_name)
-from .plan import (Job, Node, job_changes, job_paths, launch_marker, parse_env, redact_env,
+from .plan import (Job, Node, check_env_key, job_changes, job_paths, launch_marker, parse_env, redact_env,
                    split_args, unit_path)
 from ..session import Fleet, Outcome
-from .push import push
+from . import stage
+from .stage import Staged
 
 GPU_SAMPLE_S = 30  # seconds between samples (GPU use for status, metrics for node_exporter)
 # a job holds its GPUs (and its release) from start until its unit is fully down: a job that is
@@ -52,16 +53,31 @@ class LaunchOptions:
     secret_env: list[str] = field(default_factory=list)  # more names whose values are masked
 
 
+MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
 def check_options(o: LaunchOptions) -> None:
     """The flags alone: refused with one line before any host is touched."""
     check_job_name(o.job)
     parse_env(o.env)
     split_args(o.args)
-    script = Path(o.script)
-    if script.is_absolute() or ".." in script.parts:
-        raise TorchrigError(f"--script {o.script!r}: a path inside payload/ (e.g. train.py)")
-    if not (PAYLOAD / script).is_file():
-        raise TorchrigError(f"--script {o.script!r}: no such file in {PAYLOAD}")
+    for key in o.secret_env:
+        check_env_key(key, "--secret-env")
+    root = PAYLOAD if o.workdir is None else Path(o.workdir).expanduser()
+    where = "payload/" if o.workdir is None else f"--workdir {o.workdir}"
+    if o.module is not None:
+        if o.script != DEFAULTS.script:
+            raise TorchrigError("--script and --module: give one (a file, or a module to run "
+                                "as `python -m`)")
+        if not MODULE_RE.fullmatch(o.module):
+            raise TorchrigError(f"--module {o.module!r}: a dotted module name (e.g. pkg.train)")
+    else:
+        script = Path(o.script)
+        if script.is_absolute() or ".." in script.parts:
+            raise TorchrigError(f"--script {o.script!r}: a path inside {where} (e.g. train.py)")
+        if not (root / script).is_file():
+            raise TorchrigError(f"--script {o.script!r}: no such file in {root}"
+                                + ("" if o.workdir else " (your own project: add --workdir DIR)"))
     if o.nproc != "gpu" and not (re.fullmatch(r"[0-9]{1,4}", o.nproc) and int(o.nproc) >= 1):
         raise TorchrigError(f"--nproc-per-node {o.nproc!r}: a positive number or 'gpu'")
 
@@ -86,22 +102,24 @@ def _node(inv: Inventory, h: Host, rank: int, nproc: str, interface: str | None)
 
 
 def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
-             interfaces: dict[str, str | None]) -> Job:
+             interfaces: dict[str, str | None], staged: Staged | None = None) -> Job:
     check_options(o)
     args = split_args(o.args)
-    secret_keys = {k for h in hosts for k in h.settings.secret_env}
+    secret_keys = {k for h in hosts for k in h.settings.secret_env} | set(o.secret_env)
     nodes = [_node(inv, h, i, o.nproc, interfaces.get(h.name)) for i, h in enumerate(hosts)]
-    if o.script == "train.py" and not any(a.startswith("--ckpt-dir") for a in args):
+    payload = o.workdir is None and o.module is None and o.script == DEFAULTS.script
+    if payload and not any(a.startswith("--ckpt-dir") for a in args):
         args = ["--ckpt-dir", job_folder(nodes[0].checkpoint_dir, o.job)] + args
     # where the node has TensorBoard (var tensorboard), rank 0 logs for `torchrig tensorboard`
     first = hosts[0].settings
-    if (o.script == "train.py" and first.tensorboard
-            and not any(a.startswith("--tensorboard") for a in args)):
+    if payload and first.tensorboard and not any(a.startswith("--tensorboard") for a in args):
         args = ["--tensorboard", first.tensorboard_dir(o.job)] + args
     port = job_port(o.job, hosts[0].settings.rdzv_port)
-    return Job(o.job, o.script, args, o.max_restarts, port, nodes, release, env=parse_env(o.env),
-               secret_keys=secret_keys, rdzv_timeout=o.rdzv_timeout,
-               exit_barrier_timeout=o.exit_barrier_timeout)
+    return Job(o.job, o.module or o.script, args, o.max_restarts, port, nodes, release,
+               env=parse_env(o.env), secret_keys=secret_keys, rdzv_timeout=o.rdzv_timeout,
+               exit_barrier_timeout=o.exit_barrier_timeout, module=o.module is not None,
+               support=staged.support if staged else "",
+               python=staged.python if staged else None)
 
 
 @dataclass
@@ -163,21 +181,14 @@ def launch(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print) -> Laun
     if not hosts:
         raise TorchrigError("no hosts selected")
     check_options(o)  # before any host is touched
+    src = stage.source(o, hosts[0])
     interfaces = _gate(fleet, hosts, o.job)
     prefix = hosts[0].settings.prefix
     if o.dry_run:
-        from .push import manifest, tree_hash
-        release = f"{prefix}/payload/releases/{tree_hash(manifest(PAYLOAD))}"
+        staged = Staged(stage.release_of(src, prefix), src.support)
     else:
-        pushed = fleet.fan_out(lambda h: push(fleet.conn(h), PAYLOAD, prefix), hosts)
-        bad = [f"{r.host}: {r.error}" for r in pushed if not r.ok]
-        if bad:
-            raise TorchrigError("nothing started: payload push failed: " + "; ".join(bad))
-        releases = {r.value[0] for r in pushed}
-        release = releases.pop()
-        log(f"payload {release} on {len(hosts)} node(s) "
-            f"({sum(r.value[1] for r in pushed)} file(s) sent)")
-    job = plan_job(inv, hosts, o, release, interfaces)
+        staged = stage.stage(fleet, hosts, src, log=log)
+    job = plan_job(inv, hosts, o, staged.release, interfaces, staged)
     out = Launched(job)
     if o.dry_run:
         out.changes = _dry_run(fleet, hosts, job)

@@ -219,12 +219,13 @@ def launch(fleet: Fleet, hosts: list[Host], o, nnodes: int | None, partition: st
     """Prepare every selected compute host (payload, folders), submit one sbatch job for
     `nnodes` of them on the controller as the job's user, and wait until every allocated
     node's workers run (or the job is still queued at --start-timeout: then it stays queued)."""
-    from .push import push
-    from .run import PAYLOAD, _gate, check_options, jobdirs_values, plan_job
+    from . import stage
+    from .run import _gate, check_options, jobdirs_values, plan_job
     t0 = time.monotonic()
     s = cluster(fleet.inv)
     check_options(o)
     check_slurm_options(partition, time_limit)
+    src = stage.source(o, hosts[0])
     candidates = [h for h in hosts if h.name in s.compute]
     if not candidates:
         raise TorchrigError(f"no Slurm compute host selected (compute: {', '.join(s.compute)})")
@@ -240,15 +241,8 @@ def launch(fleet: Fleet, hosts: list[Host], o, nnodes: int | None, partition: st
     interfaces = _gate(fleet, candidates, o.job)  # a systemd job on these GPUs: refused too
     _same_ids(fleet, [ctl] + [h for h in candidates if h is not ctl],
               candidates[0].settings.service_user)
-    prefix = candidates[0].settings.prefix
-    pushed = fleet.fan_out(lambda h: push(fleet.conn(h), PAYLOAD, prefix), candidates)
-    bad = [f"{r.host}: {r.error}" for r in pushed if not r.ok]
-    if bad:
-        raise TorchrigError("nothing submitted: payload push failed: " + "; ".join(bad))
-    release = pushed[0].value[0]
-    log(f"payload {release} on {len(candidates)} node(s) "
-        f"({sum(r.value[1] for r in pushed)} file(s) sent)")
-    job = plan_job(fleet.inv, candidates, o, release, interfaces)
+    staged = stage.stage(fleet, candidates, src, log=log)
+    job = plan_job(fleet.inv, candidates, o, staged.release, interfaces, staged)
     by_name = {h.name: h for h in candidates}
 
     def dirs(nd):

@@ -1,0 +1,89 @@
+"""A project's dependencies on the operator's side: where they are read from, what is refused
+(naming the line), the environment's key, and the comparison of the nodes' package sets."""
+
+import pytest
+
+from torchrig.errors import TorchrigError
+from torchrig.launch import deps
+from torchrig.launch.deps import Built, Requirements
+
+
+def test_where_requirements_come_from(tmp_path):
+    assert deps.find(tmp_path, None) is None
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "p"\ndependencies = ["six>=1.16", "attrs"]\n')
+    r = deps.find(tmp_path, None)
+    assert r.lines == ("six>=1.16", "attrs") and "pyproject.toml" in r.source
+    (tmp_path / "requirements.txt").write_text("# pinned\nsix==1.16.0  # why\n\nnumpy \\\n  >=1.0\n")
+    r = deps.find(tmp_path, None)
+    assert r == Requirements("requirements.txt", ("six==1.16.0", "numpy >=1.0"))
+    (tmp_path / "req-gpu.txt").write_text("six\n")
+    assert deps.find(tmp_path, "req-gpu.txt").lines == ("six",)
+    with pytest.raises(TorchrigError, match="no such file"):
+        deps.find(tmp_path, "nope.txt")
+    with pytest.raises(TorchrigError, match="inside the project"):
+        deps.find(tmp_path, "../x.txt")
+
+
+def test_a_lock_file_alone_says_how_to_export_it(tmp_path):
+    (tmp_path / "uv.lock").write_text("version = 1\n")
+    with pytest.raises(TorchrigError, match="uv export"):
+        deps.find(tmp_path, None)
+
+
+@pytest.mark.parametrize("line", ["-r other.txt", "--extra-index-url https://u:p@x/simple",
+                                  "-e .", "--index-url=https://x/simple"])
+def test_options_reaching_outside_the_file_are_refused(tmp_path, line):
+    (tmp_path / "requirements.txt").write_text(f"six\n{line}\n")
+    with pytest.raises(TorchrigError, match="requirements.txt line 2"):
+        deps.find(tmp_path, None)
+
+
+@pytest.mark.parametrize("line,refused", [
+    ("torch==2.5.0", True), ("torch>=2.0", False), ("torch", False), ("Torch<2.13", True),
+    ("torch==2.13.0 --hash=sha256:00", False), ("torch @ https://x/torch.whl", True),
+    ("torchvision", False), ("six", False)])
+def test_a_line_that_would_replace_torch_is_refused_by_name(line, refused):
+    reqs = Requirements("requirements.txt", ("six", line))
+    if refused:
+        with pytest.raises(TorchrigError) as e:
+            deps.check_torch(reqs, "2.13.0", allow=False)
+        assert repr(line) in str(e.value) and "--allow-torch-change" in str(e.value)
+        deps.check_torch(reqs, "2.13.0", allow=True)
+    else:
+        deps.check_torch(reqs, "2.13.0", allow=False)
+
+
+def test_the_environment_key():
+    r = Requirements("requirements.txt", ("six==1.16.0",))
+    h = deps.env_hash(r, "2.13.0", "/opt/torchrig/venv", "https://idx/simple", False)
+    assert h == deps.env_hash(Requirements("other", r.lines), "2.13.0", "/opt/torchrig/venv",
+                              "https://idx/simple", False)
+    for changed in [(Requirements("r", ("six==1.15.0",)), "2.13.0", "/opt/torchrig/venv", "https://idx/simple", False),
+                    (r, "2.12.0", "/opt/torchrig/venv", "https://idx/simple", False),
+                    (r, "2.13.0", "/opt/v2", "https://idx/simple", False),
+                    (r, "2.13.0", "/opt/torchrig/venv", None, False),
+                    (r, "2.13.0", "/opt/torchrig/venv", "https://idx/simple", True)]:
+        assert deps.env_hash(*changed) != h
+
+
+def test_the_credentials_go_to_a_netrc_never_a_command_line():
+    text = deps.ensure_script("/opt/torchrig", "0123456789abcdef", "/opt/torchrig/venv",
+                              "https://me:s3cret@idx.example/simple", None, False)
+    assert "s3cret" not in text and "--index-url https://idx.example/simple" in text
+    assert "NETRC=" in text
+
+
+def test_parse_and_compare_package_sets():
+    out = "built\nsix==1.16.0\ntorch==2.13.0\n--- recorded\nsix==1.16.0\ntorch==2.13.0\n"
+    state, now, rec = deps.parse_ensure(out)
+    assert state == "built" and now == rec == {"six": "1.16.0", "torch": "2.13.0"}
+    same = Built("cached", now, rec, 1.0)
+    assert deps.differences({"gpu1": same, "gpu4": same}) == []
+    by_hand = Built("cached", {"six": "1.15.0", "torch": "2.13.0"}, rec, 1.0)
+    diff = deps.differences({"gpu1": same, "gpu4": by_hand})
+    assert diff == ["gpu4: changed since it was built: six 1.16.0 -> 1.15.0",
+                    "six: gpu1 1.16.0, gpu4 1.15.0"]
+    extra = Built("cached", {**now, "attrs": "23.1"}, {**rec, "attrs": "23.1"}, 1.0)
+    assert deps.differences({"gpu1": same, "gpu4": extra}) == ["attrs: gpu1 absent, gpu4 23.1"]
+    with pytest.raises(TorchrigError):
+        deps.parse_ensure("Traceback ...")
