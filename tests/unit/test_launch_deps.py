@@ -67,7 +67,7 @@ def test_the_environment_key():
 
 
 def test_the_credentials_go_to_a_netrc_never_a_command_line():
-    text = deps.ensure_script("/opt/torchrig", "0123456789abcdef", "/opt/torchrig/venv",
+    text = deps.ensure_script(Requirements("r", ("six",)), "/opt/torchrig", "0123456789abcdef", "/opt/torchrig/venv",
                               "https://me:s3cret@idx.example/simple", None, False)
     assert "s3cret" not in text and "--index-url https://idx.example/simple" in text
     assert "NETRC=" in text

@@ -41,7 +41,7 @@ VALUES = {
     "push/switch.sh": PUSH,
     "deps/lock.sh": {},
     "deps/ensure.sh": {"envs": "/opt/torchrig/envs", "h": "0123456789abcdef",
-                       "venv": "/opt/torchrig/venv", "netrc": "bWFjaGluZQ==",
+                       "venv": "/opt/torchrig/venv", "netrc": "bWFjaGluZQ==", "requirements": "c2l4Cg==",
                        "pip_args": Shell("--index-url http://10.0.0.1/simple"),
                        "protected_check": script("deps/protected.py"),
                        "list_packages": script("deps/packages.py"), "allow_torch_change": 0},

@@ -89,7 +89,7 @@ def from_requirements_file(path: Path, name: str) -> Requirements | None:
             raise TorchrigError(f"{name} line {no}: {opt!r} is not supported in a job's "
                                 "requirements (list every requirement in this one file; the "
                                 "index is var deps_index_url)")
-        lines.append(line)
+        lines.append(" ".join(line.split()))
     return Requirements(name, tuple(lines)) if lines else None
 
 
@@ -131,9 +131,9 @@ def env_hash(reqs: Requirements, torch_version: str, venv: str, index: str | Non
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def ensure_script(prefix: str, h: str, venv: str, index_url: str | None,
+def ensure_script(reqs: Requirements, prefix: str, h: str, venv: str, index_url: str | None,
                   trusted_host: str | None, allow: bool) -> str:
-    """The root script that makes the environment on a node (requirements on stdin)."""
+    """The root script that makes the environment on a node."""
     from ..provision.desired import split_credentials
     from ..provision.steps import netrc
     args: list[str] = []
@@ -146,6 +146,7 @@ def ensure_script(prefix: str, h: str, venv: str, index_url: str | None,
     if trusted_host:
         args += ["--trusted-host", trusted_host]
     return script("deps/ensure.sh", envs=envs_dir(prefix), h=h, venv=venv,
+                  requirements=base64.b64encode(reqs.text().encode()).decode(),
                   netrc=secret, pip_args=Shell(sh(*args) if args else ""),
                   protected_check=script("deps/protected.py"),
                   list_packages=script("deps/packages.py"), allow_torch_change=int(allow))
@@ -179,7 +180,7 @@ def _packages(text: str) -> dict[str, str]:
 def ensure(run, reqs: Requirements, h: str, timeout: int, script_text: str) -> Built:
     """One node's environment: `run(command, data, timeout)` runs the root script there."""
     t0 = time.monotonic()
-    r = run("bash -s", script_text + "\n", timeout)
+    r = run("bash -s", script_text, timeout)
     if r.exited != 0:
         err = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
         mine = [ln for ln in err if ln.startswith("error: ")]

@@ -69,7 +69,7 @@ def stage(fleet: Fleet, hosts: list[Host], src: Source, log=print) -> Staged:
     if src.requirements is not None:
         h = env = deps.env_hash(src.requirements, s.torch_version, s.venv, s.deps_index_url,
                                 src.allow_torch_change)
-        text = deps.ensure_script(prefix, h, s.venv, s.deps_index_url, s.pip_trusted_host,
+        text = deps.ensure_script(src.requirements, prefix, h, s.venv, s.deps_index_url, s.pip_trusted_host,
                                   src.allow_torch_change)
         log(f"job environment {h}: {len(src.requirements.lines)} requirement(s) from "
             f"{src.requirements.source}")

@@ -215,6 +215,7 @@ def write_inventory(path: str, names: list[str], peers: dict[str, str],
             "pip_index_url": f"{base_url()}/pypi/simple",
             "pip_trusted_host": GATEWAY_IP,
             "tensorboard_index_url": f"{base_url()}/pypi/simple",  # installed only where asked
+            "deps_index_url": f"{base_url()}/pypi/simple",  # a project's requirements
             # the stand-in CUDA cannot compile nccl-tests (and the hosts have no compiler)
             "nccl_tests": False,
             # CPU torch and gloo: the stand-in GPUs cannot run CUDA

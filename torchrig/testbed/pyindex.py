@@ -1,4 +1,5 @@
-"""A PEP 503 simple index of the wheels the testbed hosts need (CPU torch and its deps),
+"""A PEP 503 simple index of the wheels the testbed hosts need (CPU torch and its deps, and
+what the tests' user projects need),
 fetched once on the operator side with `pip download` and served on the bridge."""
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from .paths import CACHE
 
 # The testbed hosts run Debian 12's Python 3.11; torch is the CPU build (no GPU here).
 # TensorBoard and its dependencies too: provision installs it where var `tensorboard` is set.
+# six: a small pure-Python package the tests' user projects depend on (launch --workdir).
 REQUIREMENTS = [f"torch=={DEFAULTS.torch_version}", "numpy",  # the versions provision pins
-                f"tensorboard=={DEFAULTS.tensorboard_version}"]
+                f"tensorboard=={DEFAULTS.tensorboard_version}", "six==1.16.0"]
 PYTHON_VERSION = "3.11"
 
 

@@ -3,21 +3,21 @@
    never reinstalled), with the project's requirements (stdin) installed by pip. Built once per
    content hash, in place (a venv is not relocatable), marked complete last; an incomplete one
    is removed and built again. Prints `cached` or `built`, then the package set the
-   environment resolves now and the one recorded when it was built. #}
+   environment resolves now and the one recorded when it was built. The requirements come
+   base64-encoded in the script (which is itself stdin): never in a command line. #}
 set -euo pipefail
 envs={{ envs }}
 env="$envs/"{{ h }}
 mkdir -p "$envs" && chmod 755 "$envs"
 {% include "deps/lock.sh" %}
 if [ -f "$env/.complete" ]; then
-  cat > /dev/null
   touch "$env"   # in use now: the sweep below keeps it
   state=cached
 else
   rm -rf -- "$env"
   TORCHRIG_TMP=$(mktemp -d)
   trap 'rm -rf -- "$TORCHRIG_TMP"; [ -f "$env/.complete" ] || rm -rf -- "$env"' EXIT
-  cat > "$TORCHRIG_TMP/requirements.txt"
+  printf %s {{ requirements }} | base64 -d > "$TORCHRIG_TMP/requirements.txt"
   {{ venv }}/bin/python -m venv "$env"
   base_site=$({{ venv }}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   site=$("$env/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
