@@ -87,3 +87,23 @@ def test_parse_and_compare_package_sets():
     assert deps.differences({"gpu1": same, "gpu4": extra}) == ["attrs: gpu1 absent, gpu4 23.1"]
     with pytest.raises(TorchrigError):
         deps.parse_ensure("Traceback ...")
+
+
+@pytest.mark.parametrize("names,allow,code", [
+    (["six"], False, 0), (["six", "torch"], False, 3), (["nvidia-nccl-cu12"], False, 3),
+    (["Triton"], False, 3), (["torch"], True, 0), (["torchvision"], False, 0)])
+def test_the_nodes_refuse_a_dry_run_that_would_install_the_provisioned_stack(tmp_path, names, allow, code):
+    """onhost/deps/protected.py over pip's --report JSON (what a dependency's dependency
+    would install: the line check above cannot see it)."""
+    import json
+    import subprocess
+    import sys
+    from torchrig.onhost import script
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"version": "1", "install": [
+        {"metadata": {"name": n, "version": "9.9"}, "requested": False} for n in names]}))
+    r = subprocess.run([sys.executable, "-I", "-c", script("deps/protected.py"), str(report),
+                        "1" if allow else "0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == code, r.stderr
+    if code:
+        assert r.stderr.startswith("error: the requirements would install ") and "9.9" in r.stderr

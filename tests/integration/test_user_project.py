@@ -1,0 +1,109 @@
+"""A user's own project (tests/projects/ddp_six: a plain DDP script, its own package, a
+dependency from requirements.txt, a .gitignore'd large file), launched with --workdir on two
+testbed nodes (gpu1, gpu4): pushed without what is ignored, its dependency installed once into
+a job environment equal on every node, run as a script and as a module; and what is refused
+before anything starts: an environment changed by hand, a requirement that would replace torch,
+a tree over the size bound."""
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import NODES, launch, logs, sh, wait_unit_ended
+
+pytestmark = pytest.mark.provisioned("gpu1", "gpu4")
+PROJECT = Path(__file__).resolve().parents[1] / "projects" / "ddp_six"
+ENVS = "/opt/torchrig/envs"
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A copy of the project, with the large file its .gitignore excludes."""
+    p = tmp_path / "ddp_six"
+    shutil.copytree(PROJECT, p)
+    with open(p / "big.bin", "wb") as f:
+        f.write(b"\xff" * (8 << 20))
+    return p
+
+
+def _ran(inv, job):
+    for h in NODES.split(","):
+        assert wait_unit_ended(inv, h, f"torchrig-{job}.service") == "inactive"
+    return logs(inv, job).stdout
+
+
+def _env_of(out: str) -> str:
+    return re.search(r"job environment ([0-9a-f]{16}):", out).group(1)
+
+
+def test_a_project_runs_with_its_dependency_installed_once(testbed, project):
+    r = launch(testbed, "u-script", "--workdir", str(project), "--args", "--steps 3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    env = _env_of(r.stdout)
+    assert re.search(r"gpu1: job environment built in", r.stdout), r.stdout
+    assert re.search(r"gpu4: job environment built in", r.stdout), r.stdout
+    out = _ran(testbed, "u-script")
+    assert "six 1.16.0 world 4" in out and "finished 3 steps" in out, out
+    # the ignored file never reached a node; the project's files did
+    for h in NODES.split(","):
+        assert sh(testbed, h, "find /opt/torchrig/workdirs -name big.bin | wc -l") == "0"
+        assert sh(testbed, h, "find /opt/torchrig/workdirs -path '*/trainer/run.py' | wc -l") != "0"
+        # six lives in the job environment, the torch venv is untouched
+        assert sh(testbed, h, f"ls -d {ENVS}/{env}/lib/python3*/site-packages/six.py | wc -l") == "1"
+        assert sh(testbed, h, "ls /opt/torchrig/venv/lib/python3*/site-packages/ | grep -c '^six' || true") == "0"
+    stamp = {h: sh(testbed, h, f"stat -c %Y {ENVS}/{env}/.complete") for h in NODES.split(",")}
+
+    # a second launch with the same dependencies (as a module this time) installs nothing
+    r = launch(testbed, "u-module", "--workdir", str(project), "--module", "trainer.run",
+               "--args", "--steps 2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _env_of(r.stdout) == env
+    assert "gpu1: job environment cached" in r.stdout and "gpu4: job environment cached" in r.stdout
+    assert "built" not in r.stdout, r.stdout
+    assert "(0 file(s) sent)" in r.stdout   # the release is on the nodes already
+    for h in NODES.split(","):
+        assert sh(testbed, h, f"stat -c %Y {ENVS}/{env}/.complete") == stamp[h]
+        assert '"-m" "trainer.run"' in sh(testbed, h, "grep ExecStart /etc/systemd/system/torchrig-u-module.service")
+    assert "finished 2 steps" in _ran(testbed, "u-module")
+
+
+def test_an_environment_changed_by_hand_is_refused_naming_the_package(testbed, project):
+    r = launch(testbed, "u-ok", "--workdir", str(project), "--args", "--steps 1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    env = _env_of(r.stdout)
+    _ran(testbed, "u-ok")
+    sh(testbed, "gpu4", f"{ENVS}/{env}/bin/python -m pip uninstall -q -y six")
+    try:
+        r = launch(testbed, "u-changed", "--workdir", str(project), "--args", "--steps 1")
+        assert r.returncode == 1
+        err = r.stderr
+        assert "nothing started: the job environments differ" in err, err
+        assert "gpu4: changed since it was built: six 1.16.0 -> absent" in err, err
+        assert "six: gpu1 1.16.0, gpu4 absent" in err, err
+        for h in NODES.split(","):
+            assert sh(testbed, h, "test -e /etc/systemd/system/torchrig-u-changed.service && echo yes || echo no") == "no"
+    finally:
+        sh(testbed, "gpu4", f"rm -rf {ENVS}/{env}")   # built afresh by the next launch
+
+
+def test_a_requirement_replacing_torch_is_refused(testbed, project):
+    (project / "requirements.txt").write_text("six==1.16.0\ntorch==2.5.0\n")
+    r = launch(testbed, "u-torch", "--workdir", str(project))
+    assert r.returncode == 1
+    assert "requirements.txt: 'torch==2.5.0' would replace the provisioned torch 2.13.0" in r.stderr
+    assert "--allow-torch-change" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_an_oversized_tree_is_refused_before_anything_is_sent(testbed, project):
+    (project / ".gitignore").write_text("")   # big.bin now counts: 8 MiB
+    with open(project / "huge.dat", "wb") as f:   # sparse: 600 MiB of size, no disk
+        f.truncate(600 << 20)
+    before = {h: sh(testbed, h, "ls /opt/torchrig/workdirs/releases 2>/dev/null | sort") for h in NODES.split(",")}
+    r = launch(testbed, "u-huge", "--workdir", str(project))
+    assert r.returncode == 1
+    assert "608.0 MiB to send, over the 500.0 MiB bound" in r.stderr, r.stderr
+    assert "huge.dat (600.0 MiB), big.bin (8.0 MiB)" in r.stderr
+    for h in NODES.split(","):
+        assert sh(testbed, h, "ls /opt/torchrig/workdirs/releases 2>/dev/null | sort") == before[h]

@@ -1,0 +1,44 @@
+"""A tiny DDP run: a linear model, a few steps, gloo on CPU (nccl with GPUs). Prints plain
+lines (no torchrig progress lines) unless --progress, then steps through the progress module
+torchrig pushes with every release."""
+
+import argparse
+import os
+import time
+
+import six  # the project's dependency: installed by torchrig into the job environment
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
+    ap.add_argument("--progress", action="store_true", help="print torchrig progress lines")
+    a = ap.parse_args()
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if rank == 0:
+        print(f"six {six.__version__} world {dist.get_world_size()} cwd {os.getcwd()}", flush=True)
+    for step in range(1, a.steps + 1):
+        x = torch.randn(16, 8)
+        loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if rank == 0:
+            if a.progress:
+                import progress
+                print(progress.format_line("step", {"step": step, "loss": f"{loss.item():.4f}"}),
+                      flush=True)
+            else:
+                print(f"epoch 0 batch {step}: loss {loss.item():.4f}", flush=True)
+        time.sleep(a.sleep)
+    if rank == 0:
+        print(f"finished {a.steps} steps", flush=True)
+    dist.destroy_process_group()
