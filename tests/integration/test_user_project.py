@@ -74,7 +74,7 @@ def test_an_environment_changed_by_hand_is_refused_naming_the_package(testbed, p
     assert r.returncode == 0, r.stdout + r.stderr
     env = _env_of(r.stdout)
     _ran(testbed, "u-ok")
-    sh(testbed, "gpu4", f"{ENVS}/{env}/bin/python -m pip uninstall -q -y six")
+    sh(testbed, "gpu4", f"/opt/torchrig/venv/bin/python -m pip --python {ENVS}/{env}/bin/python uninstall -q -y six")
     try:
         r = launch(testbed, "u-changed", "--workdir", str(project), "--args", "--steps 1")
         assert r.returncode == 1

@@ -18,7 +18,9 @@ else
   TORCHRIG_TMP=$(mktemp -d)
   trap 'rm -rf -- "$TORCHRIG_TMP"; [ -f "$env/.complete" ] || rm -rf -- "$env"' EXIT
   printf %s {{ requirements }} | base64 -d > "$TORCHRIG_TMP/requirements.txt"
-  {{ venv }}/bin/python -m venv "$env"
+  # no pip of its own (ensurepip costs more than the install itself): the torch venv's pip
+  # installs into it (pip --python)
+  {{ venv }}/bin/python -m venv --without-pip "$env"
   base_site=$({{ venv }}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   site=$("$env/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   printf '%s\n' "$base_site" > "$site/_torchrig_torch_venv.pth"
@@ -27,7 +29,7 @@ else
   (umask 077; printf %s {{ netrc }} | base64 -d > "$TORCHRIG_TMP/netrc")
   export NETRC="$TORCHRIG_TMP/netrc"
 {% endif %}
-  pip() { "$env/bin/python" -m pip --disable-pip-version-check --no-input "$@"; }
+  pip() { {{ venv }}/bin/python -m pip --python "$env/bin/python" --disable-pip-version-check --no-input "$@"; }
   # what pip would install first: nothing of the provisioned stack may be replaced
   pip install --quiet --dry-run --report "$TORCHRIG_TMP/report.json" {{ pip_args }} -r "$TORCHRIG_TMP/requirements.txt"
   python3 -I -c {{ protected_check }} "$TORCHRIG_TMP/report.json" {{ allow_torch_change }}
