@@ -320,3 +320,12 @@ def test_a_bad_number_flag_is_still_named_with_a_spec(launched, tmp_path, capsys
     code, seen = launched("--spec", str(p), "--nodes", "two")
     assert code == 1 and not seen
     assert capsys.readouterr().err.strip() == "error: --nodes 'two': expected a whole number >= 1"
+
+
+def test_the_job_file_in_the_docs_validates(tmp_path):
+    text = (REPO / "docs" / "jobs.md").read_text()
+    block = re.search(r"```yaml\n(.*?)```", text, re.S)[1]
+    p = _file(tmp_path, block, "jobs/gpt2.yml")
+    spec = job_spec.load(p)
+    assert spec.workdir == str(tmp_path)  # `..` from jobs/: the folder above it
+    assert split_args(job_spec.merge(spec, {})["args"]) == ["--preset", "gpt2", "--batch-size", "16"]
