@@ -37,8 +37,8 @@ from .logs import logs
             "partition": "slurm: the partition (default: the cluster's default one)",
             "time": "slurm: the job's time limit (e.g. 2:00:00); the payload gets SIGTERM "
                     "2 minutes before it, to checkpoint",
-            "spec": "a job file (YAML; see jobs/example.yml) giving these flags' values; "
-                    "a flag given on the command line wins, --env per key"})
+            "spec": "a job file (YAML; docs/jobs.md, jobs/example.yml) giving these flags' "
+                    "values; a flag given on the command line wins (--env: per key)"})
 def launch(c, inventory=None, host=None, nodes=None, nproc_per_node=None, script=None,
            args=None, job=None, max_restarts=None, env=None, dry_run=False, follow=False,
            start_timeout=None, rdzv_timeout=None, exit_barrier_timeout=None,
