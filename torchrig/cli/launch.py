@@ -46,31 +46,28 @@ from .logs import logs
                        "default: the `backend` var",
             "partition": "slurm: the partition (default: the cluster's default one)",
             "time": "slurm: the job's time limit (e.g. 2:00:00); the payload gets SIGTERM "
-                    "2 minutes before it, to checkpoint"})
-def launch(c, inventory=None, host=None, nodes=None, nproc_per_node=DEFAULTS.nproc,
-           script=DEFAULTS.script,
-           args="", job=None, max_restarts=None, env=None, dry_run=False, follow=False,
+                    "2 minutes before it, to checkpoint",
+            "spec": "a job file (YAML; docs/jobs.md, jobs/example.yml) giving these flags' "
+                    "values; a flag given on the command line wins (--env: per key)"})
+def launch(c, inventory=None, host=None, nodes=None, nproc_per_node=None, script=None,
+           args=None, job=None, max_restarts=None, env=None, dry_run=False, follow=False,
            start_timeout=None, rdzv_timeout=None, exit_barrier_timeout=None,
            backend=None, partition=None, time=None, workdir=None, module=None,
-           requirements=None, allow_torch_change=False, accept_new_host_keys=False):
+           requirements=None, allow_torch_change=False, spec=None, accept_new_host_keys=False):
     """Run a torchrun DDP job under systemd (or Slurm) on the nodes: everywhere or nowhere."""
-    from torchrig.job import default_job_name
-    from torchrig.launch import service
+    from torchrig.launch import service, spec as job_spec
+    given = {k: v for k, v in locals().items() if k in job_spec.FLAGS}  # None: not given
     from torchrig.launch.run import LaunchOptions
     from torchrig.launch.slurm import SlurmLaunched
-    numbers = {k: _number(k, getattr(DEFAULTS, k) if v is None else v, m) for k, v, m in (
-        ("max_restarts", max_restarts, 0), ("start_timeout", start_timeout, 1),
-        ("rdzv_timeout", rdzv_timeout, 1), ("exit_barrier_timeout", exit_barrier_timeout, 1))}
-    nodes = None if nodes is None else _number("nodes", nodes, 1)
-    o = LaunchOptions(job=job or default_job_name(), script=script, args=args,
-                      env=list(env or []), nproc=str(nproc_per_node), dry_run=dry_run,
-                      max_restarts=numbers["max_restarts"],
-                      start_timeout=numbers["start_timeout"], rdzv_timeout=numbers["rdzv_timeout"],
-                      exit_barrier_timeout=numbers["exit_barrier_timeout"],
-                      workdir=workdir, module=module, requirements=requirements,
-                      allow_torch_change=allow_torch_change)
+    given.update({k: _number(k, given[k], m) for k, m in (
+        ("max_restarts", 0), ("start_timeout", 1), ("rdzv_timeout", 1),
+        ("exit_barrier_timeout", 1), ("nodes", 1)) if given[k] is not None})
+    loaded = None if spec is None else job_spec.load(spec)
+    opts = job_spec.merge(loaded, given, str(spec))  # the flags given over the file
+    where = [opts.pop(k) for k in job_spec.SERVICE_KEYS]  # nodes, backend, partition, time
+    o = LaunchOptions(dry_run=dry_run, **opts)
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
-        res = service.launch(fleet, o, nodes, backend, partition, time, log=_log)
+        res = service.launch(fleet, o, *where, log=_log)
     if isinstance(res, SlurmLaunched):
         return _slurm_started(c, res, inventory, follow, accept_new_host_keys)
     if dry_run:
