@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NODES, launch, logs, sh, wait_unit_ended
+from conftest import NODES, invoke, launch, logs, sh, wait_unit_ended
 
 pytestmark = pytest.mark.provisioned("gpu1", "gpu4")
 PROJECT = Path(__file__).resolve().parents[1] / "projects" / "ddp_six"
@@ -34,6 +34,11 @@ def _ran(inv, job):
     return logs(inv, job).stdout
 
 
+def _said(r) -> str:
+    """What launch told the operator: its progress lines go to stderr, the result to stdout."""
+    return r.stdout + r.stderr
+
+
 def _env_of(out: str) -> str:
     return re.search(r"job environment ([0-9a-f]{16}):", out).group(1)
 
@@ -41,9 +46,9 @@ def _env_of(out: str) -> str:
 def test_a_project_runs_with_its_dependency_installed_once(testbed, project):
     r = launch(testbed, "u-script", "--workdir", str(project), "--args", "--steps 3")
     assert r.returncode == 0, r.stdout + r.stderr
-    env = _env_of(r.stdout)
-    assert re.search(r"gpu1: job environment built in", r.stdout), r.stdout
-    assert re.search(r"gpu4: job environment built in", r.stdout), r.stdout
+    env = _env_of(_said(r))
+    assert "gpu1: job environment built in" in _said(r), _said(r)
+    assert "gpu4: job environment built in" in _said(r), _said(r)
     out = _ran(testbed, "u-script")
     assert "six 1.16.0 world 4" in out and "finished 3 steps" in out, out
     # the ignored file never reached a node; the project's files did
@@ -59,21 +64,27 @@ def test_a_project_runs_with_its_dependency_installed_once(testbed, project):
     r = launch(testbed, "u-module", "--workdir", str(project), "--module", "trainer.run",
                "--args", "--steps 2")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert _env_of(r.stdout) == env
-    assert "gpu1: job environment cached" in r.stdout and "gpu4: job environment cached" in r.stdout
-    assert "built" not in r.stdout, r.stdout
-    assert "(0 file(s) sent)" in r.stdout   # the release is on the nodes already
+    said = _said(r)
+    assert _env_of(said) == env
+    assert "gpu1: job environment cached" in said and "gpu4: job environment cached" in said
+    assert "built" not in said, said
+    assert "(0 file(s) sent)" in said   # the release is on the nodes already
     for h in NODES.split(","):
         assert sh(testbed, h, f"stat -c %Y {ENVS}/{env}/.complete") == stamp[h]
         assert '"-m" "trainer.run"' in sh(testbed, h, "grep ExecStart /etc/systemd/system/torchrig-u-module.service")
     assert "finished 2 steps" in _ran(testbed, "u-module")
 
 
-def test_an_environment_changed_by_hand_is_refused_naming_the_package(testbed, project):
-    r = launch(testbed, "u-ok", "--workdir", str(project), "--args", "--steps 1")
-    assert r.returncode == 0, r.stdout + r.stderr
-    env = _env_of(r.stdout)
-    _ran(testbed, "u-ok")
+def test_a_job_file_launch_then_an_environment_changed_by_hand_is_refused(testbed, project):
+    spec = project.parent / "job.yml"   # the workdir relative to the job file's folder
+    spec.write_text("job: u-spec\nworkdir: ddp_six\nscript: train.py\nargs: [--steps, '2']\n"
+                    "nproc_per_node: 1\nenv: {SPEC_SAYS: hello}\n")
+    r = invoke("launch", "-i", str(testbed), "-H", NODES, "--spec", str(spec), "--nproc-per-node", "2")
+    assert r.returncode == 0, _said(r)
+    assert "job u-spec started on gpu1,gpu4 (2 node(s) x 2 process(es))" in r.stdout  # flag wins
+    env = _env_of(_said(r))
+    assert "finished 2 steps" in _ran(testbed, "u-spec")
+    assert sh(testbed, "gpu1", "grep SPEC_SAYS /etc/torchrig/jobs/u-spec.env") == "SPEC_SAYS='hello'"
     sh(testbed, "gpu4", f"/opt/torchrig/venv/bin/python -m pip --python {ENVS}/{env}/bin/python uninstall -q -y six")
     try:
         r = launch(testbed, "u-changed", "--workdir", str(project), "--args", "--steps 1")
