@@ -371,3 +371,23 @@ def test_a_launch_file_not_in_the_request_is_an_error():
     j = job(1)
     with pytest.raises(FactNotRequested):
         plan.job_changes(j, j.nodes[0], 30, Facts({"files": {}}, managed.launch_request("other")))
+
+
+def test_a_project_job_runs_its_module_with_its_environment_and_support_files():
+    """A user's project (launch --workdir --module): torchrun from the job environment's
+    python, `-m pkg.train`, the release then its support folder on PYTHONPATH, the sampler
+    from the support folder; a payload job has none of these."""
+    j = job(module=True, script="pkg.train", support=".torchrig",
+            python="/opt/torchrig/envs/0123456789abcdef/bin/python")
+    n = j.nodes[1]
+    argv = plan.torchrun_argv(j, n)
+    assert argv[0] == "/opt/torchrig/envs/0123456789abcdef/bin/python"
+    assert argv[argv.index("--tee") + 2:] == ["-m", "pkg.train", *j.args]
+    assert plan.script_and_args(argv) == ("-m pkg.train", j.args)
+    env = plan.node_env(j, n)
+    assert env["PYTHONPATH"] == f"{j.release}:{j.release}/.torchrig"
+    assert plan.sampler_argv(j, n)[2] == f"{j.release}/.torchrig/gpumon.py"
+    p = job()
+    assert "PYTHONPATH" not in plan.node_env(p, p.nodes[0])
+    assert plan.sampler_argv(p, p.nodes[0])[2] == f"{p.release}/gpumon.py"
+    assert plan.torchrun_argv(p, p.nodes[0])[0] == f"{p.nodes[0].venv}/bin/python"
