@@ -42,3 +42,7 @@ def main():
     if rank == 0:
         print(f"finished {a.steps} steps", flush=True)
     dist.destroy_process_group()
+
+
+if __name__ == "__main__":   # launch --module trainer.run
+    main()
