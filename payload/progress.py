@@ -16,10 +16,20 @@ Kinds in KEYED (step, batch_size) have no kind word: the kind is the first field
 with a space, a quote, a backslash or a control character, or an empty one, is written as a
 JSON string ("..."); every other value is written as is. A note starts at the first word that
 is not a field. A launcher's "[tag]:" prefix before the kind is skipped when parsing.
+
+A script of your own writes them with the small writers at the end (rank 0 only, by default:
+torchrun's RANK; one flushed write per line):
+
+    import progress
+    progress.step(step, loss=loss.item(), **{"tok/s": rate})   # -> step=10 loss=2.306 tok/s=5120
+    progress.done(step, loss=loss.item())                      # -> done step=100 loss=1.92
 """
 
 import json
+import os
 import re
+import socket
+import sys
 
 # kind -> what the line says; the ones `status` shows as a job's progress are PROGRESS
 KINDS = {
@@ -124,3 +134,54 @@ def is_progress(text: str) -> bool:
     """Whether `text` is a line `status` shows as a job's progress: a step or done line."""
     p = parse(text, PROGRESS)
     return p is not None and "step" in p.fields
+
+
+def write(kind: str, fields=None, note: str = "", all_ranks: bool = False, file=None) -> str:
+    """Print the line for `kind` (format_line) to stdout (or `file`) in one write and flush it,
+    on rank 0 only (torchrun's RANK; no RANK: a single process) unless `all_ranks`. Returns the
+    line (also where it was not printed). Unbuffered: torchrun's log files and the journal see
+    the line when it is printed, not when an 8 KiB buffer fills."""
+    text = format_line(kind, fields, note)
+    if all_ranks or os.environ.get("RANK", "0") == "0":
+        out = file or sys.stdout
+        out.write(text + "\n")  # one write: ranks share torchrun's stdout
+        out.flush()
+    return text
+
+
+def _ordered(first: str, value, fields: dict) -> dict:
+    return {first: value, **{k: v for k, v in fields.items() if v is not None}}
+
+
+def _number(v):
+    """A float as a short string (4 significant digits: 2.346, 0.0003; from 1000 on, no
+    decimals: 51200), anything else as is."""
+    if not isinstance(v, float):
+        return v
+    return "%.0f" % v if abs(v) >= 1000 and v == v and abs(v) != float("inf") else "%.4g" % v
+
+
+def step(step, all_ranks: bool = False, file=None, **fields) -> str:
+    """A step line `status`, `metrics` and `report` read: step=N then the fields given, in
+    order (loss=..., lr=..., and names that are no Python keywords through a dict:
+    **{"tok/s": 5120}); a None field is left out, a float is written with 4 significant
+    digits. Rank 0 only unless `all_ranks` (see write())."""
+    fields = {k: _number(v) for k, v in _ordered("step", int(step), fields).items()}
+    return write("step", fields, all_ranks=all_ranks, file=file)
+
+
+def done(step, all_ranks: bool = False, file=None, **fields) -> str:
+    """The run's last line: done step=N and the fields given (loss=...), as step() writes them."""
+    fields = {k: _number(v) for k, v in _ordered("step", int(step), fields).items()}
+    return write("done", fields, all_ranks=all_ranks, file=file)
+
+
+def start(file=None, **fields) -> str:
+    """Every rank's first line: rank, local_rank and world_size from torchrun's environment,
+    host and pid, then the fields given (device=..., backend=...). With it, `status` and
+    `report` know each rank's global rank and count a restarted run's attempts."""
+    env = os.environ.get
+    base = {"rank": env("RANK", "0"), "local_rank": env("LOCAL_RANK", "0"),
+            "host": socket.gethostname(), "world_size": env("WORLD_SIZE", "1"), "pid": os.getpid()}
+    base.update({k: v for k, v in fields.items() if v is not None})
+    return write("start", base, all_ranks=True, file=file)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from .errors import TorchrigError
 from .inventory import Host
 from .onhost import script
+from .progress import no_steps
 from .quoting import sh
 from .resources import payload_module
 from .session import Fleet, Outcome
@@ -44,7 +45,14 @@ class JobView:
     def as_dict(self) -> dict:
         return {"job": self.job, "node": self.node, "state": self.state, "rank": self.rank,
                 **self.values, "sample_age_s": self.sample_age_s, "gpus": self.gpus,
-                "throttled": self.throttled}
+                "throttled": self.throttled,
+                **({"note": self.note} if self.note else {})}
+
+    @property
+    def note(self) -> str | None:
+        """Why the step, loss and throughput series are missing: no step line was seen (a
+        script of the user's own prints none); None when they are there."""
+        return None if "step" in self.values else no_steps(None)
 
     @property
     def stale(self) -> bool:

@@ -8,6 +8,20 @@ from .resources import payload_module
 
 protocol = payload_module("progress")
 
+# where a user's script learns to print step lines (docs/payload.md's section)
+DOC = "docs/payload.md#progress-lines-from-your-own-script"
+
+
+def no_steps(started: bool | None = False) -> str:
+    """What status, metrics and report say of a job with no step line. started: whether the
+    ranks printed torchrig's start lines (True: a torchrig script, its first step not yet;
+    None: not known)."""
+    if started is False:
+        return ("no step lines were seen (the script does not print torchrig progress lines; "
+                f"see {DOC})")
+    return ("no step lines were seen yet (a script that does not print torchrig progress "
+            f"lines has none; see {DOC})")
+
 Line = protocol.Line
 format_line = protocol.format_line
 parse = protocol.parse

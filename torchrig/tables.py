@@ -166,6 +166,16 @@ def verify_report(rep) -> None:
     console.print(f"verify: {_v(rep.status)}")
 
 
+def progress_cell(d: dict) -> str:
+    """status' progress column: the last progress line; for a script that prints none, the
+    last line it printed (job_state.last_line), marked as such; else nothing."""
+    if d.get("progress"):
+        return markup(d["progress"])
+    if d.get("last_line"):
+        return "[dim]no step lines; last line:[/] " + markup(d["last_line"])
+    return ""
+
+
 def status_table(job: str, results, trend=None, now: float | None = None) -> None:
     """The per-node table; with `trend` (status --watch) a sparkline column per node. The
     restarts column is payload/metrics.py's restarts() (the job_state dict's "restarts"), the
@@ -193,7 +203,7 @@ def status_table(job: str, results, trend=None, now: float | None = None) -> Non
         restarts = d.get("restarts")
         t.add_row(markup(r.host), styled(state, style), "" if restarts is None else str(restarts),
                   "" if d["attempt"] is None else str(d["attempt"]), markup(when),
-                  markup(d.get("progress") or ""), markup(gpus),  # the job and the node wrote them
+                  progress_cell(d), markup(gpus),  # the job and the node wrote them
                   *([markup(trend.line(r.host))] if trend is not None else []))
     console.print(t)
     for r in results:
@@ -240,3 +250,8 @@ def metrics_table(title: str, results) -> None:
                       _num(x("restarts"), "{:.0f}"),
                       "" if age is None else f"{age:.0f}s ago", gpus)
     console.print(t)
+    for r in results:  # the series a script without progress lines cannot have, said once
+        for v in (r.value if r.ok else []):
+            if v.note:
+                console.print(f"{markup(v.node)} {markup(v.job)}: {markup(v.note)}",
+                              soft_wrap=True)

@@ -117,6 +117,10 @@ def test_args_and_env_verbatim_and_secret_never_shown(testbed):
         assert c["sha256"]["HF_TOKEN"] == hashlib.sha256(SECRET.encode()).hexdigest()
     for text in (r.stdout, r.stderr, out.stdout, out.stderr, st_r.stdout, st_r.stderr):
         assert SECRET not in text
+    # env_check.py prints no step line: status shows the last line each node's rank printed
+    assert st_r.returncode == 0, st_r.stderr
+    for n in st["nodes"].values():
+        assert n["progress"] is None and n["last_line"].startswith("ENV_CHECK "), n
     for h in ("gpu1", "gpu4"):
         assert sh(testbed, h, "test -e /tmp/pwned && echo PWNED || echo clean") == "clean"
         # the only file holding the secret is the 0600 root env file (the pattern is spelled

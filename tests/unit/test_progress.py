@@ -136,3 +136,68 @@ def test_demo_summary_from_rank_0_lines():
     assert progress.run_summary(lines[:-1]) is None  # the job did not finish
     assert progress.run_summary(["done step=3 ckpt=x (nothing to train: past the end)"])[
         "median_tok_s"] is None
+
+
+class _Out:
+    """A stream that records each write() and flush() (one write per line: ranks share a file)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def write(self, s):
+        self.calls.append(("write", s))
+
+    def flush(self):
+        self.calls.append(("flush",))
+
+
+def test_a_user_scripts_step_and_done_lines_are_what_status_reads(monkeypatch):
+    """progress.step()/done(): the two lines a script of one's own writes; one flushed write
+    each, on rank 0 only, and they parse back as status, metrics and report read them."""
+    p = progress.protocol
+    monkeypatch.setenv("RANK", "0")
+    out = _Out()
+    line = p.step(10, loss=2.30567, lr=3e-4, epoch=None, **{"tok/s": 51200.7})
+    assert line == "step=10 loss=2.306 lr=0.0003 tok/s=51201"
+    p.step(11, file=out, loss=1.5)
+    assert out.calls == [("write", "step=11 loss=1.5\n"), ("flush",)]
+    assert progress.is_progress(line) and progress.parse(line).fields["tok/s"] == "51201"
+    done = p.done(3, file=out, loss=float("nan"), note_free="ok")
+    assert done == "done step=3 loss=nan note_free=ok" and progress.is_progress(done)
+    monkeypatch.setenv("RANK", "1")
+    out = _Out()
+    assert p.step(4, file=out, loss=1.0) == "step=4 loss=1" and out.calls == []
+    p.step(4, file=out, all_ranks=True)
+    assert out.calls == [("write", "step=4\n"), ("flush",)]
+
+
+def test_a_user_scripts_start_line_names_its_ranks(monkeypatch):
+    p = progress.protocol
+    for k, v in {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8"}.items():
+        monkeypatch.setenv(k, v)
+    out = _Out()
+    line = p.start(file=out, backend="gloo")
+    assert progress.start_ranks(line) == (5, 1)  # every rank writes its start line
+    assert out.calls[0] == ("write", line + "\n")
+    assert progress.parse(line).fields["world_size"] == "8"
+    assert progress.parse(line).fields["backend"] == "gloo"
+
+
+def test_the_writers_refuse_what_would_not_parse_back(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ValueError):
+        progress.protocol.step(1, file=_Out(), **{"bad key": 1})
+    with pytest.raises(ValueError):
+        progress.protocol.step("x")  # a step is a whole number
+
+
+def test_the_writer_works_from_a_plain_script_with_the_payload_on_its_path(tmp_path):
+    """docs/payload.md's two lines, in a script outside payload/ (a user's project): PYTHONPATH
+    names payload/ as launch's release layout does, and the line is on stdout at once."""
+    script = tmp_path / "train.py"
+    script.write_text("import progress\nprogress.step(3, loss=0.25)\nprogress.done(3)\n")
+    env = {"PYTHONPATH": str(REPO / "payload"), "RANK": "0", "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["step=3 loss=0.25", "done step=3"]

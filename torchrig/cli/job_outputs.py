@@ -27,6 +27,9 @@ def job_report(c, inventory=None, host=None, job=None, out=".", accept_new_host_
     s = rep.summary()
     _say(f"report of job {job} ({len(rep.nodes)} node(s), {len(rep.steps)} progress line(s), "
          f"{s['restarts']} restart(s), {s['failures']} failure(s)): {path}")
+    if rep.nodes and not rep.steps:
+        from torchrig.progress import no_steps
+        _say(f"note: job {job}: {no_steps(rep.started())}")
     if rep.unreadable:  # the page is written without them; the run did not do all it was asked
         raise Exit("error: report: could not read " + "; ".join(
             f"{h}: {why}" for h, why in rep.unreadable.items()), code=1)

@@ -10,6 +10,7 @@ import math
 from .. import progress as protocol
 from ..job import RUNNING_STATES  # still runs (or stops) its job: an uptime, not an end
 from ..resources import payload_module
+from ..terminal import printable
 from . import systemd
 
 _metrics = payload_module("metrics")  # the one definition of a node's restarts
@@ -24,7 +25,7 @@ def _ranks_tree(logdir: str, tail: int) -> dict:
     # <logdir>/<run>/attempt_<N>/<local rank>/stdout.log (torchrun's layout): the newest
     # attempt's rank folders, each with the tail of its stdout.log
     return {"root": logdir, "walk": [r"[^.].*", r"attempt_\d+"], "then": [r"\d+"],
-            "read": {"name": "stdout.log", "tail": tail, "first_line": True}}
+            "read": {"name": "stdout.log", "tail": tail, "first_line": True, "mtime": True}}
 
 
 def probe_request(unit: str, logdir: str, util_file: str) -> dict:
@@ -103,6 +104,44 @@ def progress(files: dict) -> str | None:
     return found
 
 
+# characters of a script's last line a node's state keeps: status shows fewer (SHOWN_LINE in
+# launch/status.py), cut after the redactor ran, so no secret is cut in two before it is masked
+LAST_LINE_MAX = 4096
+
+
+def _last_text_line(text: str) -> str | None:
+    """The last line with something on it; of a line a progress bar redraws with carriage
+    returns, the last drawing (what a terminal would show)."""
+    for ln in reversed(text.splitlines()):
+        for part in reversed(ln.split("\r")):
+            if part.strip():
+                return part.strip()
+    return None
+
+
+def last_line(files: dict) -> str | None:
+    """The last line a script printed, for a job whose ranks print no progress lines (a user's
+    own script): from rank 0's stdout.log (the rank whose start line says rank 0, else local
+    rank 0), or, when that rank printed nothing, the newest (by file mtime) of any rank's;
+    control characters shown as \\xNN (terminal.printable), at most LAST_LINE_MAX characters.
+    None when no rank printed a line."""
+    found = []  # (is rank 0, is local rank 0, mtime, line)
+    for path in sorted(files, key=lambda p: p.split("/")[-2]):
+        got = files[path]
+        line = _last_text_line(got.get("text", "")) if got else None
+        if line is None:
+            continue
+        ranks = protocol.start_ranks(got.get("first_line", ""))
+        mtime = got.get("mtime")
+        found.append((ranks is not None and ranks[0] == 0, path.split("/")[-2] == "0",
+                      mtime if isinstance(mtime, (int, float)) else 0.0, line))
+    if not found:
+        return None
+    line = max(found, key=lambda f: f[:3])[3]  # rank 0, else local rank 0, else the newest
+    line = printable(line[:LAST_LINE_MAX + 1])
+    return line if len(line) <= LAST_LINE_MAX else line[:LAST_LINE_MAX - 1] + "…"
+
+
 def gpus(r: dict) -> list[dict]:
     if r["rc"] != 0:
         return []
@@ -134,6 +173,13 @@ def restarts(props: dict, attempt: int | None) -> int | None:
                              else None, attempt)
 
 
+def _shown_progress(files: dict) -> dict:
+    """{"progress": the last progress line, "last_line": None}, or for a script that prints
+    none (yet), {"progress": None, "last_line": the last line it printed}."""
+    p = progress(files)
+    return {"progress": p, "last_line": None if p is not None else last_line(files)}
+
+
 def state(unit: str, raw: dict, window_s: int) -> dict:
     props = systemd.parse_show(raw["run"]["unit"]["out"], [unit])[unit]
     logs = raw["tree"]["logs"]
@@ -142,7 +188,7 @@ def state(unit: str, raw: dict, window_s: int) -> dict:
     clock = raw["host"]
     return {"unit": props, "uptime_s": uptime(props, clock["monotonic"]),
             "ended_at": None, "ran_s": None, **ended(props, clock["time"], clock["monotonic"]),
-            "attempt": attempt, "torchrun_starts": starts, "progress": progress(logs["files"]),
+            "attempt": attempt, "torchrun_starts": starts, **_shown_progress(logs["files"]),
             "restarts": restarts(props, attempt),
             "gpus": gpus(raw["run"]["gpus"]),
             "util_samples": util_samples(util, raw["host"]["time"], window_s)}

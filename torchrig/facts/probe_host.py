@@ -17,7 +17,7 @@ never in a command line. Keys, each optional:
   users    [name]                -> {name: {"uid", "shell"} | None}
   host     true                  -> {"arch", "kernel", "euid", "hostname", "disk_free_gb", "time",
                                      "monotonic"} (clocks for ages computed on the operator side)
-  tree     {name: {"root", "walk": [regex], "then": [regex], "read": {"name", "tail", "first_line"},
+  tree     {name: {"root", "walk": [regex], "then": [regex], "read": {"name", "tail", "first_line", "mtime"},
                   "most": n}}
            -> {name: {"dirs": [[relpath, mtime]], "files": {relpath: {...} | None}, "cut"?}}: the
               folders matching `walk` one level per regex; in the newest of them, the first
@@ -140,10 +140,12 @@ def open_dir(path, dir_fd=None, follow=False):
         return None
 
 
-def read_at(dir_fd, name, limit=1 << 20, tail=False, first_line=False, follow=False):
+def read_at(dir_fd, name, limit=1 << 20, tail=False, first_line=False, follow=False,
+            mtime=False):
     """A regular single-link file `name` in dir_fd: its first `limit` bytes (or last, with
-    tail) and optionally its first line, as text; None for anything else. follow=True only
-    for root's own files (/etc/os-release is a symlink): any link, any link count."""
+    tail) and optionally its first line and its mtime, as text; None for anything else.
+    follow=True only for root's own files (/etc/os-release is a symlink): any link, any link
+    count."""
     try:
         fd = os.open(name, NOFOLLOW & ~os.O_NOFOLLOW if follow else NOFOLLOW, dir_fd=dir_fd)
     except OSError:
@@ -154,6 +156,8 @@ def read_at(dir_fd, name, limit=1 << 20, tail=False, first_line=False, follow=Fa
             return None
         with os.fdopen(os.dup(fd), "rb") as fh:
             got = {"first_line": fh.readline(4096).decode(errors="replace")} if first_line else {}
+            if mtime:
+                got["mtime"] = st.st_mtime
             fh.seek(max(0, st.st_size - limit) if tail else 0)
             data = fh.read(limit)
     except OSError:
@@ -241,7 +245,7 @@ def tree(spec):
                 if len(found["files"]) < most:
                     found["files"][rel + name + "/" + r["name"]] = text_only(read_at(
                         fd, r["name"], limit=r.get("tail", 65536), tail=True,
-                        first_line=r.get("first_line", False)))
+                        first_line=r.get("first_line", False), mtime=r.get("mtime", False)))
                 else:
                     found["cut"] = {"files_left_out": found.get("cut", {}).get(
                         "files_left_out", 0) + 1, "most": most}

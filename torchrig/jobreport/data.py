@@ -99,6 +99,11 @@ class JobReport:
                 "running": self.running,
                 "seconds": (span[1] - span[0]) if span and (self.running or ended) else None}
 
+    def started(self) -> bool:
+        """Whether any node's ranks printed torchrig's start lines (a script of the user's own
+        that does not speak the progress protocol prints none)."""
+        return any(n.started for n in self.nodes)
+
     def command(self) -> dict:
         """What was run: the first node's script and arguments and its ranks' world size and
         backend; the versions per node (one value when every node has the same)."""

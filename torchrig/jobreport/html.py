@@ -14,6 +14,7 @@ import json
 import time
 
 from ..errors import TorchrigError
+from ..progress import no_steps
 from ..terminal import html as safe
 from .data import JobReport
 
@@ -183,6 +184,8 @@ def page(rep: JobReport, js: str) -> str:
         out.append(f'<p class="note">{e(host)}: not in this report ({e(why)})</p>')
     for host, why in rep.cut.items():
         out.append(f'<p class="note">{e(host)}: {e(why)}</p>')
+    if rep.nodes and not rep.steps:  # a script of the user's own: say why loss charts lack
+        out.append(f'<p class="note" id="no-steps">{e(no_steps(rep.started()))}</p>')
     if not figs:
         out.append("<p>No data yet: no progress line, GPU sample or event was found.</p>")
     for f in figs:

@@ -104,6 +104,7 @@ def watch(fleet: Fleet, job: str, every: float = 0, red: Redactor | None = None,
     while True:
         rnd = look(fleet, job, journals)
         rnd.diagnosis, rnd.nodes, rnd.trend = red.data(rnd.diagnosis), red.data(rnd.nodes), trend
+        cut_last_lines(rnd.nodes)
         if trend is not None:
             for r in rnd.nodes:
                 if r.ok:
@@ -112,6 +113,20 @@ def watch(fleet: Fleet, job: str, every: float = 0, red: Redactor | None = None,
         if not every:
             return
         sleep(every)
+
+
+# characters of a script's last line status shows (table and JSON alike)
+SHOWN_LINE = 200
+
+
+def cut_last_lines(nodes: "JobStatus", most: int = SHOWN_LINE) -> None:
+    """Each node's last line (a script that prints no progress lines: job_state.last_line)
+    cut to `most` characters, in place: after the redactor ran, so a secret the cut would
+    split is already masked whole."""
+    for r in nodes:
+        line = r.value.get("last_line") if r.ok and isinstance(r.value, dict) else None
+        if isinstance(line, str) and len(line) > most:
+            r.value["last_line"] = line[:most - 1] + "…"
 
 
 @dataclass
