@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NODES, invoke, launch, logs, sh, wait_unit_ended
+from conftest import NODES, invoke, launch, logs, sh, status, wait_unit_ended
 
 pytestmark = pytest.mark.provisioned("gpu1", "gpu4")
 PROJECT = Path(__file__).resolve().parents[1] / "projects" / "ddp_six"
@@ -51,6 +51,9 @@ def test_a_project_runs_with_its_dependency_installed_once(testbed, project):
     assert "gpu4: job environment built in" in _said(r), _said(r)
     out = _ran(testbed, "u-script")
     assert "six 1.16.0 world 4" in out and "finished 3 steps" in out, out
+    # it prints no progress lines: status shows the last line rank 0 printed
+    st = status(testbed, "u-script")[1]["nodes"]["gpu1"]
+    assert st["progress"] is None and st["last_line"] == "finished 3 steps", st
     # the ignored file never reached a node; the project's files did
     for h in NODES.split(","):
         assert sh(testbed, h, "find /opt/torchrig/workdirs -name big.bin | wc -l") == "0"
@@ -62,7 +65,7 @@ def test_a_project_runs_with_its_dependency_installed_once(testbed, project):
 
     # a second launch with the same dependencies (as a module this time) installs nothing
     r = launch(testbed, "u-module", "--workdir", str(project), "--module", "trainer.run",
-               "--args", "--steps 2")
+               "--args", "--steps 2 --progress")
     assert r.returncode == 0, r.stdout + r.stderr
     said = _said(r)
     assert _env_of(said) == env
@@ -73,6 +76,9 @@ def test_a_project_runs_with_its_dependency_installed_once(testbed, project):
         assert sh(testbed, h, f"stat -c %Y {ENVS}/{env}/.complete") == stamp[h]
         assert '"-m" "trainer.run"' in sh(testbed, h, "grep ExecStart /etc/systemd/system/torchrig-u-module.service")
     assert "finished 2 steps" in _ran(testbed, "u-module")
+    # its steps, written with the progress module pushed with the release, reach status
+    st = status(testbed, "u-module")[1]["nodes"]["gpu1"]
+    assert st["progress"].startswith("step=2 loss="), st
 
 
 def test_a_job_file_launch_then_an_environment_changed_by_hand_is_refused(testbed, project):

@@ -32,10 +32,9 @@ def main():
         loss.backward()
         opt.step()
         if rank == 0:
-            if a.progress:
+            if a.progress:   # the two lines docs/payload.md shows a user's own script
                 import progress
-                print(progress.format_line("step", {"step": step, "loss": f"{loss.item():.4f}"}),
-                      flush=True)
+                progress.step(step, loss=loss.item())
             else:
                 print(f"epoch 0 batch {step}: loss {loss.item():.4f}", flush=True)
         time.sleep(a.sleep)
