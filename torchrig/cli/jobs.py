@@ -31,7 +31,7 @@ def jobs(c, inventory=None, host=None, json_=False, prune=False, older_than=None
         listing = service.list_jobs(fleet, fleet.hosts)
         pruned = None
         if prune:
-            pruned = service.prune(fleet, fleet.hosts, listing.rows, days, with_logs,
+            pruned = service.prune(fleet, fleet.hosts, listing, days, with_logs,
                                    with_checkpoints)
     rows = red.data([r.as_dict() for r in listing.rows])
     failures = listing.failures + (pruned.failures if pruned else [])

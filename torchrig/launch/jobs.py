@@ -405,9 +405,14 @@ class Pruned:
     failures: list[str]
 
 
-def prune(fleet: Fleet, hosts: list[Host], rows: list[JobRow], older_than_days: float | None,
+def prune(fleet: Fleet, hosts: list[Host], listing: Listing, older_than_days: float | None,
           with_logs: bool, with_checkpoints: bool, now: float | None = None) -> Pruned:
-    plan = plan_prune(rows, time.time() if now is None else now, older_than_days)
+    """Prune what plan_prune picks from a complete listing: with a node unread, a job could
+    still run there, so nothing is pruned."""
+    if listing.failures:
+        raise TorchrigError("nothing pruned: not every node could be read ("
+                            + "; ".join(listing.failures) + ")")
+    plan = plan_prune(listing.rows, time.time() if now is None else now, older_than_days)
     todo = {h.name: [r for r in plan.prune if h.name in r.nodes] for h in hosts}
     targets = [h for h in hosts if todo[h.name]]
 
