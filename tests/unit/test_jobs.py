@@ -100,6 +100,7 @@ def test_prune_files_are_launchs_and_the_record():
                      "/etc/systemd/system/torchrig-j1.service",
                      "/etc/systemd/system/torchrig-gpumon@j1.service",
                      "/etc/systemd/system/torchrig-gpumon@j1.timer",
+                     "/etc/systemd/system/torchrig-ended@j1.service",
                      "/etc/torchrig/jobs/j1.stopped"]
 
 

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import progress as protocol
+from ..changes import managed
 from ..errors import TorchrigError
 from ..facts import job_state, probe, systemd
 from ..facts import slurm as slurm_facts
@@ -359,9 +360,14 @@ def plan_prune(rows: list[JobRow], now: float, older_than_days: float | None = N
     return out
 
 
+def ended_unit(job: str) -> str:
+    """The unit the job's unit starts once it ended (managed.JOB_ENDED)."""
+    return managed.JOB_ENDED.path(job).rsplit("/", 1)[1]
+
+
 def job_files(job: str) -> list[str]:
     """A job's files on a node that a prune removes: launch's (plan.job_paths: env, run id,
-    unit, sampler units) and stop's record."""
+    unit, sampler units, the unit started once it ended) and stop's record."""
     files = job_paths(job)
     files += [p for p in gpumon_paths(job) if p not in files]
     return files + [stop_record(JOBS_DIR, job)]
@@ -375,6 +381,7 @@ def prune_script(h: Host, rows: list[JobRow], with_logs: bool, with_checkpoints:
                ([[s.checkpoint_dir, row.job]] if with_checkpoints else [])
         items.append({"job": row.job, "unit": unit_name(row.job),
                       "timer": gpumon_name(row.job, "timer"), "sampler": gpumon_name(row.job),
+                      "ended": ended_unit(row.job),
                       "unit_file": unit_path(row.job), "marker": row.markers.get(h.name, ""),
                       "files": Shell(sh(*job_files(row.job))),
                       "dirs": json.dumps({"remove": dirs}) if dirs else ""})

@@ -14,7 +14,7 @@ if printf '%s\n' "$st" | grep -qxE {{ running_re }}; then
 elif [ -n {{ p.marker }} ] && [ -e {{ p.unit_file }} ] && ! grep -qxF {{ p.marker }} {{ p.unit_file }}; then
   echo "kept "{{ p.job }}" launched again meanwhile"
 else
-  systemctl stop {{ p.timer }} {{ p.sampler }} 2>/dev/null || true
+  systemctl stop {{ p.timer }} {{ p.sampler }} {{ p.ended }} 2>/dev/null || true
   rm -f {{ p.files }}
   pruned="$pruned "{{ p.job }}
 {% if p.dirs %}
@@ -27,6 +27,6 @@ fi
 {% endfor %}
 systemctl daemon-reload
 {% for p in prune %}
-case " $pruned " in *" "{{ p.job }}" "*) systemctl reset-failed {{ p.unit }} {{ p.timer }} {{ p.sampler }} 2>/dev/null || true;; esac
+case " $pruned " in *" "{{ p.job }}" "*) systemctl reset-failed {{ p.unit }} {{ p.timer }} {{ p.sampler }} {{ p.ended }} 2>/dev/null || true;; esac
 {% endfor %}
 exit 0
