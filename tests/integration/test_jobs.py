@@ -50,6 +50,12 @@ def test_a_job_that_finished_reads_succeeded_and_its_sampler_timer_stopped(testb
     assert row["step"] == "3" and row["loss"], row
     assert row["workdir"].startswith("/opt/torchrig/payload/releases/"), row
     assert row["backend"] == "systemd" and row["running_s"] is None
+    # systemd still has the ended unit's times (torchrig-ended@ keeps it loaded), after the
+    # timer is gone: when it ended, when it started
+    assert row["ended_at"] and row["started_at"] and row["started_at"] <= row["ended_at"], row
+    for h in HOSTS:
+        assert sh(testbed, h, f"systemctl is-active torchrig-ended@{OK}.service",
+                  check=False) == "active"
 
 
 def test_a_running_job_then_stopped_reads_stopped_not_finished(testbed):
@@ -113,6 +119,7 @@ def test_prune_keeps_a_running_job_and_never_follows_a_planted_symlink(testbed):
             left = sh(testbed, h, f"ls /etc/systemd/system/torchrig-{job}.service "
                                   f"/etc/systemd/system/torchrig-gpumon@{job}.timer "
                                   f"/etc/systemd/system/torchrig-gpumon@{job}.service "
+                                  f"/etc/systemd/system/torchrig-ended@{job}.service "
                                   f"/etc/torchrig/jobs/{job}.env /etc/torchrig/jobs/{job}.run "
                                   f"/etc/torchrig/jobs/{job}.stopped 2>/dev/null || true")
             assert left == "", (h, job, left)
