@@ -200,3 +200,16 @@ def _removal(tmp_path):
     assert _remove(root, "j3").strip().endswith("absent")
     assert not (root / "j1").exists() and not (root / "j1").is_symlink() and not (root / "j2").exists()
     assert (victim / "file").read_text() == "keep" and (victim / "in" / "file").read_text() == "keep"
+
+
+def test_the_table_sanitises_what_a_job_wrote(capsys):
+    from torchrig import tables
+    row = jobs.merge("j1", {"a": node("running", uptime_s=65.0, started_at=1.7e9,
+                                      progress="step=7 loss=\x1b]0;owned\x07[bold]1.5 tok/s=1")}).as_dict()
+    row2 = jobs.merge("j2", {"a": node("stopped", ended_at=1.7e9 + 100, started_at=1.7e9),
+                             "b": node("failed", 1, ended_at=1.7e9 + 50)}).as_dict()
+    tables.jobs_table([row, row2], now=1.7e9 + 200)
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "running for 1m05s" in out and "ended 2023-11-14" in out
+    assert "a:stopped, b" in out or "a:stopped" in out
