@@ -48,6 +48,13 @@ def job_of_unit(unit: str) -> str | None:
     return None
 
 
+def stop_record(jobs_dir: str, job: str) -> str:
+    """What `torchrig stop` recorded in root's jobs folder (settings.JOBS_DIR) before it
+    stopped a running job: JSON {"stopped_at": unix time, "was": its state, "by": "stop"}
+    (onhost/launch/stop.sh writes it; a launch of the job removes it; jobs.py reads it)."""
+    return f"{jobs_dir}/{job}.stopped"
+
+
 # a unit in one of these states runs the job (stopping, deactivating, still writes its last
 # checkpoint for up to the stop's grace)
 RUNNING_STATES = ("active", "activating", "deactivating", "reloading")

@@ -255,3 +255,33 @@ def metrics_table(title: str, results) -> None:
             if v.note:
                 console.print(f"{markup(v.node)} {markup(v.job)}: {markup(v.note)}",
                               soft_wrap=True)
+
+
+def jobs_table(rows: list[dict], now: float | None = None) -> None:
+    """`torchrig jobs`: one row per job (jobs.JobRow.as_dict(), redacted). Names, nodes, the
+    progress line and the release path went through terminal.markup(): a job wrote some."""
+    from . import trend as trends
+    now = time.time() if now is None else now
+    t = Table(title="jobs")
+    for col in ("job", "state", "nodes", "started", "ended / running for", "restarts", "step",
+                "loss", "workdir (release)"):
+        t.add_column(col, overflow="fold")
+    style = {"running": "green", "restarting": "yellow", "failed": "red", "stopped": "",
+             "succeeded": "cyan"}
+    for d in rows:
+        if d["ended_at"] is not None:
+            when = "ended " + time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(d["ended_at"])) \
+                + f" ({trends.duration(now - d['ended_at'])} ago)"
+        elif d["running_s"] is not None:
+            when = f"running for {trends.duration(d['running_s'])}"
+        else:
+            when = ""
+        started = "" if d["started_at"] is None else \
+            time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(d["started_at"]))
+        nodes = ", ".join(f"{h}:{s}" if s != d["state"] else h for h, s in d["nodes"].items())
+        name = d["job"] + (f" (slurm {d['slurm_id']})" if d.get("slurm_id") else "")
+        t.add_row(markup(name), styled(d["state"], style.get(d["state"], "")), markup(nodes),
+                  markup(started), markup(when),
+                  "" if d["restarts"] is None else str(d["restarts"]),
+                  markup(d["step"] or ""), markup(d["loss"] or ""), markup(d["workdir"] or ""))
+    console.print(t)

@@ -71,6 +71,27 @@ def test_stop_checkpoints_and_cancels_then_relaunch_resumes_and_completes(slurm_
     assert st["slurm"]["job_id"] == job2 and st["slurm"]["state"] == "COMPLETED", r.stdout
 
 
+def test_jobs_lists_a_slurm_job_running_then_stopped(slurm_cluster):
+    """`torchrig jobs` (issue 22): a Slurm job's row from the controller's record and Slurm's
+    state, with rank 0's last step from its nodes' logs."""
+    c = slurm_cluster
+    r = slurm_launch(c, "sl-jobs", "--args", "--max-steps 100000 --log-every 5 --ckpt-every 100000")
+    assert r.returncode == 0, r.stdout + r.stderr
+    job_id = re.search(r"slurm job (\d+)", r.stdout).group(1)
+    wait_step(c.inv, "sl-jobs", 5, hosts=",".join(c.compute))
+
+    def row():
+        r = invoke("jobs", "-i", str(c.inv), "-H", ",".join(c.compute), "--json", timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return next(j for j in json.loads(r.stdout)["jobs"] if j["job"] == "sl-jobs")
+    got = row()
+    assert (got["backend"], got["state"], got["slurm_id"]) == ("slurm", "running", job_id), got
+    assert sorted(got["nodes"]) == ["gpu1", "gpu4"] and int(got["step"]) >= 5, got
+    assert stop(c.inv, "sl-jobs", hosts="gpu1").returncode == 0
+    got = row()
+    assert got["state"] == "stopped" and set(got["nodes"].values()) == {"CANCELLED"}, got
+
+
 def test_compute_node_powered_off_fails_the_job_in_bounded_time_and_is_named(slurm_cluster):
     from torchrig.testbed import machines
     from conftest import ip_of

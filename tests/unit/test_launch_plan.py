@@ -350,7 +350,8 @@ def test_job_files_go_through_the_change_engine():
         ("/etc/torchrig/jobs/exp1.run", "0o600", True),
         ("/etc/systemd/system/torchrig-exp1.service", "0o644", False),
         ("/etc/systemd/system/torchrig-gpumon@exp1.service", "0o644", False),
-        ("/etc/systemd/system/torchrig-gpumon@exp1.timer", "0o644", False)]
+        ("/etc/systemd/system/torchrig-gpumon@exp1.timer", "0o644", False),
+        ("/etc/systemd/system/torchrig-ended@exp1.service", "0o644", False)]
     env = written[0][1]
     assert "HF_TOKEN='t0k'" in env.content
     assert "t0k" not in env.diff() and "+HF_TOKEN='***'" in env.diff()  # dry run: masked

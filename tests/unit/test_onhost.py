@@ -13,7 +13,7 @@ from torchrig.onhost import Shell, script
 
 HOSTILE = "a b'c $(touch /tmp/pwned) `id`;\""
 JOB = {"jobs": "/etc/torchrig/jobs", "name": "torchrig-exp1.service", "job": "exp1",
-       "running_states": Shell("active|activating")}
+       "running_states": Shell("active|activating"), "stop_record": "/etc/torchrig/jobs/exp1.stopped"}
 PUSH = {"base": "/opt/torchrig/payload", "h": "0123456789abcdef"}
 DIRS = {"dirs": '{"user": "torchrig", "dirs": [["/var/log/torchrig", "exp1"]]}',
         "dirs_script": Shell(script("launch/jobdirs.py"))}
@@ -34,7 +34,20 @@ VALUES = {
                         "exclusive": 0},
     "launch/undo.sh": {**JOB, "marker": "# launch x", "unit_file": "/etc/u.service",
                        "remove": Shell("rm -f /etc/u.service && systemctl daemon-reload")},
-    "launch/stop.sh": {"unit": "torchrig-exp1.service", "sampler": "torchrig-gpumon-exp1.service"},
+    "launch/stop.sh": {"unit": "torchrig-exp1.service", "sampler": "torchrig-gpumon-exp1.service",
+                       "record": "/etc/torchrig/jobs/exp1.stopped"},
+    "launch/prune.sh": {"jobs": "/etc/torchrig/jobs", "running_re": "active|activating",
+                        "dirs_script": Shell(script("launch/jobdirs.py")),
+                        "prune": [{"job": "exp1", "unit": "torchrig-exp1.service",
+                                   "timer": "torchrig-gpumon@exp1.timer",
+                                   "sampler": "torchrig-gpumon@exp1.service",
+                                   "ended": "torchrig-ended@exp1.service",
+                                   "unit_file": "/etc/systemd/system/torchrig-exp1.service",
+                                   "marker": "# torchrig launch x", "files": Shell("/etc/a /etc/b"),
+                                   "dirs": '{"remove": [["/var/log/torchrig", "exp1"]]}'},
+                                  {"job": "exp2", "unit": "torchrig-exp2.service",
+                                   "timer": "t", "sampler": "s", "ended": "e", "unit_file": "/etc/u",
+                                   "marker": "", "files": Shell("/etc/c"), "dirs": ""}]},
     "push/lock.sh": {},
     "push/probe.sh": PUSH,
     "push/install.sh": {**PUSH, "src": ""},
@@ -91,12 +104,12 @@ def test_a_value_is_quoted_and_shell_text_is_not():
 
 def test_a_missing_value_names_the_file_and_line():
     with pytest.raises(TorchrigError, match=r"onhost/launch/stop.sh:\d+: .*sampler"):
-        script("launch/stop.sh", unit="u")
+        script("launch/stop.sh", unit="u", record="r")
 
 
 def test_a_none_value_is_refused():
     with pytest.raises(TorchrigError, match="is None"):
-        script("launch/stop.sh", unit="u", sampler=None)
+        script("launch/stop.sh", unit="u", record="r", sampler=None)
 
 
 def test_python_scripts_take_no_substitution():

@@ -84,7 +84,9 @@ JOB_RUN_ID = ManagedFile("etc/torchrig/jobs/JOB.run.j2", mode=0o600, secret=True
 JOB_UNIT = ManagedFile("etc/systemd/system/torchrig-JOB.service.j2")
 GPUMON_SERVICE = ManagedFile("etc/systemd/system/torchrig-gpumon@JOB.service.j2")
 GPUMON_TIMER = ManagedFile("etc/systemd/system/torchrig-gpumon@JOB.timer.j2")
-LAUNCH_FILES = (JOB_ENV, JOB_RUN_ID, JOB_UNIT, GPUMON_SERVICE, GPUMON_TIMER)
+# started once the job ended: its last sample; it keeps the job's unit (and its times) loaded
+JOB_ENDED = ManagedFile("etc/systemd/system/torchrig-ended@JOB.service.j2")
+LAUNCH_FILES = (JOB_ENV, JOB_RUN_ID, JOB_UNIT, GPUMON_SERVICE, GPUMON_TIMER, JOB_ENDED)
 
 
 def launch_request(job: str) -> dict[str, list[str]]:

@@ -12,6 +12,7 @@ from invoke import Collection
 
 from .hosts import exec_, hosts, init
 from .job_outputs import fetch, job_report
+from .jobs import jobs
 from .launch import launch, stop
 from .logs import logs
 from .provision import provision
@@ -20,7 +21,7 @@ from .testbed import demo, testbed
 from .verify import verify
 
 ns = Collection(init, hosts, exec_, provision, verify, launch, logs, status, job_report, stop,
-                metrics, tensorboard, fetch, demo, testbed)
+                jobs, metrics, tensorboard, fetch, demo, testbed)
 ns.configure({
     "torchrig": {
         "inventory": None,  # a config file's torchrig.inventory (see common._inventory_path)

@@ -211,6 +211,13 @@ def render_gpumon(job: Job, n: Node, interval: int) -> dict[str, str]:
                                                interval=interval)}
 
 
+def render_ended(job: Job, n: Node) -> str:
+    """The unit started once the job ended: the sampler's last sample, then it stays active."""
+    return managed.JOB_ENDED.render(job=job.name, main=unit_name(job.name), user=n.user,
+                                    exec_start=" ".join(systemd_quote(a)
+                                                        for a in sampler_argv(job, n)))
+
+
 def env_path(job: str) -> str:
     return managed.JOB_ENV.path(job)
 
@@ -228,7 +235,8 @@ def job_changes(job: Job, n: Node, interval: int, facts=None) -> list[tuple[str,
     files = [(managed.JOB_ENV, render_env(job, n), render_env(job, n, redact=True)),
              (managed.JOB_RUN_ID, render_run_id(job), None),
              (managed.JOB_UNIT, render_unit(job, n), None),
-             (managed.GPUMON_SERVICE, service, None), (managed.GPUMON_TIMER, timer, None)]
+             (managed.GPUMON_SERVICE, service, None), (managed.GPUMON_TIMER, timer, None),
+             (managed.JOB_ENDED, render_ended(job, n), None)]
     out = []
     for mf, body, shown in files:
         ch = mf.change(facts, content=body, job=job.name, shown=shown)

@@ -17,7 +17,7 @@ from ..resources import PAYLOAD
 from ..settings import JOBS_DIR, job_folder, procs_per_node
 from ..verify.run import verify
 from ..job import (DEFAULTS, JOB_RE, RUNNING_STATES, check_job_name, gpumon_name, job_of_unit, job_port,
-                   unit_name)
+                   stop_record, unit_name)
 from .plan import (Job, Node, check_env_key, job_changes, job_paths, launch_marker, parse_env, redact_env,
                    split_args, unit_path)
 from ..session import Fleet, Outcome
@@ -238,7 +238,8 @@ def _dry_run(fleet: Fleet, hosts: list[Host], job: Job) -> dict[str, list]:
 def _common(job_name: str) -> dict:
     """The values every launch script on a node takes (its lock, its own-unit check)."""
     return {"jobs": JOBS_DIR, "name": unit_name(job_name), "job": job_name,
-            "running_states": Shell("|".join(RUNNING_STATES))}
+            "running_states": Shell("|".join(RUNNING_STATES)),
+            "stop_record": stop_record(JOBS_DIR, job_name)}
 
 
 def install_script(job: Job, n: Node) -> str:
@@ -340,7 +341,8 @@ def _undo(fleet: Fleet, hosts: list[Host], job: Job, remove: bool) -> list:
 def stop_script(job: str) -> str:
     """The root script that stops the job's unit on a node and says its state and the
     processes left."""
-    return script("launch/stop.sh", unit=unit_name(job), sampler=gpumon_name(job))
+    return script("launch/stop.sh", unit=unit_name(job), sampler=gpumon_name(job),
+                  record=stop_record(JOBS_DIR, job))
 
 
 def no_job(job: str) -> str:

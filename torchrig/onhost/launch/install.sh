@@ -4,5 +4,7 @@ install -d -m 0755 {{ jobs }}
 {% include "launch/own_busy.sh" %}
 {% include "launch/jobdirs.sh" %}
 {{ files }}
+# a new launch of the job: the last run's stop record (stop.sh) no longer says anything
+rm -f {{ stop_record }}
 systemctl daemon-reload
 systemctl reset-failed {{ name }} 2>/dev/null || true

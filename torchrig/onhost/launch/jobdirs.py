@@ -1,6 +1,12 @@
 """Runs ON THE NODE as root (python3 -I -, inside launch's install script): the job's folders
 <root>/<job> (log and checkpoint), owned by the service user.
 argv[1]: JSON {"user": U, "dirs": [[ROOT, JOB], ...]}
+   or: JSON {"remove": [[ROOT, JOB], ...]}: `torchrig jobs --prune --with-logs/--with-checkpoints`
+       removes ROOT/JOB (ROOT reached as below, nothing created): a symlink or file in JOB's
+       place is unlinked, never followed; a folder goes with shutil.rmtree through descriptors
+       (Python 3.11's dir_fd: every level opened O_NOFOLLOW and checked to be the folder that
+       was listed, so a job that swaps a folder for a symlink meanwhile makes it fail, not
+       delete elsewhere). Prints one line per ROOT/JOB: "removed", "absent" or why not.
 
 The rule: root creates things only in folders that nobody else can change. Every folder on the
 way to ROOT is walked one name at a time (openat) and must be root-owned and not writable by
@@ -30,9 +36,9 @@ def check(fd, shown, writers=0o022):
              f"root creates job folders only where root alone can write; {FIX}")
 
 
-def safe_dir(path):
+def safe_dir(path, create=True):
     """An O_DIRECTORY descriptor of `path`, every folder on the way checked; missing folders
-    are created (root-owned, 0755) in checked ones."""
+    are created (root-owned, 0755) in checked ones (create=False: FileNotFoundError)."""
     fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
     check(fd, "/", 0o002)
     todo, shown, links = [c for c in path.split("/") if c], "", 0
@@ -44,6 +50,9 @@ def safe_dir(path):
         try:
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         except FileNotFoundError:
+            if not create:
+                os.close(fd)
+                raise
             os.mkdir(name, 0o755, dir_fd=fd)
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         if stat.S_ISLNK(st.st_mode):
@@ -65,6 +74,11 @@ def safe_dir(path):
     return fd
 
 
+def shutil_safe():
+    import shutil
+    return getattr(shutil.rmtree, "avoids_symlink_attacks", False) and sys.version_info >= (3, 11)
+
+
 def job_dir(root, job, uid, gid):
     fd = safe_dir(root)
     try:
@@ -83,7 +97,37 @@ def job_dir(root, job, uid, gid):
     os.close(fd)
 
 
+def remove_job_dir(root, job):
+    """ROOT/JOB gone, without following anything the job could have planted."""
+    import shutil
+    try:
+        fd = safe_dir(root, create=False)
+    except FileNotFoundError:
+        return "absent"
+    try:
+        try:
+            st = os.stat(job, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return "absent"
+        if not stat.S_ISDIR(st.st_mode):  # a symlink (or anything else) in the folder's place
+            os.unlink(job, dir_fd=fd)
+            return "removed (it was not a folder: unlinked, not followed)"
+        shutil.rmtree(job, dir_fd=fd)
+        return "removed"
+    finally:
+        os.close(fd)
+
+
 a = json.loads(sys.argv[1])
+if "remove" in a:
+    if not shutil_safe():
+        fail("this python's shutil.rmtree is not safe against symlinks here: nothing removed")
+    for root, job in a["remove"]:
+        try:
+            print(f"{root}/{job}: {remove_job_dir(root, job)}")
+        except OSError as e:
+            print(f"{root}/{job}: not removed: {e}")
+    sys.exit(0)
 try:
     pw = pwd.getpwnam(a["user"])
 except KeyError:

@@ -2,6 +2,15 @@ u={{ unit }}
 # a job never launched here has no unit: say so rather than "stopped"
 if [ "$(systemctl show -p LoadState --value "$u")" = not-found ]; then echo "not-found 0"; exit 0; fi
 was=$(systemctl show -p ActiveState --value "$u")
+# recorded before the stop, so that `torchrig jobs` tells a stopped job from one that ended on
+# its own (stop resets a stopped unit's failed state, and systemd forgets its timestamps): a
+# root-owned 0644 record in root's jobs folder; nothing is written when the job had already
+# ended by itself (a launch of the job clears the record)
+case "$was" in active|activating|reloading|deactivating)
+  umask 022
+  printf '{"stopped_at": %s, "was": "%s", "by": "stop"}\n' "$(date +%s)" "$was" > {{ record }}.tmp
+  mv -f {{ record }}.tmp {{ record }};;
+esac
 systemctl stop "$u"
 # torchrun exits 1 when SIGTERM stops it (the workers checkpoint and exit 0): a job stopped
 # here did not fail, so it should not read 'failed' afterwards. One that had failed before
