@@ -20,11 +20,11 @@ GPU_QUERY = ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory
              "--format=csv,noheader,nounits"]
 
 
-def _ranks_tree(logdir: str, tail: int) -> dict:
+def _ranks_tree(logdir: str, tail: int, name: str = "stdout.log") -> dict:
     # <logdir>/<run>/attempt_<N>/<local rank>/stdout.log (torchrun's layout): the newest
-    # attempt's rank folders, each with the tail of its stdout.log
+    # attempt's rank folders, each with the tail of its stdout.log (or `name`)
     return {"root": logdir, "walk": [r"[^.].*", r"attempt_\d+"], "then": [r"\d+"],
-            "read": {"name": "stdout.log", "tail": tail, "first_line": True}}
+            "read": {"name": name, "tail": tail, "first_line": name == "stdout.log"}}
 
 
 def probe_request(unit: str, logdir: str, util_file: str) -> dict:
@@ -36,10 +36,11 @@ def probe_request(unit: str, logdir: str, util_file: str) -> dict:
 
 
 def start_request(unit: str, logdir: str) -> dict:
-    """What launch polls while a job starts: the unit's state and the newest attempt's rank
-    folders (torchrun makes them once the rendezvous completed)."""
+    """What launch polls while a job starts: the unit's state, the newest attempt's rank
+    folders (torchrun makes them once the rendezvous completed, as it spawns the workers) and
+    the node's clock (how long ago that was)."""
     return {"run": {"unit": systemd.show_argv([unit], ["ActiveState", "Result"])},
-            "tree": {"logs": _ranks_tree(logdir, 1)}}
+            "tree": {"logs": _ranks_tree(logdir, 1)}, "host": True}
 
 
 def started(unit: str, raw: dict) -> tuple[str, str, int]:
@@ -47,6 +48,41 @@ def started(unit: str, raw: dict) -> tuple[str, str, int]:
     props = systemd.parse_show(raw["run"]["unit"]["out"], [unit])[unit]
     return (props.get("ActiveState", ""), props.get("Result", ""),
             len(raw["tree"]["logs"]["files"]))
+
+
+def spawned_ago(raw: dict) -> float | None:
+    """Seconds since the newest attempt's workers were spawned (its folder got their rank
+    folders then, and nothing after), by the node's clock, from start_request's reply; None
+    before any attempt."""
+    dirs = raw["tree"]["logs"]["dirs"]
+    clock = raw.get("host") or {}
+    if not dirs or not isinstance(clock.get("time"), (int, float)):
+        return None
+    newest = max(m for _, m in dirs)
+    return max(0.0, round(clock["time"] - newest, 2)) if isinstance(newest, (int, float)) else None
+
+
+STDERR_TAIL = 8192  # bytes of each rank's stderr.log an early failure's report reads
+
+
+def failure_request(logdir: str) -> dict:
+    """What launch reads of a job whose first attempt failed at once: the tail of each rank's
+    stderr.log in the newest attempt (the job's files: read without following a link)."""
+    return {"tree": {"err": _ranks_tree(logdir, STDERR_TAIL, "stderr.log")}}
+
+
+def failure_lines(raw: dict, lines: int) -> tuple[int, list[str]] | None:
+    """(local rank, its last `lines` non-empty stderr lines) of the lowest local rank that
+    wrote any, from failure_request's reply; None when none did. Raw text: the caller
+    redacts and sanitises it."""
+    found = []
+    for path, got in raw["tree"]["err"]["files"].items():
+        rank = path.split("/")[-2]
+        text = (got or {}).get("text", "")
+        kept = [ln for ln in text.splitlines() if ln.strip()]
+        if kept and rank.isascii() and rank.isdigit():
+            found.append((int(rank), kept[-lines:]))
+    return min(found) if found else None
 
 
 def _seconds(props: dict, name: str) -> float | None:
