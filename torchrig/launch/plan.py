@@ -13,7 +13,7 @@ from ..changes.model import FileChange
 from ..errors import TorchrigError
 from ..render import env_quote, systemd_path, systemd_quote
 from ..secrets import MASK, is_secret, redact_text, url_credentials
-from ..job import MEM_FILE, SAMPLER, STOP_GRACE_S, UTIL_FILE, job_folder, unit_name
+from ..job import DEFAULTS, MEM_FILE, SAMPLER, STOP_GRACE_S, UTIL_FILE, job_folder, unit_name
 from ..settings import ENV_NAME
 
 def check_env_key(key: str, where: str) -> str:
@@ -81,7 +81,7 @@ class Job:
     run_id: str = field(default_factory=lambda: os.urandom(16).hex())
     # payload/torchrig_torchrun.py's early window (TORCHRIG_EARLY_FAIL_S): a first attempt
     # whose workers all fail within it of their spawn is not restarted (0: torchrun's restarts)
-    early_fail_s: int = 0
+    early_fail_s: int = DEFAULTS.early_fail_window
 
     @property
     def nnodes(self) -> int:
