@@ -155,9 +155,22 @@ def test_spawn_age_and_failure_lines_from_the_probe(tmp_path):
     follows no link a job could plant (a symlinked stderr.log is not read)."""
     from test_facts_probe import run_probe
     attempt = _spawn(tmp_path, "n1", ago=7, stderr={0: "a\n\nb\n"})
-    raw = run_probe(job_state.start_request("u.service", str(tmp_path / "logs" / "n1" / "exp1")))
-    assert 6.5 < job_state.spawned_ago(raw) < 60
-    assert job_state.spawned_ago({"tree": {"logs": {"dirs": []}}, "host": raw["host"]}) is None
+    req = job_state.start_request("u.service", str(tmp_path / "logs" / "n1" / "exp1"))
+    assert req["run"]["unit"][2] == "--property=ActiveState,Result,ActiveEnterTimestampMonotonic"
+
+    def state(since_start):
+        """The unit started `since_start` seconds ago (by the node's monotonic clock)."""
+        enter = int((time.clock_gettime(time.CLOCK_MONOTONIC) - since_start) * 1e6)
+        req["run"]["unit"] = ["printf", "ActiveState=active\\nResult=success\\n"
+                              f"ActiveEnterTimestampMonotonic={enter}\\n"]
+        return job_state.start_state("u.service", run_probe(req))
+    st, result, workers, ago = state(10)
+    assert (st, result, workers) == ("active", "success", 2) and 6.5 < ago < 60
+    # the unit started after that folder was made: an earlier launch's run, no worker yet
+    assert state(3) == ("active", "success", 0, None)
+    req["tree"]["logs"]["root"] = str(tmp_path / "none")
+    assert state(10) == ("active", "success", 0, None)
+    req["tree"]["logs"]["root"] = str(tmp_path / "logs" / "n1" / "exp1")
     got = run_probe(job_state.failure_request(str(tmp_path / "logs" / "n1" / "exp1")))
     assert job_state.failure_lines(got, 5) == (0, ["a", "b"])
     (attempt / "0" / "stderr.log").unlink()

@@ -39,8 +39,32 @@ def start_request(unit: str, logdir: str) -> dict:
     """What launch polls while a job starts: the unit's state, the newest attempt's rank
     folders (torchrun makes them once the rendezvous completed, as it spawns the workers) and
     the node's clock (how long ago that was)."""
-    return {"run": {"unit": systemd.show_argv([unit], ["ActiveState", "Result"])},
+    return {"run": {"unit": systemd.show_argv([unit], START_PROPS)},
             "tree": {"logs": _ranks_tree(logdir, 1)}, "host": True}
+
+
+START_PROPS = ["ActiveState", "Result", "ActiveEnterTimestampMonotonic"]
+
+
+def start_state(unit: str, raw: dict) -> tuple[str, str, int, float | None]:
+    """(ActiveState, Result, workers spawned, seconds since their spawn) from start_request's
+    reply, counting only an attempt folder made since the unit's last start: an earlier
+    launch of the same job left its runs' folders in the job's log folder (None, 0 workers:
+    none yet)."""
+    props = systemd.parse_show(raw["run"]["unit"]["out"], [unit])[unit]
+    state, result = props.get("ActiveState", ""), props.get("Result", "")
+    logs, clock = raw["tree"]["logs"], raw.get("host") or {}
+    dirs = [m for _, m in logs["dirs"] if isinstance(m, (int, float))]
+    enter = _seconds(props, "ActiveEnterTimestampMonotonic")
+    now, mono = clock.get("time"), clock.get("monotonic")
+    if not dirs or not all(isinstance(v, (int, float)) for v in (now, mono)):
+        return state, result, 0 if not dirs else len(logs["files"]), None
+    if enter is not None and max(dirs) < now - (mono - enter) - START_SLACK_S:
+        return state, result, 0, None  # the newest attempt is an earlier launch's
+    return state, result, len(logs["files"]), max(0.0, round(now - max(dirs), 2))
+
+
+START_SLACK_S = 0.5  # a folder's time against the unit's start (two clocks of one node)
 
 
 def started(unit: str, raw: dict) -> tuple[str, str, int]:
@@ -48,18 +72,6 @@ def started(unit: str, raw: dict) -> tuple[str, str, int]:
     props = systemd.parse_show(raw["run"]["unit"]["out"], [unit])[unit]
     return (props.get("ActiveState", ""), props.get("Result", ""),
             len(raw["tree"]["logs"]["files"]))
-
-
-def spawned_ago(raw: dict) -> float | None:
-    """Seconds since the newest attempt's workers were spawned (its folder got their rank
-    folders then, and nothing after), by the node's clock, from start_request's reply; None
-    before any attempt."""
-    dirs = raw["tree"]["logs"]["dirs"]
-    clock = raw.get("host") or {}
-    if not dirs or not isinstance(clock.get("time"), (int, float)):
-        return None
-    newest = max(m for _, m in dirs)
-    return max(0.0, round(clock["time"] - newest, 2)) if isinstance(newest, (int, float)) else None
 
 
 STDERR_TAIL = 8192  # bytes of each rank's stderr.log an early failure's report reads

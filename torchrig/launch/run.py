@@ -311,7 +311,7 @@ def _confirm(fleet: Fleet, hosts: list[Host], job: Job, o: LaunchOptions) -> lis
             req = job_state.start_request(unit, job_folder(by_name[h.name].log_dir, job.name))
             r = fleet.run(h, probe.COMMAND, root=True, timeout=30, data=probe.stdin(req))
             raw = probe.reply(r.exited, r.stdout, r.stderr, "checking the job's start")
-            return (*job_state.started(unit, raw), job_state.spawned_ago(raw))
+            return job_state.start_state(unit, raw)
         results = fleet.fan_out(check, [h for h in hosts if h.name in pending or h.name in watching])
         now = time.monotonic()
         for r in results:
