@@ -81,7 +81,7 @@ def _spawn(tmp_path, host, ago=0.0, stderr=None):
 
 
 def test_a_unit_failed_at_once_is_reported_with_the_ranks_stderr_redacted_and_printable(tmp_path):
-    o, job = _job(tmp_path, window=30, env={"HF_TOKEN": SECRET})
+    o, job = _job(tmp_path, window=90, env={"HF_TOKEN": SECRET})
     nodes = Nodes(tmp_path, {"n1": ["active/success"], "n2": ["active/success", "failed/exit-code"]})
     _spawn(tmp_path, "n1")
     long_ago = "\n".join(f"old line {i}" for i in range(40))
@@ -92,7 +92,7 @@ def test_a_unit_failed_at_once_is_reported_with_the_ranks_stderr_redacted_and_pr
     t = time.monotonic()
     problems = _confirm(nodes, nodes.hosts, job, o)
     took = time.monotonic() - t
-    assert took < 10, took  # at the second poll, not after the 30 s window
+    assert took < 45, took  # at the second poll, not after the 90 s window
     assert len(problems) == 1
     text = problems[0]
     head, *lines = text.splitlines()
@@ -114,7 +114,7 @@ def test_a_healthy_start_returns_once_the_window_from_the_spawn_passed(tmp_path)
     t = time.monotonic()
     assert _confirm(nodes, nodes.hosts, job, o) == []
     took = time.monotonic() - t
-    assert 1.5 + EARLY_SLACK_S - 0.3 <= took < 1.5 + EARLY_SLACK_S + 3, took
+    assert 1.5 + EARLY_SLACK_S - 0.3 <= took < 1.5 + EARLY_SLACK_S + 15, took  # a loaded machine
     # one probe per node per poll, about every second
     assert nodes.runs.count("n1") == nodes.runs.count("n2") <= 5
 
@@ -125,11 +125,11 @@ def test_no_window_returns_at_the_spawn_and_a_finished_job_is_not_watched(tmp_pa
     _spawn(tmp_path, "n1")
     _spawn(tmp_path, "n2")
     assert _confirm(nodes, nodes.hosts, job, o) == []
-    assert nodes.runs == ["n1", "n2"]
+    assert sorted(nodes.runs) == ["n1", "n2"]
     o, job = _job(tmp_path, window=60)
     nodes = Nodes(tmp_path, {"n1": ["inactive/success"], "n2": ["inactive/success"]})
     assert _confirm(nodes, nodes.hosts, job, o) == []
-    assert nodes.runs == ["n1", "n2"]
+    assert sorted(nodes.runs) == ["n1", "n2"]
 
 
 def test_a_unit_failed_without_rank_output_shows_its_journal(tmp_path):
