@@ -218,7 +218,10 @@ def test_typo_in_args_ends_launch_at_once_stopped_everywhere_without_restart(tes
     assert "did not start on every node, so it was stopped on all of them" in r.stderr, r.stderr
     assert "train.py: error: unrecognized arguments: --no-such-flag" in r.stderr, r.stderr
     assert re.search(r"last stderr lines of \[gpu[14]/l[01]\]:", r.stderr), r.stderr
-    assert took < 60, took
+    # today's launch returned 0 here and the job failed ~34 s later after 3 restarts; this
+    # bound is the whole launch (gate, push, rendezvous, the failure, the stop everywhere):
+    # 55 s on a testbed machine at load 18 (2 cores)
+    assert took < 90, took
     ended = 0
     for h in NODES.split(","):
         assert sh(testbed, h, f"systemctl show -p ActiveState --value torchrig-{job}") in ("inactive", "failed")
