@@ -1,4 +1,5 @@
-"""torchrun (torch.distributed.run), with the exit barrier's timeout set by the operator.
+"""torchrun (torch.distributed.run), with the exit barrier's timeout set by the operator and
+no restart for a first attempt that could not start.
 
 A node whose workers all finished waits in torchrun's exit barrier for the other nodes'
 agents (so that a store it hosts stays up while they finish). torchrun fixes that wait at
@@ -6,27 +7,159 @@ agents (so that a store it hosts stays up while they finish). torchrun fixes tha
 rejoin that the finished nodes never make, so the whole job hangs for that long. The launch
 sets TORCHRIG_EXIT_BARRIER_TIMEOUT (seconds); without it this is plain torchrun.
 
-Run as `python -m torchrig_torchrun <torchrun arguments>` from the payload release."""
+An early failure: when every local worker of the group's first attempt (restart count 0)
+exited within TORCHRIG_EARLY_FAIL_S seconds of its spawn, and one of them with an error, the
+cause is in what was started (a misspelt argument, a missing import or dependency), so a
+restart would only fail again, max_restarts times: the agent ends the run as failed instead
+(torchrun exits 1 and closes the rendezvous, as when its restarts are used up). While that
+window lasts, torchrun's own check of the group waits until every local worker has exited
+(a group where one worker failed and the others still run is restarted as before, once the
+window ends). 0 or unset: plain torchrun. Should torch's agent lack the hooks used here
+(SimpleElasticAgent's _start_workers/_monitor_workers and _remaining_restarts), the rule is
+left out with one log line and torchrun restarts as usual.
+
+Run as `python -m torchrig_torchrun <torchrun arguments>` from the payload release. Standard
+library and torch only."""
 import os
 import sys
+import time
 
-from torch.distributed.launcher import api
-from torch.distributed.run import main
+WAIT, END, TORCHRUN = "wait", "end", "torchrun"
 
 
-def bounded(agent_cls, timeout: float):
-    """The agent class with `exit_barrier_timeout` defaulting to `timeout` (torchrun's
-    launcher passes everything else by keyword)."""
+def early_verdict(spawned: float, exits: dict, restart_count: int, window: float,
+                  now: float) -> str:
+    """What to do with the worker group at `now` (pure). spawned: when its workers were
+    started; exits: local rank -> (when it was seen exited, exit code; negative: killed by
+    that signal), or None while it runs (every local rank is a key); restart_count: torchrun's
+    (TORCHELASTIC_RESTART_COUNT); window: seconds (<= 0: off).
+    WAIT: within the window of the first attempt, some worker still runs and none exited late:
+    torchrun's check waits (so a worker that fails a moment after another is not killed by
+    torchrun first and counted as a failure of its own); END: every worker exited within the
+    window and one failed: end the run, no restart; TORCHRUN: torchrun decides."""
+    if window <= 0 or restart_count != 0 or not exits:
+        return TORCHRUN
+    done = [e for e in exits.values() if e is not None]
+    if any(t - spawned > window for t, _ in done):
+        return TORCHRUN
+    if len(done) < len(exits):
+        return WAIT if now - spawned <= window else TORCHRUN
+    return END if any(code != 0 for _, code in done) else TORCHRUN
+
+
+def exit_status(pid: int):
+    """The worker's exit code (negative: its signal) once it exited, None while it runs. The
+    child is left unreaped (WNOWAIT): torchrun collects it as usual. Raises OSError when the
+    pid is no child of ours (already reaped)."""
+    got = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    if got is None or got.si_pid == 0:
+        return None
+    return got.si_status if got.si_code == os.CLD_EXITED else -got.si_status
+
+
+def _log(msg: str, *args) -> None:
+    try:
+        from torch.distributed.elastic.utils.logging import get_logger
+        get_logger("torchrig_torchrun").warning(msg, *args)
+    except Exception:  # noqa: BLE001 - a log line must not end the run
+        print("torchrig_torchrun: " + msg % args, file=sys.stderr, flush=True)
+
+
+def hooks_missing(agent_cls) -> list:
+    """The agent's hooks the early rule needs that this torch lacks (names)."""
+    return [n for n in ("_start_workers", "_monitor_workers", "_invoke_run")
+            if not callable(getattr(agent_cls, n, None))]
+
+
+def agent_class(agent_cls, exit_barrier_timeout=None, early_fail_s: float = 0.0):
+    """The agent class with `exit_barrier_timeout` defaulting to `exit_barrier_timeout` (None:
+    torchrun's) and the early-failure rule (module doc) for a window of early_fail_s seconds
+    (<= 0: none). torchrun's launcher passes everything but the spec by keyword."""
+    early = early_fail_s > 0
+    if early and hooks_missing(agent_cls):
+        _log("torchrig: early-failure rule off: torch's agent has no %s; failed groups restart "
+             "as torchrun's --max-restarts says", ", ".join(hooks_missing(agent_cls)))
+        early = False
+
     class Agent(agent_cls):
         def __init__(self, *args, **kwargs):
-            if len(args) < 4:  # (spec, logs_specs, start_method, exit_barrier_timeout, ...)
-                kwargs.setdefault("exit_barrier_timeout", timeout)
+            if exit_barrier_timeout is not None and len(args) < 4:
+                # (spec, logs_specs, start_method, exit_barrier_timeout, ...)
+                kwargs.setdefault("exit_barrier_timeout", exit_barrier_timeout)
             super().__init__(*args, **kwargs)
+            self._torchrig_spawned = 0.0
+            self._torchrig_exits = {}  # local rank -> (seen exited at, code) | None
+            self._torchrig_pids = {}
+            self._torchrig_off = not early
+
+        def _start_workers(self, worker_group):
+            t = time.monotonic()
+            ids = super()._start_workers(worker_group)
+            if not self._torchrig_off:
+                self._torchrig_spawned = t
+                self._torchrig_pids = dict(ids)
+                self._torchrig_exits = dict.fromkeys(ids)
+            return ids
+
+        def _monitor_workers(self, worker_group):
+            if self._torchrig_off:
+                return super()._monitor_workers(worker_group)
+            try:
+                verdict = self._torchrig_verdict(worker_group)
+            except Exception as e:  # noqa: BLE001 - the private API moved: plain torchrun
+                self._torchrig_off = True
+                _log("torchrig: early-failure rule off (%s: %s); failed groups restart as "
+                     "torchrun's --max-restarts says", type(e).__name__, e)
+                return super()._monitor_workers(worker_group)
+            if verdict == WAIT:
+                from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+                return RunResult(state=WorkerState.HEALTHY)
+            result = super()._monitor_workers(worker_group)
+            if verdict == END and result.is_failed():
+                codes = {r: c for r, (_, c) in sorted(self._torchrig_exits.items())}
+                last = max(t for t, _ in self._torchrig_exits.values()) - self._torchrig_spawned
+                _log("torchrig: every local worker of the first attempt exited within %.1fs of "
+                     "its spawn (exit codes by local rank: %s): a start failure (arguments, "
+                     "imports, dependencies) that a restart would repeat; ending the run "
+                     "without restarting (window TORCHRIG_EARLY_FAIL_S=%ss)",
+                     last, codes, early_fail_s)
+                self._remaining_restarts = 0  # torchrun's loop then stops the group: FAILED
+                self._torchrig_off = True
+            return result
+
+        def _torchrig_verdict(self, worker_group) -> str:
+            spec = worker_group.spec
+            restart_count = spec.max_restarts - self._remaining_restarts
+            if restart_count != 0:
+                return TORCHRUN
+            now = time.monotonic()
+            if now - self._torchrig_spawned > early_fail_s:
+                return TORCHRUN  # (torchrun may have collected a worker by now)
+            for rank, pid in self._torchrig_pids.items():
+                if self._torchrig_exits.get(rank) is None:
+                    code = exit_status(pid)
+                    if code is not None:
+                        self._torchrig_exits[rank] = (now, code)
+            return early_verdict(self._torchrig_spawned, self._torchrig_exits, restart_count,
+                                 early_fail_s, now)
     return Agent
 
 
+def _seconds(name: str):
+    v = os.environ.get(name)
+    if not v:
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        _log("torchrig: %s=%r is not a number of seconds; ignored", name, v)
+        return None
+
+
 if __name__ == "__main__":
-    t = os.environ.get("TORCHRIG_EXIT_BARRIER_TIMEOUT")
-    if t:
-        api.LocalElasticAgent = bounded(api.LocalElasticAgent, float(t))
+    from torch.distributed.launcher import api
+    from torch.distributed.run import main
+    barrier, early_s = _seconds("TORCHRIG_EXIT_BARRIER_TIMEOUT"), _seconds("TORCHRIG_EARLY_FAIL_S")
+    if barrier is not None or (early_s or 0) > 0:
+        api.LocalElasticAgent = agent_class(api.LocalElasticAgent, barrier, early_s or 0.0)
     sys.exit(main())

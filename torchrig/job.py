@@ -100,6 +100,10 @@ class LaunchDefaults:
     start_timeout: int = 180           # seconds to wait for every node's workers
     rdzv_timeout: int = 300            # seconds nodes wait for each other at (re)start
     exit_barrier_timeout: int = 120    # seconds a finished node waits for the others
+    # seconds from the workers' spawn: a first attempt whose workers all fail within it is a
+    # start failure (a misspelt argument, a missing import): no torchrun restart, and launch
+    # waits that long after the spawn to report it (0: neither; torchrun restarts as before)
+    early_fail_window: int = 10
 
 
 DEFAULTS = LaunchDefaults()

@@ -314,8 +314,9 @@ def test_launch_start_check_from_the_probe(tmp_path):
         (tmp_path / "run1" / "attempt_0" / rank).mkdir(parents=True)
     (tmp_path / "run1" / "attempt_0" / "0" / "stdout.log").write_text("x\n")
     req = job_state.start_request("u.service", str(tmp_path))
-    assert req["run"]["unit"] == ["systemctl", "show", "--property=ActiveState,Result", "--",
-                                  "u.service"]
+    assert req["run"]["unit"] == ["systemctl", "show",
+                                  "--property=ActiveState,Result,ActiveEnterTimestampMonotonic",
+                                  "--", "u.service"]
     req["run"]["unit"] = ["printf", "ActiveState=active\\nResult=success\\n"]
     assert job_state.started("u.service", run_probe(req)) == ("active", "success", 2)
     req["tree"]["logs"]["root"] = str(tmp_path / "none")

@@ -36,6 +36,7 @@ max_restarts: 0
 start_timeout: 60
 rdzv_timeout: 90
 exit_barrier_timeout: 30
+early_fail_window: 0
 backend: slurm
 partition: gpu
 time: "2:00:00"
@@ -67,6 +68,7 @@ def test_a_full_file_gives_every_option(tmp_path):
         "args": "--preset gpt2 --run-name 'my run'",
         "env": ["NCCL_DEBUG=WARN", "SEED=7", "DATA_URL=https://u:p@x/"], "nproc": "4",
         "max_restarts": 0, "start_timeout": 60, "rdzv_timeout": 90, "exit_barrier_timeout": 30,
+        "early_fail_window": 0,
         "workdir": str(tmp_path / "proj"), "requirements": "requirements.txt",
         "allow_torch_change": True, "secret_env": ["DATA_URL"],
         "nodes": 2, "backend": "slurm", "partition": "gpu", "time": "2:00:00"}
@@ -82,6 +84,7 @@ def test_no_file_and_no_flags_is_launchs_defaults():
                     "nproc": DEFAULTS.nproc, "max_restarts": DEFAULTS.max_restarts,
                     "start_timeout": DEFAULTS.start_timeout, "rdzv_timeout": DEFAULTS.rdzv_timeout,
                     "exit_barrier_timeout": DEFAULTS.exit_barrier_timeout, "workdir": None,
+                    "early_fail_window": DEFAULTS.early_fail_window,
                     "requirements": None, "allow_torch_change": False, "secret_env": [],
                     "nodes": None, "backend": None, "partition": None, "time": None}
 
@@ -296,6 +299,7 @@ def test_the_tasks_options_reach_service_launch_merged(launched, tmp_path, capsy
     assert (o.job, o.script, o.module, o.nproc, o.max_restarts, o.start_timeout, o.rdzv_timeout,
             o.exit_barrier_timeout, o.dry_run) == ("gpt2-b", "train.py", None, "4", 4, 60, 90, 30,
                                                    True)
+    assert o.early_fail_window == 0  # the file's
     assert shlex.split(o.args) == ["--preset", "gpt2", "--run-name", "my run"]
     assert o.env == ["NCCL_DEBUG=WARN", "SEED=8", "DATA_URL=https://u:p@x/", "EXTRA=1"]
     assert (o.workdir, o.requirements, o.allow_torch_change, o.secret_env) == (

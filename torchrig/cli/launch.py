@@ -41,6 +41,12 @@ from .logs import logs
             "exit_barrier_timeout": "seconds a node whose workers finished waits for the other "
                                     "nodes to finish (torchrun's exit barrier; default "
                                     f"{DEFAULTS.exit_barrier_timeout})",
+            "early_fail_window": "seconds from the workers' spawn in which a first attempt whose "
+                                 "ranks all fail (a misspelt --args, a missing import) is not "
+                                 "restarted and launch exits 1 at once with the failing rank's "
+                                 "last stderr lines; a launch that succeeds returns this long "
+                                 "(plus ~1s) after the spawn: its cost. 0: off, torchrun "
+                                 f"restarts as before (default {DEFAULTS.early_fail_window})",
             "backend": "systemd (torchrig's units) or slurm (sbatch on the inventory's `slurm:` "
                        "cluster; Slurm picks --nodes N of the selected compute hosts); "
                        "default: the `backend` var",
@@ -53,7 +59,8 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node=None, script
            args=None, job=None, max_restarts=None, env=None, dry_run=False, follow=False,
            start_timeout=None, rdzv_timeout=None, exit_barrier_timeout=None,
            backend=None, partition=None, time=None, workdir=None, module=None,
-           requirements=None, allow_torch_change=False, spec=None, accept_new_host_keys=False):
+           requirements=None, allow_torch_change=False, spec=None, accept_new_host_keys=False,
+           early_fail_window=None):
     """Run a torchrun DDP job under systemd (or Slurm) on the nodes: everywhere or nowhere."""
     from torchrig.launch import service, spec as job_spec
     given = {k: v for k, v in locals().items() if k in job_spec.FLAGS}  # None: not given
@@ -61,7 +68,7 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node=None, script
     from torchrig.launch.slurm import SlurmLaunched
     given.update({k: _number(k, given[k], m) for k, m in (
         ("max_restarts", 0), ("start_timeout", 1), ("rdzv_timeout", 1),
-        ("exit_barrier_timeout", 1), ("nodes", 1)) if given[k] is not None})
+        ("exit_barrier_timeout", 1), ("nodes", 1), ("early_fail_window", 0)) if given[k] is not None})
     loaded = None if spec is None else job_spec.load(spec)
     opts = job_spec.merge(loaded, given, str(spec))  # the flags given over the file
     where = [opts.pop(k) for k in job_spec.SERVICE_KEYS]  # nodes, backend, partition, time

@@ -21,11 +21,11 @@ GPU_QUERY = ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory
              "--format=csv,noheader,nounits"]
 
 
-def _ranks_tree(logdir: str, tail: int) -> dict:
+def _ranks_tree(logdir: str, tail: int, name: str = "stdout.log") -> dict:
     # <logdir>/<run>/attempt_<N>/<local rank>/stdout.log (torchrun's layout): the newest
-    # attempt's rank folders, each with the tail of its stdout.log
+    # attempt's rank folders, each with the tail of its stdout.log (or `name`)
     return {"root": logdir, "walk": [r"[^.].*", r"attempt_\d+"], "then": [r"\d+"],
-            "read": {"name": "stdout.log", "tail": tail, "first_line": True, "mtime": True}}
+            "read": {"name": name, "tail": tail, "first_line": name == "stdout.log", "mtime": True}}
 
 
 def probe_request(unit: str, logdir: str, util_file: str) -> dict:
@@ -37,10 +37,35 @@ def probe_request(unit: str, logdir: str, util_file: str) -> dict:
 
 
 def start_request(unit: str, logdir: str) -> dict:
-    """What launch polls while a job starts: the unit's state and the newest attempt's rank
-    folders (torchrun makes them once the rendezvous completed)."""
-    return {"run": {"unit": systemd.show_argv([unit], ["ActiveState", "Result"])},
-            "tree": {"logs": _ranks_tree(logdir, 1)}}
+    """What launch polls while a job starts: the unit's state, the newest attempt's rank
+    folders (torchrun makes them once the rendezvous completed, as it spawns the workers) and
+    the node's clock (how long ago that was)."""
+    return {"run": {"unit": systemd.show_argv([unit], START_PROPS)},
+            "tree": {"logs": _ranks_tree(logdir, 1)}, "host": True}
+
+
+START_PROPS = ["ActiveState", "Result", "ActiveEnterTimestampMonotonic"]
+
+
+def start_state(unit: str, raw: dict) -> tuple[str, str, int, float | None]:
+    """(ActiveState, Result, workers spawned, seconds since their spawn) from start_request's
+    reply, counting only an attempt folder made since the unit's last start: an earlier
+    launch of the same job left its runs' folders in the job's log folder (None, 0 workers:
+    none yet)."""
+    props = systemd.parse_show(raw["run"]["unit"]["out"], [unit])[unit]
+    state, result = props.get("ActiveState", ""), props.get("Result", "")
+    logs, clock = raw["tree"]["logs"], raw.get("host") or {}
+    dirs = [m for _, m in logs["dirs"] if isinstance(m, (int, float))]
+    enter = _seconds(props, "ActiveEnterTimestampMonotonic")
+    now, mono = clock.get("time"), clock.get("monotonic")
+    if not dirs or not all(isinstance(v, (int, float)) for v in (now, mono)):
+        return state, result, 0 if not dirs else len(logs["files"]), None
+    if enter is not None and max(dirs) < now - (mono - enter) - START_SLACK_S:
+        return state, result, 0, None  # the newest attempt is an earlier launch's
+    return state, result, len(logs["files"]), max(0.0, round(now - max(dirs), 2))
+
+
+START_SLACK_S = 0.5  # a folder's time against the unit's start (two clocks of one node)
 
 
 def started(unit: str, raw: dict) -> tuple[str, str, int]:
@@ -48,6 +73,29 @@ def started(unit: str, raw: dict) -> tuple[str, str, int]:
     props = systemd.parse_show(raw["run"]["unit"]["out"], [unit])[unit]
     return (props.get("ActiveState", ""), props.get("Result", ""),
             len(raw["tree"]["logs"]["files"]))
+
+
+STDERR_TAIL = 8192  # bytes of each rank's stderr.log an early failure's report reads
+
+
+def failure_request(logdir: str) -> dict:
+    """What launch reads of a job whose first attempt failed at once: the tail of each rank's
+    stderr.log in the newest attempt (the job's files: read without following a link)."""
+    return {"tree": {"err": _ranks_tree(logdir, STDERR_TAIL, "stderr.log")}}
+
+
+def failure_lines(raw: dict, lines: int) -> tuple[int, list[str]] | None:
+    """(local rank, its last `lines` non-empty stderr lines) of the lowest local rank that
+    wrote any, from failure_request's reply; None when none did. Raw text: the caller
+    redacts and sanitises it."""
+    found = []
+    for path, got in raw["tree"]["err"]["files"].items():
+        rank = path.split("/")[-2]
+        text = (got or {}).get("text", "")
+        kept = [ln for ln in text.splitlines() if ln.strip()]
+        if kept and rank.isascii() and rank.isdigit():
+            found.append((int(rank), kept[-lines:]))
+    return min(found) if found else None
 
 
 def _seconds(props: dict, name: str) -> float | None:

@@ -13,7 +13,7 @@ from ..changes.model import FileChange
 from ..errors import TorchrigError
 from ..render import env_quote, systemd_path, systemd_quote
 from ..secrets import MASK, is_secret, redact_text, url_credentials
-from ..job import MEM_FILE, SAMPLER, STOP_GRACE_S, UTIL_FILE, job_folder, unit_name
+from ..job import DEFAULTS, MEM_FILE, SAMPLER, STOP_GRACE_S, UTIL_FILE, job_folder, unit_name
 from ..settings import ENV_NAME
 
 def check_env_key(key: str, where: str) -> str:
@@ -79,6 +79,9 @@ class Job:
     # the keys its agents read (never the job name); it lives only in a 0600 root file and the
     # job's environment (torchrun reads PET_RDZV_ID), never in a unit file or a command line
     run_id: str = field(default_factory=lambda: os.urandom(16).hex())
+    # payload/torchrig_torchrun.py's early window (TORCHRIG_EARLY_FAIL_S): a first attempt
+    # whose workers all fail within it of their spawn is not restarted (0: torchrun's restarts)
+    early_fail_s: int = DEFAULTS.early_fail_window
 
     @property
     def nnodes(self) -> int:
@@ -129,6 +132,7 @@ def node_env(job: Job, n: Node) -> dict[str, str]:
         # `status` and `logs --failures` read from the unit's journal
         "LOGLEVEL": "INFO",
         "TORCHRIG_EXIT_BARRIER_TIMEOUT": str(job.exit_barrier_timeout),
+        "TORCHRIG_EARLY_FAIL_S": str(job.early_fail_s),
         "TORCHRIG_JOB": job.name,
         "TORCHRIG_CKPT_DIR": job_folder(n.checkpoint_dir, job.name),
         "TORCHRIG_DATA_DIR": n.data_dir,

@@ -14,6 +14,8 @@ from ..inventory import Host, Inventory
 from ..onhost import Shell, refusal, script
 from ..quoting import sh
 from ..resources import PAYLOAD
+from ..secrets import Redactor, is_secret
+from ..terminal import printable
 from ..settings import JOBS_DIR, job_folder, procs_per_node
 from ..verify.run import verify
 from ..job import (DEFAULTS, JOB_RE, RUNNING_STATES, check_job_name, gpumon_name, job_of_unit, job_port,
@@ -51,6 +53,7 @@ class LaunchOptions:
     requirements: str | None = None
     allow_torch_change: bool = False   # a requirement may replace the provisioned torch
     secret_env: list[str] = field(default_factory=list)  # more names whose values are masked
+    early_fail_window: int = DEFAULTS.early_fail_window  # see LaunchDefaults; 0: off
 
 
 MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -119,7 +122,8 @@ def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
                env=parse_env(o.env), secret_keys=secret_keys, rdzv_timeout=o.rdzv_timeout,
                exit_barrier_timeout=o.exit_barrier_timeout, module=o.module is not None,
                support=staged.support if staged else "",
-               python=staged.python if staged else None)
+               python=staged.python if staged else None,
+               early_fail_s=o.early_fail_window)
 
 
 @dataclass
@@ -285,32 +289,94 @@ def _start(fleet: Fleet, h: Host, job: Job) -> None:
         raise TorchrigError(refusal(r.stderr) or f"systemctl start failed: {r.stderr.strip()[-300:]}")
 
 
+EARLY_LINES = 15  # stderr lines of the failing rank an early failure's error shows
+
+
 def _confirm(fleet: Fleet, hosts: list[Host], job: Job, o: LaunchOptions) -> list[str]:
     """Every node active (or already finished cleanly) with its workers spawned, which
-    torchrun does only after the rendezvous completed."""
+    torchrun does only after the rendezvous completed; then, for the early window
+    (o.early_fail_window, counted on each node from its workers' spawn), no node's unit
+    failed: payload/torchrig_torchrun.py ends a first attempt whose workers all failed within
+    that window, and this reports it at once with the failing rank's last stderr lines. One
+    probe round trip per node per poll, about every second."""
     by_name = {n.host: n for n in job.nodes}
     deadline = time.monotonic() + o.start_timeout
     pending = {h.name for h in hosts}
-    while pending and time.monotonic() < deadline:
+    watching: dict[str, float] = {}  # spawned node -> when (here) its early window has passed
+    while pending or watching:
+        if pending and time.monotonic() >= deadline:
+            break
+
         def check(h: Host):
             unit = unit_name(job.name)
             req = job_state.start_request(unit, job_folder(by_name[h.name].log_dir, job.name))
             r = fleet.run(h, probe.COMMAND, root=True, timeout=30, data=probe.stdin(req))
-            return job_state.started(unit, probe.reply(r.exited, r.stdout, r.stderr,
-                                                       "checking the job's start"))
-        results = fleet.fan_out(check, [h for h in hosts if h.name in pending])
+            raw = probe.reply(r.exited, r.stdout, r.stderr, "checking the job's start")
+            return job_state.start_state(unit, raw)
+        results = fleet.fan_out(check, [h for h in hosts if h.name in pending or h.name in watching])
+        now = time.monotonic()
         for r in results:
             if not r.ok:
                 return [f"{r.host}: {r.error}"]
-            state, result, workers = r.value
+            state, result, workers, ago = r.value
             if state == "failed" or (state == "inactive" and result not in ("success", "")):
-                return [f"{r.host}: unit {state} ({result}): " + _journal(fleet, r.host, hosts, job.name)]
-            if workers >= by_name[r.host].nproc or (state == "inactive" and workers):
+                return [_failed(fleet, hosts, job, r.host, state, result, ago)]
+            if r.host in pending and (workers >= by_name[r.host].nproc
+                                      or (state == "inactive" and workers)):
                 pending.discard(r.host)
-        if pending:
-            time.sleep(1)
+                if o.early_fail_window > 0 and state != "inactive":
+                    watching[r.host] = now + early_left(o.early_fail_window, ago)
+            elif r.host in watching and (now >= watching[r.host] or state == "inactive"):
+                del watching[r.host]  # the window passed (or the job already ended cleanly)
+        if pending or watching:
+            time.sleep(max(0.0, min([1.0] + [t - time.monotonic() for t in watching.values()])))
     return [f"{h}: workers not started within {o.start_timeout}s (rendezvous incomplete?): "
             + _journal(fleet, h, hosts, job.name) for h in sorted(pending)]
+
+
+EARLY_SLACK_S = 1.0  # the node ends its run and its unit fails within this after the window
+
+
+def early_left(window: float, ago: float | None) -> float:
+    """Seconds the operator still watches a node whose workers were spawned `ago` seconds
+    ago (None: unknown, the whole window): the rest of the window and the node's slack."""
+    return max(0.0, window - (ago or 0.0)) + EARLY_SLACK_S
+
+
+def _failed(fleet: Fleet, hosts: list[Host], job: Job, name: str, state: str, result: str,
+            ago: float | None) -> str:
+    """A unit that failed while launch watched: the failing rank's last stderr lines
+    (redacted, each line printable), else the unit's journal."""
+    head = f"{name}: unit {state} ({result})"
+    h = next(x for x in hosts if x.name == name)
+    node = next(n for n in job.nodes if n.host == name)
+    try:
+        r = fleet.run(h, probe.COMMAND, root=True, timeout=30, data=probe.stdin(
+            job_state.failure_request(job_folder(node.log_dir, job.name))))
+        got = job_state.failure_lines(probe.reply(r.exited, r.stdout, r.stderr,
+                                                  "reading the ranks' stderr"), EARLY_LINES)
+    except Exception:  # noqa: BLE001 - diagnostics only: the journal instead
+        got = None
+    if got is None:
+        return f"{head}: " + _journal(fleet, name, hosts, job.name)
+    return early_report(head, name, got, ago, _redactor(hosts, job))
+
+
+def _redactor(hosts: list[Host], job: Job) -> Redactor:
+    """The hosts' secrets and the job's own secret env values (--env, secret_env names)."""
+    red = Redactor.for_hosts(hosts)
+    return Redactor(red.values + [v for k, v in job.env.items()
+                                  if k in job.secret_keys or is_secret(k)])
+
+
+def early_report(head: str, host: str, got: tuple[int, list[str]], ago: float | None,
+                 red: Redactor) -> str:
+    """The error for a rank that failed at start: its last stderr lines, redacted and
+    printable (a job's text never reaches the terminal raw), indented under the unit's state."""
+    rank, lines = got
+    when = f" {ago:.0f}s after its workers started" if ago is not None else ""
+    return (f"{head}{when}; last stderr lines of [{host}/l{rank}]:\n"
+            + "\n".join("  " + printable(red.text(ln)) for ln in lines))
 
 
 def _journal(fleet: Fleet, name: str, hosts: list[Host], job: str) -> str:

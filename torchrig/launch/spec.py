@@ -29,12 +29,13 @@ MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 # the task passes to service.launch beside them
 OPTION_KEYS = ("job", "script", "module", "args", "env", "nproc", "max_restarts",
                "start_timeout", "rdzv_timeout", "exit_barrier_timeout", "workdir",
-               "requirements", "allow_torch_change", "secret_env")
+               "requirements", "allow_torch_change", "secret_env", "early_fail_window")
 SERVICE_KEYS = ("nodes", "backend", "partition", "time")
 # the task's flags a job file may set, by the task's parameter name (nproc_per_node: nproc)
 FLAGS = ("job", "workdir", "script", "module", "args", "nodes", "nproc_per_node", "env",
          "secret_env", "requirements", "allow_torch_change", "max_restarts", "start_timeout",
-         "rdzv_timeout", "exit_barrier_timeout", "backend", "partition", "time")
+         "rdzv_timeout", "exit_barrier_timeout", "backend", "partition", "time",
+         "early_fail_window")
 
 
 def _plain(v: str, what: str) -> str:
@@ -74,6 +75,7 @@ class JobSpec(BaseModel):
     start_timeout: int | None = Field(default=None, ge=1)
     rdzv_timeout: int | None = Field(default=None, ge=1)
     exit_barrier_timeout: int | None = Field(default=None, ge=1)
+    early_fail_window: int | None = Field(default=None, ge=0)
     backend: Literal["systemd", "slurm"] | None = None
     partition: str | None = None
     time: str | None = None
@@ -276,6 +278,7 @@ def merge(spec: JobSpec | None, given: dict[str, Any], source: str = "the job fi
         "start_timeout": pick("start_timeout", DEFAULTS.start_timeout),
         "rdzv_timeout": pick("rdzv_timeout", DEFAULTS.rdzv_timeout),
         "exit_barrier_timeout": pick("exit_barrier_timeout", DEFAULTS.exit_barrier_timeout),
+        "early_fail_window": pick("early_fail_window", DEFAULTS.early_fail_window),
         "workdir": pick("workdir"),
         "requirements": pick("requirements"),
         "allow_torch_change": bool(given.get("allow_torch_change")) or s.allow_torch_change,
