@@ -61,9 +61,9 @@ def main():
             invoke("exec", "-i", a.inventory, "-H", sel, "--sudo", "rm -rf /opt/torchrig/envs")
             r, dt = launch(a.inventory, sel, f"bench-cold-{n}-{tag}", "--workdir", str(PROJECT))
             rows["cold"].append(dt)
-            rows["build_s"] += [float(s) for s in re.findall(r"job environment built in ([0-9.]+)s", r.stdout)]
+            rows["build_s"] += [float(s) for s in re.findall(r"job environment built in ([0-9.]+)s", r.stdout + r.stderr)]
             r, dt = launch(a.inventory, sel, f"bench-warm-{n}-{tag}", "--workdir", str(PROJECT))
-            assert "built" not in r.stdout, r.stdout
+            assert "built" not in r.stdout + r.stderr, r.stderr
             rows["warm"].append(dt)
             _, dt = launch(a.inventory, sel, f"bench-floor-{n}-{tag}", "--script", "env_check.py")
             rows["floor"].append(dt)
