@@ -7,6 +7,9 @@ requirements.txt), on testbed hosts that provision already set up, whole CLI as 
 - floor: in the same round, a launch of torchrig's own payload script (`--script
   env_check.py`, no project, no environment) on the same nodes: what every launch costs.
 
+Every launch has --early-fail-window 0, so each returns when every worker spawned (a job
+still running is otherwise watched for that window: 10 s by default, the same for all).
+
     sudo .venv/bin/python bench/project_bench.py INVENTORY HOSTS [--nodes 2,8] [--runs 3]
 
 Medians of --runs per node count; each job is stopped after its launch returned (not timed).
@@ -38,7 +41,11 @@ def invoke(*args, check=True):
 
 
 def launch(inv, hosts, job, *extra):
-    r, dt = invoke("launch", "-i", inv, "-H", hosts, "--job", job, "--nproc-per-node", "2", *extra)
+    # --early-fail-window 0: launch returns once every worker spawned (what each figure
+    # measures), not WINDOW seconds later for a job still running, while a job that ends
+    # sooner (env_check.py) would skip that wait
+    r, dt = invoke("launch", "-i", inv, "-H", hosts, "--job", job, "--nproc-per-node", "2",
+                   "--early-fail-window", "0", *extra)
     invoke("stop", "-i", inv, "-H", hosts, "--job", job)
     return r, dt
 
