@@ -230,6 +230,7 @@ def test_a_release_about_to_be_used_is_not_swept(testbed, tmp_path):
     gone = [r for r in older if sh(testbed, "gpu1", f"test -e {r} && echo kept || echo gone") == "gone"]
     assert gone, "nothing was swept"
     # every release a unit points at is still there
-    refs = sh(testbed, "gpu1", "grep -ho 'releases/[0-9a-f]*' /etc/systemd/system/torchrig-*.service 2>/dev/null | sort -u || true")
+    # (the payload's releases, and user projects' under workdirs/ that earlier tests launched)
+    refs = sh(testbed, "gpu1", "grep -ho '/opt/torchrig/[a-z]*/releases/[0-9a-f]*' /etc/systemd/system/torchrig-*.service 2>/dev/null | sort -u || true")
     for ref in refs.split():
-        assert sh(testbed, "gpu1", f"test -f /opt/torchrig/payload/{ref}/.complete && echo ok") == "ok"
+        assert sh(testbed, "gpu1", f"test -f {ref}/.complete && echo ok") == "ok"
