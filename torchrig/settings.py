@@ -37,6 +37,18 @@ FORMS = {  # settings that must match a form: (full-match pattern, what it is)
 }
 
 
+def check_env_mapping(env: Any) -> Any:
+    """An `env` mapping's keys are variable names and its values strings or numbers (the
+    inventory's var and a job file's key; a pydantic validator's check, ValueError)."""
+    for k, v in (env.items() if isinstance(env, dict) else ()):
+        if not isinstance(k, str) or not ENV_NAME.fullmatch(k):
+            raise ValueError(f"{k!r} is not a valid environment variable name "
+                             "(letters, digits, '_'; not starting with a digit)")
+        if not isinstance(v, (str, int, float, bool)):
+            raise ValueError(f"{k!r}: expected a string or number, got {v!r}")
+    return env
+
+
 def procs_per_node(accelerator: str, gpus: int) -> int:
     """Processes per node when none is asked for: one per GPU, or CPU_PROCS on a CPU host."""
     return CPU_PROCS if accelerator == "cpu" else gpus
@@ -162,13 +174,7 @@ class Settings(BaseModel):
     @field_validator("env", mode="before")
     @classmethod
     def _env_names(cls, env: Any) -> Any:
-        for k, v in (env.items() if isinstance(env, dict) else ()):
-            if not isinstance(k, str) or not ENV_NAME.fullmatch(k):
-                raise ValueError(f"{k!r} is not a valid environment variable name "
-                                 "(letters, digits, '_'; not starting with a digit)")
-            if not isinstance(v, (str, int, float, bool)):
-                raise ValueError(f"{k!r}: expected a string or number, got {v!r}")
-        return env
+        return check_env_mapping(env)
 
     @field_validator("secret_env", mode="before")
     @classmethod

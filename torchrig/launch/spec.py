@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..errors import TorchrigError
 from ..inventory import _parse_yaml  # the inventory's loader: duplicate keys, alias bombs refused
 from ..job import DEFAULTS, check_job_name, default_job_name
-from ..settings import ENV_NAME, describe
+from ..settings import ENV_NAME, check_env_mapping, describe
 
 EXAMPLE = "jobs/example.yml"  # the commented reference of every key
 MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -137,13 +137,7 @@ class JobSpec(BaseModel):
     @field_validator("env", mode="before")
     @classmethod
     def _env(cls, env: Any) -> Any:
-        for k, v in (env.items() if isinstance(env, dict) else ()):
-            if not isinstance(k, str) or not ENV_NAME.fullmatch(k):
-                raise ValueError(f"{k!r} is not a valid environment variable name "
-                                 "(letters, digits, '_'; not starting with a digit)")
-            if not isinstance(v, (str, int, float, bool)):
-                raise ValueError(f"{k!r}: expected a string or number, got {v!r}")
-        return env
+        return check_env_mapping(env)
 
     @field_validator("secret_env", mode="before")
     @classmethod
