@@ -116,10 +116,11 @@ class SshConnection(Connection):
             self.check_alive("a file upload (sftp)")
             raise
 
-    def stream(self, command: str, data: str, on_out: Callable[[bytes], None],
+    def stream(self, command: str, data, on_out: Callable[[bytes], None],
                on_err: Callable[[bytes], None], *, root: bool = False,
                timeout: float | None = None, silence: float | None = None) -> int | None:
-        """Run `command` (as root with root=True) with `data` on its stdin (all sent at once),
+        """Run `command` (as root with root=True) with `data` on its stdin (text, all sent at
+        once; or an iterable of byte chunks, sent as they come: see _feed),
         handing stdout and stderr chunks to on_out/on_err as they arrive. The exit status, or
         None when nothing arrived for `silence` seconds (a dead or frozen peer). The one
         paramiko read loop."""
@@ -128,8 +129,7 @@ class SshConnection(Connection):
         chan = self.client.get_transport().open_session(timeout=CONNECT_TIMEOUT)
         try:
             chan.exec_command(command)
-            chan.sendall(data.encode())
-            chan.shutdown_write()
+            feeding = _feed(data, chan.sendall, chan.shutdown_write)
             start = last = time.monotonic()
             # the server sends a channel's data before its exit status: once the status is
             # here and the buffers are empty, everything has been read
@@ -155,6 +155,7 @@ class SshConnection(Connection):
                 else:
                     time.sleep(0.005)
             self.check_alive(command, data)
+            feeding.done()
             return chan.recv_exit_status()
         except Exception:
             self.check_alive(command, data)
@@ -165,6 +166,42 @@ class SshConnection(Connection):
     def run_input(self, command: str, data: str, timeout: float = 600, *,
                   root: bool = False) -> "Ran":
         return _collect(self, as_root(self, command) if root else command, data, timeout)
+
+
+class _feed:
+    """A command's stdin: `data` as text (sent at once, as it always was) or an iterable of
+    byte chunks (a file's bytes, sent while the output is read: a thread, so a long upload
+    and the command's replies do not wait on each other). done() re-raises the iterable's
+    own error, if it had one (a local file that could not be read)."""
+
+    def __init__(self, data, send: Callable[[bytes], Any], close: Callable[[], Any]):
+        self.error: BaseException | None = None
+        self.thread = None
+        if isinstance(data, (str, bytes)):
+            self._run([data.encode() if isinstance(data, str) else data], send, close)
+        else:
+            self.thread = threading.Thread(target=self._run, args=(data, send, close), daemon=True)
+            self.thread.start()
+
+    def _run(self, chunks, send, close) -> None:
+        try:
+            for chunk in chunks:
+                send(chunk)
+        except (OSError, EOFError, paramiko.SSHException):
+            pass  # the command ended or the connection dropped: its exit status says which
+        except BaseException as e:  # noqa: BLE001 - handed to done()
+            self.error = e
+        finally:
+            try:
+                close()
+            except (OSError, EOFError, paramiko.SSHException):
+                pass
+
+    def done(self) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+        if self.error is not None:
+            raise self.error
 
 
 def _watch(cxn: SshConnection) -> None:
@@ -229,7 +266,7 @@ class LocalConnection:
     def run(self, command: str, *, root: bool = False, **kwargs):
         return self._ctx.run(as_root(self, command) if root else command, **kwargs)
 
-    def stream(self, command: str, data: str, on_out: Callable[[bytes], None],
+    def stream(self, command: str, data, on_out: Callable[[bytes], None],
                on_err: Callable[[bytes], None], *, root: bool = False,
                timeout: float | None = None, silence: float | None = None) -> int | None:
         """SshConnection.stream in a local bash."""
@@ -237,11 +274,7 @@ class LocalConnection:
         p = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
-            try:
-                p.stdin.write(data.encode())
-                p.stdin.close()
-            except BrokenPipeError:
-                pass
+            feeding = _feed(data, p.stdin.write, p.stdin.close)
             sel = selectors.DefaultSelector()
             sel.register(p.stdout, selectors.EVENT_READ, on_out)
             sel.register(p.stderr, selectors.EVENT_READ, on_err)
@@ -262,6 +295,7 @@ class LocalConnection:
                         open_ -= 1
                     else:
                         key.data(chunk)
+            feeding.done()
             return p.wait()
         finally:
             if p.poll() is None:

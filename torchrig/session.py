@@ -43,10 +43,11 @@ class Connector(Protocol):
                   root: bool = False) -> Ran:
         """`command` with `data` on its stdin; (exit status, stdout, stderr)."""
 
-    def stream(self, command: str, data: str, on_out: Callable[[bytes], None],
+    def stream(self, command: str, data: str | Iterable[bytes], on_out: Callable[[bytes], None],
                on_err: Callable[[bytes], None], *, root: bool = False,
                timeout: float | None = None, silence: float | None = None) -> int | None:
-        """Output chunks as they arrive; the exit status, None after `silence` quiet seconds."""
+        """Output chunks as they arrive; the exit status, None after `silence` quiet seconds.
+        `data`: the stdin, text sent at once or byte chunks sent as they come."""
 
     def put(self, local: str, remote: str) -> Any:
         """Copy a local file to the host."""

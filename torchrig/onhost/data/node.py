@@ -1,0 +1,639 @@
+"""Runs ON THE NODE as the service user (never root): `runuser -u USER -- python3 -I -c BOOT
+torchrig-data OP`, this script and its request on stdin (BOOT reads a length line, then the
+script; what follows on stdin is the op's byte stream: `recv`'s file bytes, `serve`'s end).
+
+The data folder is the service user's, so every file here is read and written as that user:
+root never touches a path a job controls. Layout under the data folder D:
+
+  D/.torchrig/objects/<sha256>              verified files, content-addressed (0444)
+  D/.torchrig/objects.json                  {sha256: [size, mtime_ns, inode]} at verification
+  D/.torchrig/incoming/<sha256>.part        a file being received (a cut transfer resumes it)
+  D/.torchrig/sets/<NAME>/<hash16>/...      a dataset version: hard links to objects, and
+                                            .torchrig-manifest.json (manifest + stat records)
+  D/<NAME> -> .torchrig/sets/<NAME>/<hash16> switched atomically (rename of a new link)
+
+A dataset is switched only when every object is here and verified, so a job never sees one
+half-written. Ops (JSON reply on stdout, or JSON lines for the long ones; a refusal is one
+`error:` line on stderr and exit 3):
+  state    which of the manifest's objects are here, and where each partial one resumes
+  recv     the bytes of the listed objects from stdin, verified and renamed into place
+  serve    the listed objects to the listed peers (token, cluster address) until stdin ends
+  pull     the listed objects from a node that serves them
+  commit   the version from objects, then the switch; the replaced version's objects go
+  ls       the datasets here, each checked (sizes and stat records; "full": re-hashed)
+  rm       a dataset, and its objects no other dataset uses
+"""
+import errno
+import fcntl
+import hashlib
+import hmac
+import json
+import os
+import re
+import shutil
+import socket
+import stat
+import sys
+import tempfile
+import threading
+import time
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+SHA_RE = re.compile(r"[0-9a-f]{64}")
+IO = 1 << 20
+MANIFEST = ".torchrig-manifest.json"
+STALE_PART_S = 7 * 86400  # a partial file no push touched for a week is dropped
+SERVE_IDLE_S = 900        # a server that nobody asked anything for this long ends
+
+
+def fail(msg):
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(3)
+
+
+def out(obj):
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+# ---- the store -------------------------------------------------------------------------
+
+class Store:
+    def __init__(self, data_dir):
+        self.data = data_dir
+        st = os.lstat(data_dir) if os.path.lexists(data_dir) else None
+        if st is None or not stat.S_ISDIR(st.st_mode):
+            fail(f"{data_dir}: no such folder (run `torchrig provision` on this host)")
+        if st.st_uid != os.geteuid():
+            fail(f"{data_dir} is not the service user's (owner uid {st.st_uid})")
+        self.top = os.path.join(data_dir, ".torchrig")
+        for sub in ("", "objects", "incoming", "sets"):
+            path = os.path.join(self.top, sub)
+            try:
+                os.mkdir(path, 0o750)
+            except FileExistsError:
+                pass
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode):
+                fail(f"{path} is not a folder")
+        self.index_path = os.path.join(self.top, "objects.json")
+
+    def obj(self, sha):
+        return os.path.join(self.top, "objects", sha)
+
+    def part(self, sha):
+        return os.path.join(self.top, "incoming", sha + ".part")
+
+    def lock(self, wait=30):
+        """The store's writer lock (recv, pull, commit, rm); None when another holds it."""
+        fd = os.open(os.path.join(self.top, "lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    fail("another data push or rm is writing on this node; try again when it ends")
+                time.sleep(0.2)
+
+    def index(self):
+        try:
+            with open(self.index_path) as f:
+                doc = json.load(f)
+            return doc if isinstance(doc, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def save_index(self, index):
+        fd, tmp = tempfile.mkstemp(dir=self.top, prefix=".objects.")
+        with os.fdopen(fd, "w") as f:
+            json.dump(index, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.index_path)
+
+    def have(self, sha, size, index):
+        """The object is here as it was when verified (same size, inode and mtime)."""
+        try:
+            st = os.lstat(self.obj(sha))
+        except FileNotFoundError:
+            return False
+        return stat.S_ISREG(st.st_mode) and st.st_size == size and \
+            index.get(sha) == [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def stat_record(st):
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def hash_fd(fd, upto=None, chunk=None):
+    """sha256 of the descriptor's first `upto` bytes (all: None); with `chunk`, also each
+    chunk's sha256 -> (hash object, [chunk hex])."""
+    h, chunks, ch, in_ch, done = hashlib.sha256(), [], hashlib.sha256(), 0, 0
+    os.lseek(fd, 0, os.SEEK_SET)
+    while upto is None or done < upto:
+        want = IO if upto is None else min(IO, upto - done)
+        if chunk:
+            want = min(want, chunk - in_ch)
+        b = os.read(fd, want)
+        if not b:
+            break
+        h.update(b)
+        done += len(b)
+        if chunk:
+            ch.update(b)
+            in_ch += len(b)
+            if in_ch == chunk:
+                chunks.append(ch.hexdigest())
+                ch, in_ch = hashlib.sha256(), 0
+    return h, chunks
+
+
+def resume_at(store, f, chunk):
+    """Bytes of the partial file of `f` that match its chunk hashes (whole chunks only)."""
+    try:
+        fd = os.open(store.part(f["sha256"]), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return 0
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return 0
+        whole = min(st.st_size, f["size"]) // chunk
+        _, got = hash_fd(fd, whole * chunk, chunk)
+    finally:
+        os.close(fd)
+    good = 0
+    for mine, theirs in zip(got, f.get("chunks") or []):
+        if mine != theirs:
+            break
+        good += 1
+    return good * chunk
+
+
+def objects_of(manifest):
+    """{sha256: file entry} of a manifest (a content held by several paths is one object)."""
+    return {f["sha256"]: f for f in manifest["files"]}
+
+
+def op_state(req, store):
+    index = store.index()
+    have, todo = [], []
+    for sha, f in sorted(objects_of(req["manifest"]).items()):
+        if store.have(sha, f["size"], index):
+            have.append(sha)
+        else:
+            todo.append({"sha256": sha, "size": f["size"],
+                         "offset": resume_at(store, f, req["manifest"]["chunk"])})
+    return {"have": have, "todo": todo, "current": current_version(store, req["name"])}
+
+
+# ---- receiving: from stdin (the operator) or from a peer (pull) ---------------------------
+
+class Receiving:
+    """One object being written: the partial file from `offset`, hashed as it grows; renamed
+    to its object name only when the whole file's sha256 is the expected one."""
+
+    def __init__(self, store, sha, size, offset, chunk):
+        self.store, self.sha, self.size = store, sha, size
+        self.fd = os.open(store.part(sha), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        if not stat.S_ISREG(os.fstat(self.fd).st_mode):
+            fail(f"{store.part(sha)} is not a regular file")
+        # the offset was checked against the chunk hashes (state); hash what is kept again,
+        # so the whole file's sha256 covers every byte that ends up in the object
+        os.ftruncate(self.fd, offset)
+        self.h, _ = hash_fd(self.fd, offset)
+        self.at = offset
+        os.lseek(self.fd, offset, os.SEEK_SET)
+        self.last_sync = time.monotonic()
+
+    def write(self, b):
+        view = memoryview(b)
+        while view:
+            view = view[os.write(self.fd, view):]
+        self.h.update(b)
+        self.at += len(b)
+        if time.monotonic() - self.last_sync > 2:  # what arrived survives a cut transfer
+            os.fsync(self.fd)
+            self.last_sync = time.monotonic()
+
+    def finish(self, index):
+        os.fsync(self.fd)
+        if self.h.hexdigest() != self.sha:
+            os.close(self.fd)
+            os.unlink(self.store.part(self.sha))
+            return f"sha256 of the received bytes is {self.h.hexdigest()[:16]}..., not {self.sha[:16]}..."
+        os.fchmod(self.fd, 0o444)
+        st = os.fstat(self.fd)
+        os.close(self.fd)
+        os.replace(self.store.part(self.sha), self.store.obj(self.sha))
+        index[self.sha] = stat_record(st)
+        return None
+
+    def close(self):
+        try:
+            os.fsync(self.fd)
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+def receive(store, sends, chunk, read, report, what):
+    """Each listed object's bytes from offset to size, read with read(n) -> bytes (b"": the
+    stream ended). One JSON line per object done; what arrived of a cut one stays."""
+    lock = store.lock()
+    index = store.index()
+    done = 0
+    try:
+        for s in sends:
+            if not SHA_RE.fullmatch(s["sha256"]):
+                fail(f"{s['sha256']!r} is not a sha256")
+            r = Receiving(store, s["sha256"], s["size"], s["offset"], chunk)
+            try:
+                while r.at < r.size:
+                    b = read(min(IO, r.size - r.at))
+                    if not b:
+                        report({"cut": s["sha256"], "at": r.at, "from": what})
+                        return done
+                    r.write(b)
+                    done += len(b)
+                why = r.finish(index)
+            except BaseException:
+                r.close()
+                raise
+            if why:
+                report({"bad": s["sha256"], "why": why})
+            else:
+                report({"done": s["sha256"]})
+    finally:
+        store.save_index(index)
+        os.close(lock)
+    return done
+
+
+def op_recv(req, store):
+    stdin = sys.stdin.buffer
+    n = receive(store, req["sends"], req["chunk"], stdin.read, out, "the operator")
+    out({"received": n})
+
+
+def _recv_exact(sock, n):
+    buf = bytearray()
+    while len(buf) < n:
+        b = sock.recv(n - len(buf))
+        if not b:
+            break
+        buf += b
+    return bytes(buf)
+
+
+def op_pull(req, store):
+    """From a peer's `serve`: the token, then one request line per object, each answered with
+    a header line and the bytes."""
+    try:
+        sock = socket.create_connection((req["peer"], req["port"]), timeout=20)
+    except OSError as e:
+        out({"unreachable": f"cannot connect to {req['peer']}:{req['port']} ({e.strerror or e})"})
+        return
+    sock.settimeout(120)
+    f = sock.makefile("rb")
+    sock.sendall((req["token"] + "\n").encode())
+    got = [0, time.monotonic()]
+
+    def read(n):
+        try:
+            b = f.read1(n)
+        except OSError:  # a reset or a timeout: what arrived stays
+            b = b""
+        got[0] += len(b)
+        if time.monotonic() - got[1] > 1:  # progress for the operator, about once a second
+            got[1] = time.monotonic()
+            out({"bytes": got[0]})
+        return b
+
+    total, cut = 0, []
+
+    def report(obj):
+        if "cut" in obj:
+            cut.append(obj)
+        out(obj)
+
+    for s in req["sends"]:
+        sock.sendall((json.dumps({"sha256": s["sha256"], "offset": s["offset"]}) + "\n").encode())
+        head = f.readline()
+        try:
+            reply = json.loads(head)
+        except ValueError:
+            out({"unreachable": f"{req['peer']} closed the transfer ({head[:80]!r})"})
+            return
+        if "error" in reply:
+            fail(f"{req['peer']}: {reply['error']}")
+        total += receive(store, [s], req["chunk"], read, report, req["peer"])
+        if cut:
+            out({"unreachable": f"{req['peer']} stopped sending ({len(cut)} object cut)"})
+            return
+    sock.sendall(b'{"end": true}\n')
+    sock.close()
+    out({"received": total})
+
+
+# ---- serving: the objects this node holds, to the peers named --------------------------------
+
+def op_serve(req, store):
+    allowed = set(req["peers"])
+    shas = set(req["objects"])
+    token = req["token"].encode()
+    bwlimit = req.get("bwlimit") or 0
+    fam = socket.AF_INET6 if ":" in req["bind"] else socket.AF_INET
+    srv = socket.socket(fam, socket.SOCK_STREAM)
+    try:
+        srv.bind((req["bind"], 0))
+    except OSError as e:
+        out({"unreachable": f"cannot listen on {req['bind']} ({e.strerror or e})"})
+        return
+    srv.listen(16)
+    out({"port": srv.getsockname()[1]})
+    state = {"last": time.monotonic(), "sent": 0}
+    lock = threading.Lock()
+
+    def one(conn, peer):
+        conn.settimeout(120)
+        try:
+            f = conn.makefile("rb")
+            if not hmac.compare_digest(f.readline().strip(), token):
+                return
+            while True:
+                line = f.readline()
+                if not line:
+                    return
+                ask = json.loads(line)
+                if ask.get("end"):
+                    return
+                sha, offset = ask.get("sha256"), int(ask.get("offset", 0))
+                if sha not in shas:
+                    conn.sendall(b'{"error": "not an object of this transfer"}\n')
+                    return
+                try:
+                    fd = os.open(store.obj(sha), os.O_RDONLY | os.O_NOFOLLOW)
+                except OSError as e:
+                    conn.sendall((json.dumps({"error": f"{sha[:16]}...: {e.strerror}"}) + "\n").encode())
+                    return
+                try:
+                    size = os.fstat(fd).st_size
+                    conn.sendall((json.dumps({"size": size}) + "\n").encode())
+                    n = send_fd(fd, conn, offset, size, bwlimit)
+                finally:
+                    os.close(fd)
+                with lock:
+                    state["sent"] += n
+                    state["last"] = time.monotonic()
+        except (OSError, ValueError):
+            return
+        finally:
+            conn.close()
+
+    def accept():
+        while True:
+            try:
+                conn, addr = srv.accept()
+            except OSError:
+                return
+            with lock:
+                state["last"] = time.monotonic()
+            if addr[0].removeprefix("::ffff:") not in allowed:
+                conn.close()  # only the destination nodes of this transfer
+                continue
+            threading.Thread(target=one, args=(conn, addr[0]), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    # until the operator ends it (stdin closes), or nobody asked anything for a long time
+    done = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.buffer.read(), done.set()), daemon=True).start()
+    while not done.wait(5):
+        with lock:
+            if time.monotonic() - state["last"] > SERVE_IDLE_S:
+                break
+    srv.close()
+    out({"served": state["sent"]})
+
+
+def send_fd(fd, conn, offset, size, bwlimit):
+    """The file's bytes from offset to size (socket.sendfile when there is no limit)."""
+    if not bwlimit:
+        return conn.sendfile(os.fdopen(os.dup(fd), "rb"), offset, size - offset) if size > offset else 0
+    os.lseek(fd, offset, os.SEEK_SET)
+    sent, t0, step = 0, time.monotonic(), max(min(IO, bwlimit // 4), 4096)
+    while offset + sent < size:
+        b = os.read(fd, min(step, size - offset - sent))
+        if not b:
+            break
+        conn.sendall(b)
+        sent += len(b)
+        ahead = sent / bwlimit - (time.monotonic() - t0)
+        if ahead > 0:
+            time.sleep(ahead)
+    return sent
+
+
+# ---- versions ---------------------------------------------------------------------------
+
+def set_dir(store, name):
+    return os.path.join(store.top, "sets", name)
+
+
+def current_version(store, name):
+    """The version NAME points at (its 16-hex folder name), None if none; refuses a NAME that
+    is something else (a folder the user made by hand)."""
+    link = os.path.join(store.data, name)
+    try:
+        st = os.lstat(link)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISLNK(st.st_mode):
+        fail(f"{link} exists and is not a torchrig dataset; move it away or choose another --name")
+    target = os.readlink(link)
+    m = re.fullmatch(r"\.torchrig/sets/" + re.escape(name) + r"/([0-9a-f]{16})", target)
+    if not m:
+        fail(f"{link} points at {target!r}, not at a torchrig dataset; move it away or choose "
+             "another --name")
+    return m.group(1)
+
+
+def read_manifest(store, name, version):
+    path = os.path.join(set_dir(store, name), version, MANIFEST)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        return None, f"its manifest cannot be read ({e.strerror})"
+    try:
+        with os.fdopen(fd) as f:
+            return json.load(f), None
+    except ValueError:
+        return None, "its manifest is not JSON"
+
+
+def check_version(store, name, version, full=False):
+    """Problems of a dataset version: each file as recorded at the switch (size, inode,
+    mtime; with full, its sha256 again)."""
+    doc, why = read_manifest(store, name, version)
+    if doc is None:
+        return None, [why]
+    root = os.path.join(set_dir(store, name), version)
+    problems = []
+    for f in doc["manifest"]["files"]:
+        path = os.path.join(root, f["path"])
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as e:
+            problems.append(f"{f['path']}: " + ("missing" if e.errno == errno.ENOENT else
+                                               "a symlink" if e.errno == errno.ELOOP else e.strerror))
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                problems.append(f"{f['path']}: not a regular file")
+            elif st.st_size != f["size"]:
+                problems.append(f"{f['path']}: {st.st_size} bytes, the manifest says {f['size']}")
+            elif full:
+                h, _ = hash_fd(fd)
+                if h.hexdigest() != f["sha256"]:
+                    problems.append(f"{f['path']}: sha256 {h.hexdigest()[:16]}... differs from "
+                                    f"the manifest's {f['sha256'][:16]}...")
+            elif doc["stat"].get(f["path"]) != stat_record(st):
+                problems.append(f"{f['path']}: changed since it was pushed (modified or replaced)")
+        finally:
+            os.close(fd)
+    return doc, problems
+
+
+def op_commit(req, store):
+    name, manifest, mhash = req["name"], req["manifest"], req["sha256"]
+    lock = store.lock()
+    try:
+        index = store.index()
+        missing = [f["path"] for f in manifest["files"]
+                   if not store.have(f["sha256"], f["size"], index)]
+        if missing:
+            fail(f"not every file is here and verified ({len(missing)} missing, e.g. {missing[0]})")
+        old = current_version(store, name)
+        version = mhash[:16]
+        if old == version:
+            doc, problems = check_version(store, name, version)
+            if doc is not None and doc.get("sha256") == mhash and not problems:
+                return {"switched": False, "version": version}
+        sdir = set_dir(store, name)
+        os.makedirs(sdir, 0o750, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".incoming-", dir=sdir)
+        records = {}
+        for f in manifest["files"]:
+            dst = os.path.join(tmp, f["path"])
+            os.makedirs(os.path.dirname(dst), 0o750, exist_ok=True)
+            os.link(store.obj(f["sha256"]), dst, follow_symlinks=False)
+            records[f["path"]] = stat_record(os.lstat(dst))
+        with open(os.path.join(tmp, MANIFEST), "w") as fh:
+            json.dump({"name": name, "sha256": mhash, "manifest": manifest, "stat": records,
+                       "pushed_at": time.time()}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o750)
+        final = os.path.join(sdir, version)
+        if os.path.lexists(final):  # an older copy of the same version, not as recorded
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        # the switch: a new link renamed over the old one (atomic: a job sees old or new)
+        link = os.path.join(store.data, name)
+        tmp_link = os.path.join(store.data, f".{name}.torchrig-{os.getpid()}")
+        os.symlink(f".torchrig/sets/{name}/{version}", tmp_link)
+        os.rename(tmp_link, link)
+        dfd = os.open(store.data, os.O_RDONLY | os.O_DIRECTORY)
+        os.fsync(dfd)
+        os.close(dfd)
+        dropped = drop_versions(store, name, keep=version, index=index)
+        store.save_index(index)
+        clean_parts(store)
+        return {"switched": True, "version": version, "replaced": old, "objects_dropped": dropped}
+    finally:
+        os.close(lock)
+
+
+def drop_versions(store, name, keep, index):
+    """Remove NAME's versions but `keep` (None: all), then the objects only they used (an
+    object whose one link left is the store's)."""
+    sdir = set_dir(store, name)
+    shas = set()
+    for v in os.listdir(sdir) if os.path.isdir(sdir) else []:
+        if v == keep:
+            continue
+        doc, _ = read_manifest(store, name, v)
+        if doc:
+            shas |= {f["sha256"] for f in doc["manifest"]["files"]}
+        shutil.rmtree(os.path.join(sdir, v))
+    dropped = 0
+    for sha in shas:
+        try:
+            st = os.lstat(store.obj(sha))
+        except FileNotFoundError:
+            continue
+        if st.st_nlink == 1:
+            os.unlink(store.obj(sha))
+            index.pop(sha, None)
+            dropped += 1
+    if keep is None and os.path.isdir(sdir):
+        os.rmdir(sdir)
+    return dropped
+
+
+def clean_parts(store):
+    now = time.time()
+    inc = os.path.join(store.top, "incoming")
+    for n in os.listdir(inc):
+        st = os.lstat(os.path.join(inc, n))
+        if now - st.st_mtime > STALE_PART_S:
+            os.unlink(os.path.join(inc, n))
+
+
+def op_ls(req, store):
+    names = [req["name"]] if req.get("name") else sorted(
+        n for n in os.listdir(store.data)
+        if NAME_RE.fullmatch(n) and os.path.islink(os.path.join(store.data, n)))
+    found = []
+    for name in names:
+        version = current_version(store, name)
+        if version is None:
+            continue
+        doc, problems = check_version(store, name, version, full=req.get("full", False))
+        files = doc["manifest"]["files"] if doc else []
+        found.append({"name": name, "version": version, "sha256": doc and doc.get("sha256"),
+                      "files": len(files), "bytes": sum(f["size"] for f in files),
+                      "pushed_at": doc and doc.get("pushed_at"), "problems": problems,
+                      "path": os.path.join(store.data, name)})
+    return {"datasets": found}
+
+
+def op_rm(req, store):
+    name = req["name"]
+    lock = store.lock()
+    try:
+        if current_version(store, name) is None:
+            return {"removed": False}
+        os.unlink(os.path.join(store.data, name))
+        index = store.index()
+        dropped = drop_versions(store, name, keep=None, index=index)
+        store.save_index(index)
+        return {"removed": True, "objects_dropped": dropped}
+    finally:
+        os.close(lock)
+
+
+def main(req):
+    """`req`: the request (the operator appends `main(json.loads(base64 ...))`)."""
+    os.umask(0o027)
+    if "name" in req and req["name"] is not None and not NAME_RE.fullmatch(req["name"]):
+        fail(f"{req['name']!r} is not a dataset name")
+    store = Store(req["data_dir"])
+    ops = {"state": op_state, "recv": op_recv, "pull": op_pull, "serve": op_serve,
+           "commit": op_commit, "ls": op_ls, "rm": op_rm}
+    reply = ops[req["op"]](req, store)
+    if reply is not None:
+        out(reply)
