@@ -37,6 +37,8 @@ start_timeout: 60
 rdzv_timeout: 90
 exit_barrier_timeout: 30
 early_fail_window: 0
+data: shards
+data_verify: full
 backend: slurm
 partition: gpu
 time: "2:00:00"
@@ -71,7 +73,8 @@ def test_a_full_file_gives_every_option(tmp_path):
         "early_fail_window": 0,
         "workdir": str(tmp_path / "proj"), "requirements": "requirements.txt",
         "allow_torch_change": True, "secret_env": ["DATA_URL"],
-        "nodes": 2, "backend": "slurm", "partition": "gpu", "time": "2:00:00"}
+        "nodes": 2, "backend": "slurm", "partition": "gpu", "time": "2:00:00",
+        "data": "shards", "data_verify": "full"}
     assert set(opts) == set(job_spec.OPTION_KEYS) | set(job_spec.SERVICE_KEYS)
     # launch splits the joined list back to the very same arguments
     assert split_args(opts["args"]) == ["--preset", "gpt2", "--run-name", "my run"]
@@ -86,7 +89,8 @@ def test_no_file_and_no_flags_is_launchs_defaults():
                     "exit_barrier_timeout": DEFAULTS.exit_barrier_timeout, "workdir": None,
                     "early_fail_window": DEFAULTS.early_fail_window,
                     "requirements": None, "allow_torch_change": False, "secret_env": [],
-                    "nodes": None, "backend": None, "partition": None, "time": None}
+                    "nodes": None, "backend": None, "partition": None, "time": None,
+                    "data": None, "data_verify": "quick"}
 
 
 def test_a_flag_given_wins_over_the_file_and_one_not_given_does_not(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from invoke import Collection
 
+from .data import data
 from .hosts import exec_, hosts, init
 from .job_outputs import fetch, job_report
 from .jobs import jobs
@@ -21,7 +22,7 @@ from .testbed import demo, testbed
 from .verify import verify
 
 ns = Collection(init, hosts, exec_, provision, verify, launch, logs, status, job_report, stop,
-                jobs, metrics, tensorboard, fetch, demo, testbed)
+                jobs, metrics, tensorboard, fetch, data, demo, testbed)
 ns.configure({
     "torchrig": {
         "inventory": None,  # a config file's torchrig.inventory (see common._inventory_path)

@@ -26,8 +26,16 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")   # onhost/data/node.py
 RESERVED = (".torchrig",)  # names the node keeps for itself inside a dataset's folder
 
 
+def dataset_path(data_dir: str, name: str) -> str:
+    """Where dataset `name` is on a node (a link to its current version: onhost/data/node.py),
+    what a job gets as TORCHRIG_DATA."""
+    return f"{data_dir.rstrip('/')}/{name}"
+
+
 def check_name(name: str | None) -> str:
-    if not name or not NAME_RE.fullmatch(name):
+    if not name:
+        raise TorchrigError("--name: which dataset? (`torchrig data.ls` lists them)")
+    if not NAME_RE.fullmatch(name):
         raise TorchrigError(f"--name {name!r}: a dataset name is 1-64 letters, digits, '.', '_' "
                             "or '-', starting with a letter or digit")
     return name
@@ -93,7 +101,8 @@ def walk(root: Path) -> list[tuple[str, Path]]:
     try:
         st = root.lstat()
     except OSError as e:
-        raise TorchrigError(f"{root}: {e.strerror}") from None
+        raise TorchrigError(f"{root}: {e.strerror.lower() if e.strerror else e}; data.push takes "
+                            "a file or a folder on this machine") from None
     if stat.S_ISREG(st.st_mode):
         return [(root.name, root)]
     if not stat.S_ISDIR(st.st_mode):

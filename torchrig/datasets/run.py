@@ -28,7 +28,7 @@ from ..onhost import HERE as ONHOST
 from ..quoting import sh
 from ..session import CannotConnect, Fleet, describe_error
 from . import plan
-from .manifest import Manifest, check_name, scan
+from .manifest import Manifest, check_name, dataset_path, scan
 
 SCRIPT = ONHOST / "data" / "node.py"
 # what `python3 -I -c` runs: the script (a length line, then its text) from stdin, so the rest
@@ -321,10 +321,11 @@ def push(fleet: Fleet, source: Path, name: str, bwlimit: int, log: Callable[[str
 
 # ---- ls, rm, the launch's check ------------------------------------------------------------
 
-def listing(fleet: Fleet, name: str | None = None, full: bool = False) -> dict[str, list[dict] | str]:
+def listing(fleet: Fleet, name: str | None = None, full: bool = False,
+            hosts: list[Host] | None = None) -> dict[str, list[dict] | str]:
     """{host: its datasets (node.py's ls) or the error reaching it}."""
     rs = fleet.fan_out(lambda h: last(call(fleet, h, {"op": "ls", "name": name, "full": full},
-                                           timeout=None), "datasets")["datasets"])
+                                           timeout=None), "datasets")["datasets"], hosts)
     return {r.host: (r.value if r.ok else r.error) for r in rs}
 
 
@@ -340,18 +341,18 @@ def copies(found: dict[str, list[dict] | str], name: str) -> list[plan.NodeCopy]
     return out
 
 
-def check(fleet: Fleet, name: str, full: bool = False) -> str:
+def check(fleet: Fleet, name: str, full: bool = False, hosts: list[Host] | None = None) -> str:
     """The launch's gate: every node holds dataset `name`, the same version, as pushed (full:
     every file re-hashed). Returns the dataset's path on the nodes; else one error naming
     each node and file."""
     name = check_name(name)
-    found = listing(fleet, name, full)
+    found = listing(fleet, name, full, hosts)
     why = plan.agreement(copies(found, name))
     if why:
         raise TorchrigError(f"dataset {name} is not the same on every node: " + "; ".join(why[:8]) +
                             (f" (and {len(why) - 8} more)" if len(why) > 8 else "") +
                             f"; run `torchrig data push PATH --name {name}` to repair it")
-    return f"{fleet.hosts[0].settings.data_dir}/{name}"
+    return dataset_path((hosts or fleet.hosts)[0].settings.data_dir, name)
 
 
 def remove(fleet: Fleet, name: str) -> dict[str, dict | str]:

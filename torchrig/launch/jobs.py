@@ -28,7 +28,7 @@ from ..quoting import sh
 from ..session import Fleet
 from ..settings import JOBS_DIR
 from . import slurm
-from .plan import gpumon_paths, job_paths, unit_path
+from .plan import DATA_LINE, gpumon_paths, job_paths, unit_path
 
 STATES = ("running", "restarting", "failed", "stopped", "succeeded")
 ENDED = ("failed", "stopped", "succeeded")
@@ -94,9 +94,9 @@ def node_state(props: dict, stopped_at: float | None) -> str:
     return "succeeded"
 
 
-def _marker(unitfile: dict | None) -> str:
+def _marker(unitfile: dict | None, start: str = LAUNCH_LINE) -> str:
     text = (unitfile or {}).get("text") or ""
-    return next((ln for ln in text.splitlines() if ln.startswith(LAUNCH_LINE)), "")
+    return next((ln for ln in text.splitlines() if ln.startswith(start)), "")
 
 
 def node_jobs(raw: dict) -> dict[str, dict]:
@@ -130,6 +130,8 @@ def node_jobs(raw: dict) -> dict[str, dict]:
             "progress": job_state.progress(logs.get("files", {})),
             "workdir": props.get("WorkingDirectory") or None,
             "marker": _marker(raw.get("read", {}).get(f"{job}/unitfile")),
+            "data": _marker(raw.get("read", {}).get(f"{job}/unitfile"),
+                            DATA_LINE)[len(DATA_LINE):] or None,
         }
     return out
 
@@ -179,6 +181,7 @@ class JobRow:
     workdir: str | None = None         # the release the unit runs in (WorkingDirectory)
     slurm_id: str | None = None
     markers: dict[str, str] = field(default_factory=dict)  # host -> the unit's launch line
+    data: str | None = None            # the dataset it was launched with (`launch --data`)
 
     @property
     def running(self) -> bool:
@@ -188,7 +191,7 @@ class JobRow:
     def as_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("job", "backend", "state", "nodes", "started_at",
                                            "ended_at", "running_s", "restarts", "step", "loss",
-                                           "progress", "workdir", "slurm_id")}
+                                           "progress", "workdir", "slurm_id", "data")}
         return d
 
 
@@ -213,7 +216,8 @@ def merge(job: str, per_node: dict[str, dict]) -> JobRow:
                   restarts=max(restarts) if restarts else None,
                   progress=line, step=step, loss=loss,
                   workdir=ranked[0][1]["workdir"] if ranked else None,
-                  markers={h: v["marker"] for h, v in per_node.items()})
+                  markers={h: v["marker"] for h, v in per_node.items()},
+                  data=next((v.get("data") for v in views if v.get("data")), None))
 
 
 SLURM_STATES = {"COMPLETED": "succeeded", "CANCELLED": "stopped", "PENDING": "pending",

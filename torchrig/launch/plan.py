@@ -14,6 +14,7 @@ from ..errors import TorchrigError
 from ..render import env_quote, systemd_path, systemd_quote
 from ..secrets import MASK, is_secret, redact_text, url_credentials
 from ..job import DEFAULTS, MEM_FILE, SAMPLER, STOP_GRACE_S, UTIL_FILE, job_folder, unit_name
+from ..datasets.manifest import dataset_path
 from ..settings import ENV_NAME
 
 def check_env_key(key: str, where: str) -> str:
@@ -82,6 +83,7 @@ class Job:
     # payload/torchrig_torchrun.py's early window (TORCHRIG_EARLY_FAIL_S): a first attempt
     # whose workers all fail within it of their spawn is not restarted (0: torchrun's restarts)
     early_fail_s: int = DEFAULTS.early_fail_window
+    data: str | None = None          # the dataset (`launch --data`): <data_dir>/<data> on each node
 
     @property
     def nnodes(self) -> int:
@@ -137,6 +139,8 @@ def node_env(job: Job, n: Node) -> dict[str, str]:
         "TORCHRIG_CKPT_DIR": job_folder(n.checkpoint_dir, job.name),
         "TORCHRIG_DATA_DIR": n.data_dir,
     }
+    if job.data:  # checked on every node before the launch (datasets.run.check)
+        env["TORCHRIG_DATA"] = dataset_path(n.data_dir, job.data)
     if job.support:
         # a user's project: its folder first (its own packages, from any script's folder), then
         # torchrig's support files (the bounded torchrun, `import progress`)
@@ -168,8 +172,16 @@ def launch_marker(job: Job) -> str:
     return f"# torchrig launch {job.launch_id}"
 
 
+DATA_LINE = "# torchrig data "  # the unit file's line naming the job's dataset (jobs.py reads it)
+
+
+def data_line(job: Job) -> str:
+    return f"{DATA_LINE}{job.data}" if job.data else ""
+
+
 def render_unit(job: Job, n: Node) -> str:
-    return managed.JOB_UNIT.render(marker=launch_marker(job), firewall=n.firewall,
+    return managed.JOB_UNIT.render(marker=launch_marker(job), data=data_line(job),
+                                   firewall=n.firewall,
                   job=job.name, host=n.host, node_rank=n.node_rank, nnodes=job.nnodes,
                   user=n.user, workdir=systemd_path(job.release), env_file=env_path(job.name),
                   run_id_file=managed.JOB_RUN_ID.path(job.name),

@@ -54,6 +54,8 @@ class LaunchOptions:
     allow_torch_change: bool = False   # a requirement may replace the provisioned torch
     secret_env: list[str] = field(default_factory=list)  # more names whose values are masked
     early_fail_window: int = DEFAULTS.early_fail_window  # see LaunchDefaults; 0: off
+    data: str | None = None            # a dataset (`torchrig data.push`) every node must hold
+    data_verify: str = "quick"         # quick: sizes and the push's records; full: re-hash
 
 
 MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -63,6 +65,11 @@ def check_options(o: LaunchOptions) -> None:
     """The flags alone: refused with one line before any host is touched."""
     check_job_name(o.job)
     parse_env(o.env)
+    if o.data is not None:
+        from ..datasets.manifest import check_name
+        check_name(o.data)
+    if o.data_verify not in ("quick", "full"):
+        raise TorchrigError(f"--data-verify {o.data_verify!r}: quick or full")
     split_args(o.args)
     for key in o.secret_env:
         check_env_key(key, "--secret-env")
@@ -123,7 +130,7 @@ def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
                exit_barrier_timeout=o.exit_barrier_timeout, module=o.module is not None,
                support=staged.support if staged else "",
                python=staged.python if staged else None,
-               early_fail_s=o.early_fail_window)
+               early_fail_s=o.early_fail_window, data=o.data)
 
 
 @dataclass
@@ -133,6 +140,14 @@ class Launched:
     changes: dict[str, list] = field(default_factory=dict)
     started: bool = False
     seconds: float = 0.0
+
+
+def check_data(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print) -> None:
+    """--data: every node holds the same verified bytes of the dataset, or nothing starts."""
+    if o.data:
+        from ..datasets import run as datasets
+        datasets.check(fleet, o.data, full=o.data_verify == "full", hosts=hosts)
+        log(f"dataset {o.data}: the same on every node ({o.data_verify} check)")
 
 
 def _gate(fleet: Fleet, hosts: list[Host], job: str) -> dict[str, str | None]:
@@ -187,6 +202,7 @@ def launch(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print) -> Laun
     check_options(o)  # before any host is touched
     src = stage.source(o, hosts[0])
     interfaces = _gate(fleet, hosts, o.job)
+    check_data(fleet, hosts, o, log)
     prefix = hosts[0].settings.prefix
     if o.dry_run:
         staged = Staged(stage.release_of(src, prefix), src.support)

@@ -220,7 +220,7 @@ def launch(fleet: Fleet, hosts: list[Host], o, nnodes: int | None, partition: st
     `nnodes` of them on the controller as the job's user, and wait until every allocated
     node's workers run (or the job is still queued at --start-timeout: then it stays queued)."""
     from . import stage
-    from .run import _gate, check_options, jobdirs_values, plan_job
+    from .run import _gate, check_data, check_options, jobdirs_values, plan_job
     t0 = time.monotonic()
     s = cluster(fleet.inv)
     check_options(o)
@@ -239,6 +239,7 @@ def launch(fleet: Fleet, hosts: list[Host], o, nnodes: int | None, partition: st
         raise TorchrigError(f"nothing submitted: job {o.job!r} is already slurm job {running}; "
                             f"`torchrig stop --job {o.job}` first, or pick another --job")
     interfaces = _gate(fleet, candidates, o.job)  # a systemd job on these GPUs: refused too
+    check_data(fleet, candidates, o, log)
     _same_ids(fleet, [ctl] + [h for h in candidates if h is not ctl],
               candidates[0].settings.service_user)
     staged = stage.stage(fleet, candidates, src, log=log)

@@ -29,13 +29,14 @@ MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 # the task passes to service.launch beside them
 OPTION_KEYS = ("job", "script", "module", "args", "env", "nproc", "max_restarts",
                "start_timeout", "rdzv_timeout", "exit_barrier_timeout", "workdir",
-               "requirements", "allow_torch_change", "secret_env", "early_fail_window")
+               "requirements", "allow_torch_change", "secret_env", "early_fail_window", "data",
+               "data_verify")
 SERVICE_KEYS = ("nodes", "backend", "partition", "time")
 # the task's flags a job file may set, by the task's parameter name (nproc_per_node: nproc)
 FLAGS = ("job", "workdir", "script", "module", "args", "nodes", "nproc_per_node", "env",
          "secret_env", "requirements", "allow_torch_change", "max_restarts", "start_timeout",
          "rdzv_timeout", "exit_barrier_timeout", "backend", "partition", "time",
-         "early_fail_window")
+         "early_fail_window", "data", "data_verify")
 
 
 def _plain(v: str, what: str) -> str:
@@ -76,6 +77,8 @@ class JobSpec(BaseModel):
     rdzv_timeout: int | None = Field(default=None, ge=1)
     exit_barrier_timeout: int | None = Field(default=None, ge=1)
     early_fail_window: int | None = Field(default=None, ge=0)
+    data: str | None = None
+    data_verify: Literal["quick", "full"] | None = None
     backend: Literal["systemd", "slurm"] | None = None
     partition: str | None = None
     time: str | None = None
@@ -88,6 +91,15 @@ class JobSpec(BaseModel):
                 check_job_name(v)
             except TorchrigError as e:  # its message starts "--job 'x': "; the key is named here
                 raise ValueError(str(e).removeprefix(f"--job {v!r}: ")) from None
+        return v
+
+    @field_validator("data")
+    @classmethod
+    def _data(cls, v: str | None) -> str | None:
+        if v is not None:
+            from ..datasets.manifest import NAME_RE
+            if not NAME_RE.fullmatch(v):
+                raise ValueError(f"expected a dataset name (`torchrig data.ls`), got {v!r}")
         return v
 
     @field_validator("workdir")
@@ -277,6 +289,8 @@ def merge(spec: JobSpec | None, given: dict[str, Any], source: str = "the job fi
         "requirements": pick("requirements"),
         "allow_torch_change": bool(given.get("allow_torch_change")) or s.allow_torch_change,
         "secret_env": list(dict.fromkeys([*s.secret_env, *(given.get("secret_env") or [])])),
+        "data": pick("data"),
+        "data_verify": pick("data_verify", "quick"),
         "nodes": pick("nodes"),
         "backend": pick("backend"),
         "partition": pick("partition"),

@@ -1,0 +1,104 @@
+"""What `data` shows: a push's progress per node (rich's live bars on a terminal, a plain line
+per node every few seconds otherwise) and `data ls`'s rows and table."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from .plan import NodeCopy, agreement, human
+from .run import Progress
+
+PLAIN_EVERY_S = 5.0
+
+
+@contextlib.contextmanager
+def live_progress(stream):
+    """A Progress that shows itself on `stream`."""
+    if stream.isatty():
+        from rich.console import Console
+        from rich.progress import (BarColumn, DownloadColumn, Progress as Bars, TextColumn,
+                                   TimeRemainingColumn, TransferSpeedColumn)
+        bars = Bars(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                    TransferSpeedColumn(), TimeRemainingColumn(),
+                    console=Console(file=stream), transient=False)
+        tasks: dict[str, int] = {}
+
+        def show(host: str, d: dict) -> None:
+            if host not in tasks:
+                from ..terminal import markup
+                tasks[host] = bars.add_task(markup(f"{host} <- {d['source']}"), total=d["total"])
+            bars.update(tasks[host], completed=d["done"], total=d["total"])
+
+        with bars:
+            yield Progress(show)
+        return
+
+    from ..terminal import say
+    shown: dict[str, float] = {}
+
+    def line(host: str, d: dict) -> None:
+        now = time.monotonic()
+        finished = d["done"] >= d["total"]
+        if not finished and now - shown.get(host, 0) < PLAIN_EVERY_S:
+            return
+        if finished and shown.get(host) == -1:
+            return
+        shown[host] = -1 if finished else now
+        say(progress_line(host, d, now), stream, flush=True)
+
+    yield Progress(line)
+
+
+def progress_line(host: str, d: dict, now: float) -> str:
+    """gpu2: 512.0 MiB of 1.0 GiB from gpu1, 110.2 MiB/s, ETA 5 s"""
+    took = max(now - d["t0"], 1e-6)
+    rate = d["done"] / took
+    left = d["total"] - d["done"]
+    eta = f"ETA {left / rate:.0f} s" if rate > 0 and left > 0 else (
+        "done" if left <= 0 else "ETA ?")
+    return (f"{host}: {human(d['done'])} of {human(d['total'])} from {d['source']}, "
+            f"{human(rate)}/s, {eta}")
+
+
+def ls_rows(found: dict[str, list[dict] | str], name: str | None) -> list[dict]:
+    """One row per dataset: per node its version, files, size and problems; agree when every
+    reachable node holds the same version with no problem."""
+    names = sorted({s["name"] for sets in found.values() if not isinstance(sets, str)
+                    for s in sets} | ({name} if name else set()))
+    rows = []
+    for n in names:
+        copies = []
+        for host, sets in found.items():
+            if isinstance(sets, str):
+                copies.append(NodeCopy(host, error=sets))
+                continue
+            d = next((s for s in sets if s["name"] == n), None)
+            copies.append(NodeCopy(host) if d is None else
+                          NodeCopy(host, d["sha256"], d["files"], d["bytes"], d["problems"]))
+        why = agreement(copies)
+        rows.append({"name": n, "agree": not why, "why": why,
+                     "nodes": {c.host: {"sha256": c.sha256, "files": c.files, "bytes": c.bytes,
+                                        "problems": c.problems, "error": c.error}
+                               for c in copies}})
+    return rows
+
+
+def ls_table(rows: list[dict]) -> None:
+    from rich.table import Table
+
+    from ..tables import console
+    from ..terminal import markup
+    t = Table("dataset", "node", "version", "files", "size", "check")
+    for r in rows:
+        for i, (host, c) in enumerate(r["nodes"].items()):
+            check = ("unreachable: " + c["error"] if c["error"] else "not there" if not c["sha256"]
+                     else "; ".join(c["problems"]) or "ok")
+            t.add_row(markup(r["name"]) if i == 0 else "", markup(host),
+                      (c["sha256"] or "-")[:16], str(c["files"]), human(c["bytes"]), markup(check))
+        t.add_row("", "", "", "", "", "every node agrees" if r["agree"] else
+                  "[red]nodes differ[/red]", end_section=True)
+    if not rows:
+        console.print("no datasets on the selected hosts")
+        return
+    console.print(t)
