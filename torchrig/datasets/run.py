@@ -52,6 +52,11 @@ def head(host: Host, request: dict) -> bytes:
     return f"{len(body)}\n".encode() + body
 
 
+class Ended(TorchrigError):
+    """A node op ended without its reply and without a refusal of its own (killed, or its
+    session went away): for a transfer, a cut to resume from."""
+
+
 class Lines:
     """A node op's stdout as JSON lines, each handed to `on_line` as it arrives."""
 
@@ -84,7 +89,7 @@ def call(fleet: Fleet, host: Host, request: dict, feed: Iterator[bytes] | None =
         text = err.decode(errors="replace").strip().splitlines()
         msg = next((ln[len("error: "):] for ln in reversed(text) if ln.startswith("error: ")),
                    text[-1] if text else f"exit {rc}")
-        raise TorchrigError(f"{host.name}: data {request['op']}: {msg}")
+        raise (TorchrigError if rc == 3 else Ended)(f"{host.name}: data {request['op']}: {msg}")
     return lines.lines
 
 
@@ -118,10 +123,10 @@ class Progress:
             self.nodes[host]["done"] += n
         self.show(host, self.nodes[host])
 
-    def set(self, host: str, done: int, state: str | None = None) -> None:
+    def set(self, host: str, done: int, state: str | None = None, exact: bool = False) -> None:
         with self.lock:
             d = self.nodes[host]
-            d["done"] = max(d["done"], done)
+            d["done"] = done if exact else max(d["done"], done)
             if state:
                 d["state"] = state
         self.show(host, d)
@@ -159,13 +164,15 @@ class _Push:
     def upload(self, host: Host, todo: list[dict]) -> None:
         total = sum(t["size"] - t["offset"] for t in todo)
         self.progress.start(host.name, total, plan.OPERATOR)
-        t0, stalls = time.monotonic(), 0
+        t0, stalls, resumed = time.monotonic(), 0, []
         while todo:
             before = self.progress.nodes[host.name]["done"]
             lines, why = [], ""
             try:
                 lines = call(self.fleet, host, {"op": "recv", "sends": todo, "chunk": self.m.doc["chunk"]},
                              feed=self._bytes(host, todo), timeout=None)
+            except Ended as e:
+                why = "the node's side ended" if "exit -1" in str(e) else str(e).split(": ", 2)[-1]
             except DROPS as e:
                 why = describe_error(e) or type(e).__name__
             bad = [o for o in lines if "bad" in o]
@@ -186,7 +193,11 @@ class _Push:
             self.fleet.drop(host)
             time.sleep(min(0.5 * 2 ** stalls, 5))
             todo = self.state(host)["todo"]  # where each partial file resumes, checked there
-        self.res.nodes[host.name] = {"from": "this machine", "seconds": round(time.monotonic() - t0, 2)}
+            self.progress.set(host.name, total - sum(t["size"] - t["offset"] for t in todo),
+                              exact=True)
+            resumed.append(sum(t["offset"] for t in todo))
+        self.res.nodes[host.name] = {"from": "this machine", "resumed_at": resumed,
+                                     "seconds": round(time.monotonic() - t0, 2)}
 
     def _bytes(self, host: Host, todo: list[dict]) -> Iterator[bytes]:
         t0, sent = time.monotonic(), 0
@@ -351,7 +362,7 @@ def check(fleet: Fleet, name: str, full: bool = False, hosts: list[Host] | None 
     if why:
         raise TorchrigError(f"dataset {name} is not the same on every node: " + "; ".join(why[:8]) +
                             (f" (and {len(why) - 8} more)" if len(why) > 8 else "") +
-                            f"; run `torchrig data push PATH --name {name}` to repair it")
+                            f"; run `torchrig data.push PATH --name {name}` to repair it")
     return dataset_path((hosts or fleet.hosts)[0].settings.data_dir, name)
 
 
