@@ -56,7 +56,7 @@ WORKER = "'^/opt/torchrig/venv/bin/python[0-9.]* -u train.py'"  # pgrep -f: a jo
 # provisioned; the testbed's down/up before the file that wants a fresh host again; Slurm last.
 FILE_ORDER = [
     "test_provision.py", "test_verify.py", "test_ssh.py", "test_fetch.py", "test_launch.py",
-    "test_user_project.py",
+    "test_user_project.py", "test_data.py",
     "test_logs_hostile_files.py", "test_launch_hardening.py", "test_launch_failures.py",
     "test_jobs_listing.py", "test_metrics_node_exporter.py", "test_tensorboard_service.py", "test_error_messages.py",
     "test_probe_caps.py", "test_testbed_hosts.py", "test_secrets_on_hosts.py",
@@ -111,6 +111,22 @@ def sh(inv, host, cmd, sudo=True, check=True) -> str:
     if check and r.returncode != 0:
         raise AssertionError(f"{cmd!r} on {host} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
     return "\n".join(re.findall(rf"^{re.escape(host)} +\| ?(.*)$", r.stdout, re.M))
+
+
+def cut_ssh(inv, host, user, pattern) -> str:
+    """Kill the SSH connection a transfer runs over: the process of `user` matching `pattern`
+    (pgrep -f), then every sshd process of its connection up to the listener (kill -9): the
+    TCP connection really drops. Returns "user U" and "killed PIDS" lines."""
+    return sh(inv, host, rf"""p=$(pgrep -u {user} -f '{pattern}' | head -1); [ -n "$p" ] || exit 9
+echo "user $(ps -o user= -p "$p")"
+l=$(systemctl show -p MainPID --value ssh); k=
+while [ "$p" -gt 1 ]; do
+  pp=$(awk '{{print $4}}' /proc/$p/stat)
+  [ "$(cat /proc/$p/comm)" = sshd ] && k="$k $p"
+  [ "$pp" = "$l" ] && break
+  p=$pp
+done
+echo "killed$k"; kill -9 $k""")
 
 
 def write_inventory(tmp_path, doc, name="inv.yml") -> Path:

@@ -9,23 +9,10 @@ import json
 
 import pytest
 
-from conftest import invoke, invoke_bg, launch, sh, wait_unit_ended, wait_until
+from conftest import cut_ssh, invoke, invoke_bg, launch, sh, wait_unit_ended, wait_until
 
 NODE, JOB = "gpu1", "t-fetch"
 DIR = f"/srv/torchrig/checkpoints/{JOB}"
-# the node side of a transfer: its process (root's, sending its private snapshot of the
-# checkpoint), then every sshd process of its connection up to the listener, killed: the TCP
-# connection really drops
-CUT = r"""p=$(pgrep -u root -f 'torchrig-fetch send' | head -1); [ -n "$p" ] || exit 9
-echo "user $(ps -o user= -p "$p")"
-l=$(systemctl show -p MainPID --value ssh); k=
-while [ "$p" -gt 1 ]; do
-  pp=$(awk '{print $4}' /proc/$p/stat)
-  [ "$(cat /proc/$p/comm)" = sshd ] && k="$k $p"
-  [ "$pp" = "$l" ] && break
-  p=$pp
-done
-echo "killed$k"; kill -9 $k"""
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +62,8 @@ def test_fetch_resumes_after_the_ssh_connection_is_cut(inv, tmp_path):
     try:
         wait_until("a partial file of 200 kB", lambda: any(
             x.stat().st_size > 200_000 for x in tmp_path.glob(".ckpt_00000020.pt.*.part")), 60, 0.2)
-        cut = sh(inv, NODE, CUT)
+        # the node side: root's process sending its private snapshot of the checkpoint
+        cut = cut_ssh(inv, NODE, "root", "torchrig-fetch send")
         out, err = p.communicate(timeout=120)
     finally:
         p.kill()

@@ -22,6 +22,7 @@ def data_push(c, path, name=None, inventory=None, host=None, bwlimit=None, json_
               accept_new_host_keys=False):
     """Send a file or folder to every selected node's <data_dir>/NAME: each byte once from
     here, then node to node; resumed after a cut, verified, switched in only when complete."""
+    _not_help("push", path)
     return _push(c, path, name, inventory, host, bwlimit, json_, accept_new_host_keys)
 
 
@@ -40,7 +41,50 @@ def data_rm(c, name=None, inventory=None, host=None, json_=False, accept_new_hos
     return _rm(c, name, inventory, host, json_, accept_new_host_keys)
 
 
-data = Collection("data", data_push, data_ls, data_rm)
+@fleet_task(name="pull", help={**COMMON,
+    "url": "an http:// or https:// URL of one file (user:password@ in it: basic auth)",
+    "file": "the file's name in the dataset (default: the URL's last path part)",
+    "auth_env": "the name of an `env` key of the inventory listed in `secret_env` whose value is "
+                "sent as the Authorization header (a bare token: Bearer)",
+    "bwlimit": "at most this many KiB/s per transfer between nodes (default: no limit)"})
+def data_pull(c, url, name=None, file=None, auth_env=None, inventory=None, host=None,
+              bwlimit=None, json_=False, accept_new_host_keys=False):
+    """Download one file from a URL into every selected node's <data_dir>/NAME: the first node
+    downloads it, the others copy it from the nodes that hold it; the URL and its credentials
+    reach the node on stdin only and are masked in every output."""
+    _not_help("pull", url)
+    from torchrig.datasets import run
+    from torchrig.datasets.view import live_progress
+    limit = 0 if bwlimit is None else _number("bwlimit", bwlimit, 1) * 1024
+    with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
+        red = _redactor(fleet.inv)
+        auth = _authorization(fleet.hosts[0], auth_env) if auth_env else None
+        with live_progress(sys.stderr) as progress:
+            res = run.pull(fleet, url, name, file, auth, limit,
+                           log=lambda t: _say(red.text(t), sys.stderr), progress=progress,
+                           running_users=lambda: _running_users(fleet, name))
+    _result(res, json_, red, "downloaded")
+
+
+def _not_help(task: str, value: str) -> None:
+    if value in ("-h", "--help"):  # Invoke hands it to the positional argument, not help
+        raise Exit(f"error: data.{task}: for its help: torchrig --help data.{task}", code=2)
+
+
+def _authorization(host, key: str) -> str:
+    """The Authorization header from the inventory's env key `key`, which must be masked."""
+    from torchrig.secrets import is_secret
+    s = host.settings
+    if key not in s.env:
+        raise Exit(f"error: --auth-env {key}: no such key in {host.name}'s env var", code=1)
+    if key not in s.secret_env and not is_secret(key):
+        raise Exit(f"error: --auth-env {key}: list it in the inventory's secret_env first, so "
+                   "its value is masked wherever torchrig shows it", code=1)
+    value = str(s.env[key])
+    return value if value.split(" ", 1)[0] in ("Bearer", "Basic", "token") else f"Bearer {value}"
+
+
+data = Collection("data", data_push, data_ls, data_rm, data_pull)
 
 
 def _running_users(fleet, name):
@@ -65,17 +109,21 @@ def _push(c, path, name, inventory, host, bwlimit, json_, accept_new_host_keys):
         with live_progress(sys.stderr) as progress:
             res = run.push(fleet, Path(path), name, limit, log=lambda t: _say(red.text(t), sys.stderr),
                            progress=progress, running_users=lambda: _running_users(fleet, name))
+    _result(res, json_, red, "sent from this machine")
+
+
+def _result(res, json_, red, how):
     if json_:
-        print(json.dumps(res.as_dict(), indent=2))
+        print(json.dumps(red.data(res.as_dict()), indent=2))
         return
     from torchrig.datasets.plan import human
     for f in res.fallbacks:
-        _say(f"note: sent from this machine to {red.text(f)}", sys.stderr)
+        _say(f"note: not from another node: {red.text(f)}", sys.stderr)
     for h, d in res.nodes.items():
         how = ("already there" if d.get("from") is None else f"from {d['from']}, {d['seconds']} s")
         _say(f"{h}: {how}; {'switched to' if d.get('switched') else 'holds'} {res.sha256[:16]}")
-    _say(f"dataset {res.name}: {res.files} file(s), {human(res.bytes)} on {len(res.nodes)} node(s); "
-         f"{human(res.operator_bytes)} sent from this machine")
+    _say(f"dataset {res.name}: {res.files} file(s), {human(res.bytes)} on {len(res.nodes)} node(s)"
+         + (f"; {human(res.operator_bytes)} sent from this machine" if how.startswith("sent") else ""))
 
 
 def _ls(c, name, inventory, host, full, json_, accept_new_host_keys):

@@ -8,9 +8,11 @@ that cannot be reached from its source gets its bytes from the operator instead.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 OPERATOR = ""  # the source name of a transfer from the operator's machine
+SAFE_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]{0,254}")  # data.pull's file name
 
 
 def rounds(holders: list[str], needy: list[str]) -> list[list[tuple[str, str]]]:

@@ -28,7 +28,7 @@ from ..onhost import HERE as ONHOST
 from ..quoting import sh
 from ..session import CannotConnect, Fleet, describe_error
 from . import plan
-from .manifest import Manifest, check_name, dataset_path, scan
+from .manifest import CHUNK, Manifest, build, check_name, dataset_path, scan
 
 SCRIPT = ONHOST / "data" / "node.py"
 # what `python3 -I -c` runs: the script (a length line, then its text) from stdin, so the rest
@@ -155,6 +155,7 @@ class _Push:
         self.bwlimit, self.log, self.progress = bwlimit, log, progress
         self.res = PushResult(name, manifest.sha256, len(manifest.files), manifest.size)
         self.sent_lock = threading.Lock()
+        self.download: dict | None = None  # data.pull: the request a node downloads with
 
     def state(self, host: Host) -> dict:
         return last(call(self.fleet, host, {"op": "state", "name": self.name,
@@ -288,43 +289,89 @@ def push(fleet: Fleet, source: Path, name: str, bwlimit: int, log: Callable[[str
     m, local = scan(source)
     log(f"{len(m.files)} file(s), {plan.human(m.size)}, manifest {m.sha256[:16]}")
     p = _Push(fleet, m, local, name, bwlimit, log, progress or Progress())
+    return _distribute(p, running_users)
+
+
+def pull(fleet: Fleet, url: str, name: str, file_name: str | None, authorization: str | None,
+         bwlimit: int, log: Callable[[str], None], progress: Progress | None = None,
+         running_users: Callable[[], list[str]] | None = None) -> PushResult:
+    """data.pull: the first selected node downloads the URL (credentials on its stdin only),
+    then the others get it from the nodes that hold it, as a push's fan-out does; a node that
+    cannot reach one downloads it itself."""
+    from urllib.parse import unquote, urlsplit
+    name = check_name(name)
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise TorchrigError(f"data.pull: {url!r} is not an http:// or https:// URL")
+    file_name = file_name or unquote(parts.path.rstrip("/").rsplit("/", 1)[-1])
+    if not file_name or not plan.SAFE_FILE.fullmatch(file_name):
+        raise TorchrigError(f"data.pull: the file's name {file_name!r} is not a plain file name; "
+                            "give one with --file NAME")
+    seed = fleet.hosts[0]
+    progress = progress or Progress()
+    progress.start(seed.name, 0, parts.hostname)
+    request = {"op": "download", "url": url, "authorization": authorization, "chunk": CHUNK}
+    t0 = time.monotonic()
+    entry = last(call(fleet, seed, request, timeout=None,
+                      on_line=lambda o: "bytes" in o and progress.set(seed.name, o["bytes"])),
+                 "entry")["entry"]
+    progress.nodes[seed.name]["total"] = entry["size"]
+    progress.set(seed.name, entry["size"], "received")
+    m = build([{"path": file_name, **entry}])
+    log(f"{seed.name}: downloaded {plan.human(entry['size'])} (sha256 {entry['sha256'][:16]}) "
+        f"in {time.monotonic() - t0:.1f} s")
+    p = _Push(fleet, m, {}, name, bwlimit, log, progress)
+    p.download = request
+    p.res.nodes[seed.name] = {"from": parts.hostname, "seconds": round(time.monotonic() - t0, 2)}
+    return _distribute(p, running_users)
+
+
+def _distribute(p: _Push, running_users: Callable[[], list[str]] | None) -> PushResult:
+    """Every selected node gets what it lacks (the seed from here, then node to node), then
+    every node switches; or, when any node failed, none does."""
+    fleet, m, name, log = p.fleet, p.m, p.name, p.log
     hosts = {h.name: h for h in fleet.hosts}
     states = fleet.fan_out(p.state)
     down = [f"{r.host}: {r.error}" for r in states if not r.ok]
     if down:
-        raise TorchrigError("data push: " + "; ".join(down))
+        raise TorchrigError("data: " + "; ".join(down))
     st = {r.host: r.value for r in states}
     if running_users and any(s["current"] != m.sha256[:16] for s in st.values()):
         jobs = running_users()
         if jobs:
             raise TorchrigError(f"dataset {name} is used by running job(s) {', '.join(jobs)}: "
-                                "a push would change it under them; stop them first, or push "
-                                "under another --name")
+                                "changing it under them is refused; stop them first, or use "
+                                "another --name")
     holders = [h for h, s in st.items() if not s["todo"]]
     needy = [h for h, s in st.items() if s["todo"]]
     for h in holders:
-        p.res.nodes[h] = {"from": None, "seconds": 0.0}
+        p.res.nodes.setdefault(h, {"from": None, "seconds": 0.0})
+
+    def one(pair):
+        src, dst = pair
+        if src != plan.OPERATOR and p.relay(hosts[src], hosts[dst], st[dst]["todo"]):
+            return
+        if src != plan.OPERATOR:
+            gone = p.res.fallbacks[-1].split(": ", 1)[1]
+            log(f"{dst}: cannot get it from {src} ({gone}); "
+                + ("it downloads it itself" if p.download else "sending it from this machine"))
+        if p.download:
+            call(fleet, hosts[dst], p.download, timeout=None)
+            p.res.nodes[dst] = {"from": "its own download"}
+            return
+        p.upload(hosts[dst], p.state(hosts[dst])["todo"] if src != plan.OPERATOR else st[dst]["todo"])
+
     for pairs in plan.rounds(holders, needy):
-        def one(pair):
-            src, dst = pair
-            todo = st[dst]["todo"]
-            if src != plan.OPERATOR and p.relay(hosts[src], hosts[dst], todo):
-                return
-            if src != plan.OPERATOR:
-                log(f"{dst}: cannot get it from {src} ({p.res.fallbacks[-1].split(': ', 1)[1]}); "
-                    "sending it from this machine")
-                todo = p.state(hosts[dst])["todo"]
-            p.upload(hosts[dst], todo)
         done = fleet.fan_out(one, pairs, name=lambda pair: pair[1])
         failed = [f"{r.host}: {r.error}" for r in done if not r.ok]
         if failed:
-            raise TorchrigError("data push: nothing switched (what arrived is kept for the next "
-                                "push): " + "; ".join(failed))
+            raise TorchrigError("data: nothing switched (what arrived is kept for the next "
+                                "try): " + "; ".join(failed))
     commits = fleet.fan_out(lambda h: call(fleet, h, {"op": "commit", "name": name,
                                                      "manifest": m.doc, "sha256": m.sha256})[-1])
     failed = [f"{r.host}: {r.error}" for r in commits if not r.ok]
     if failed:
-        raise TorchrigError("data push: " + "; ".join(failed))
+        raise TorchrigError("data: " + "; ".join(failed))
     for r in commits:
         p.res.nodes.setdefault(r.host, {})["switched"] = r.value.get("switched", False)
     return p.res

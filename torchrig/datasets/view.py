@@ -28,7 +28,7 @@ def live_progress(stream):
             if host not in tasks:
                 from ..terminal import markup
                 tasks[host] = bars.add_task(markup(f"{host} <- {d['source']}"), total=d["total"])
-            bars.update(tasks[host], completed=d["done"], total=d["total"])
+            bars.update(tasks[host], completed=d["done"], total=d["total"] or None)
 
         with bars:
             yield Progress(show)
@@ -39,7 +39,7 @@ def live_progress(stream):
 
     def line(host: str, d: dict) -> None:
         now = time.monotonic()
-        finished = d["done"] >= d["total"]
+        finished = d["state"] == "received" or 0 < d["total"] <= d["done"]
         if not finished and now - shown.get(host, 0) < PLAIN_EVERY_S:
             return
         if finished and shown.get(host) == -1:
@@ -54,6 +54,8 @@ def progress_line(host: str, d: dict, now: float) -> str:
     """gpu2: 512.0 MiB of 1.0 GiB from gpu1, 110.2 MiB/s, ETA 5 s"""
     took = max(now - d["t0"], 1e-6)
     rate = d["done"] / took
+    if not d["total"]:  # a download of a size not known yet
+        return f"{host}: {human(d['done'])} from {d['source']}, {human(rate)}/s"
     left = d["total"] - d["done"]
     eta = f"ETA {left / rate:.0f} s" if rate > 0 and left > 0 else (
         "done" if left <= 0 else "ETA ?")

@@ -22,6 +22,7 @@ half-written. Ops (JSON reply on stdout, or JSON lines for the long ones; a refu
   commit   the version from objects, then the switch; the replaced version's objects go
   ls       the datasets here, each checked (sizes and stat records; "full": re-hashed)
   rm       a dataset, and its objects no other dataset uses
+  download one file from an HTTP(S) URL into the store (data.pull's first node)
 """
 import errno
 import fcntl
@@ -436,6 +437,83 @@ def send_fd(fd, conn, offset, size, bwlimit):
     return sent
 
 
+# ---- downloading: one file from an HTTP(S) URL (`data.pull`) --------------------------------
+
+def op_download(req, store):
+    """The URL's body into the store, hashed as it arrives (and per chunk): the manifest entry.
+    The URL and its credentials came on stdin; an Authorization header is not sent on to
+    another host by a redirect."""
+    import base64
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+    parts = urllib.parse.urlsplit(req["url"])
+    if parts.scheme not in ("http", "https"):
+        fail("only http:// and https:// URLs")
+    headers = {"User-Agent": "torchrig-data"}
+    if parts.username is not None:  # user:password@ in the URL: HTTP basic auth, not in the URL
+        pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+        parts = parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else ""))
+    if req.get("authorization"):
+        headers["Authorization"] = req["authorization"]
+    host = parts.hostname
+
+    class SameHostAuth(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, r, fp, code, msg, hdrs, newurl):
+            new = super().redirect_request(r, fp, code, msg, hdrs, newurl)
+            if new is not None and urllib.parse.urlsplit(newurl).hostname != host:
+                new.remove_header("Authorization")
+            return new
+
+    opener = urllib.request.build_opener(SameHostAuth)
+    lock = store.lock()
+    fd, tmp = tempfile.mkstemp(dir=os.path.join(store.top, "incoming"), prefix=".download-")
+    try:
+        try:
+            resp = opener.open(urllib.request.Request(urllib.parse.urlunsplit(parts),
+                                                      headers=headers), timeout=60)
+        except urllib.error.HTTPError as e:
+            fail(f"the server answered HTTP {e.code} {e.reason}")
+        except (urllib.error.URLError, OSError) as e:
+            fail(f"cannot download it ({getattr(e, 'reason', e)})")
+        chunk, h, ch, chunks, size, in_ch, last = req["chunk"], hashlib.sha256(), hashlib.sha256(), [], 0, 0, time.monotonic()
+        while True:
+            b = resp.read(min(IO, chunk - in_ch))
+            if not b:
+                break
+            view = memoryview(b)
+            while view:
+                view = view[os.write(fd, view):]
+            h.update(b)
+            ch.update(b)
+            size += len(b)
+            in_ch += len(b)
+            if in_ch == chunk:
+                chunks.append(ch.hexdigest())
+                ch, in_ch = hashlib.sha256(), 0
+            if time.monotonic() - last > 1:
+                last = time.monotonic()
+                out({"bytes": size})
+        if in_ch:
+            chunks.append(ch.hexdigest())
+        os.fsync(fd)
+        os.fchmod(fd, 0o444)
+        st = os.fstat(fd)
+        sha = h.hexdigest()
+        os.replace(tmp, store.obj(sha))
+        tmp = None
+        index = store.index()
+        index[sha] = stat_record(st)
+        store.save_index(index)
+        return {"entry": {"size": size, "sha256": sha, "chunks": chunks}}
+    finally:
+        os.close(fd)
+        if tmp:
+            os.unlink(tmp)
+        os.close(lock)
+
+
 # ---- versions ---------------------------------------------------------------------------
 
 def set_dir(store, name):
@@ -633,7 +711,7 @@ def main(req):
         fail(f"{req['name']!r} is not a dataset name")
     store = Store(req["data_dir"])
     ops = {"state": op_state, "recv": op_recv, "pull": op_pull, "serve": op_serve,
-           "commit": op_commit, "ls": op_ls, "rm": op_rm}
+           "commit": op_commit, "ls": op_ls, "rm": op_rm, "download": op_download}
     reply = ops[req["op"]](req, store)
     if reply is not None:
         out(reply)
