@@ -103,9 +103,10 @@ def test_a_second_push_sends_nothing(staged):
 
 def test_a_file_corrupted_by_hand_is_found_refused_by_launch_and_repaired(staged, tmp_path):
     inv, src, _, _ = staged
-    # same size, new bytes: only the push's records (and a full re-hash) can tell
-    sh(inv, "gpu4", f"runuser -u torchrig -- python3 -c \"f=open('{DATA}/corpus/shard3/part8.txt',"
-                    "'r+b'); f.write(b'garbage')\"")
+    # same size, new bytes (by root: the stored files are read-only, 0444, to the service user
+    # too): only the push's records (and a full re-hash) can tell
+    sh(inv, "gpu4", f"python3 -c \"f=open('{DATA}/corpus/shard3/part8.txt', 'r+b'); "
+                    "f.write(b'garbage')\"")
     ls = data(inv, "ls", "--name", "corpus")
     assert ls.returncode == 1
     assert "gpu4" in ls.stdout and "shard3/part8.txt" in ls.stdout and "nodes differ" in ls.stdout
@@ -204,3 +205,61 @@ def test_rm_waits_for_the_job_that_uses_the_dataset(staged, tmp_path):
     for h in HOSTS:
         assert sh(inv, h, f"test -e {DATA}/corpus || test -e {DATA}/.torchrig/sets/corpus "
                           "|| echo gone") == "gone"
+
+
+def test_pull_downloads_once_and_fans_out_with_credentials_never_shown(staged, tmp_path):
+    """A server that refuses requests without its Basic credentials; the URL carries them.
+    The file reaches every node (downloaded by one), and the password is in no output and in
+    no process's command line on this machine (the testbed hosts' processes included)."""
+    import base64
+    import threading
+    from functools import partial
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    from conftest import sample_argv
+    from torchrig.testbed.paths import GATEWAY_IP
+    inv = staged[0]
+    user, pw = "reader", "pUllS3cr3t"
+    want = "Basic " + base64.b64encode(f"{user}:{pw}".encode()).decode()
+    (tmp_path / "tok.bin").write_bytes(os.urandom(6 << 20))
+    gets = []
+
+    class Handler(SimpleHTTPRequestHandler):
+        def do_GET(self):
+            ok = self.headers.get("Authorization") == want
+            gets.append((self.client_address[0], ok))
+            if not ok:
+                self.send_response(401)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            super().do_GET()
+
+        def log_message(self, *a):
+            pass
+
+    httpd = ThreadingHTTPServer((GATEWAY_IP, 0), partial(Handler, directory=str(tmp_path)))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    stop_sampling, seen = threading.Event(), set()
+    sampler = threading.Thread(target=sample_argv, args=(stop_sampling, seen), daemon=True)
+    sampler.start()
+    url = f"http://{user}:{pw}@{GATEWAY_IP}:{httpd.server_address[1]}/tok.bin"
+    try:
+        r = data(inv, "pull", url, "--name", "pulled", "--json")
+        bad = data(inv, "pull", url.replace(pw, "wR0ngPw9"), "--name", "pulled2", hosts="gpu1")
+    finally:
+        stop_sampling.set()
+        sampler.join()
+        httpd.shutdown()
+        httpd.server_close()
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert [ok for _, ok in gets].count(True) == 1, gets  # one download, then node to node
+    assert sorted(d["from"] for d in res["nodes"].values()).count(GATEWAY_IP) == 1, res
+    sha = hashlib.sha256((tmp_path / "tok.bin").read_bytes()).hexdigest()
+    for h in HOSTS:
+        assert node_sums(inv, h, "pulled") == {"tok.bin": sha}, h
+    assert bad.returncode == 1 and "HTTP 401" in bad.stderr, bad.stderr
+    for text in (r.stdout, r.stderr, bad.stdout, bad.stderr, *seen):
+        assert pw not in text and "wR0ngPw9" not in text, text[:300]
+    assert seen, "the sampler saw no process"
