@@ -25,8 +25,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the facts (provision and launch both use them; neither imports the other)
     ("changes", ("changes",)),
     # one domain each, each a task's library: provision, verify, logs, metrics, exec, the
-    # testbed, status's trend
-    ("domains", ("provision", "verify", "logs", "metrics", "execute", "testbed", "trend")),
+    # testbed, status's trend, datasets (data.push/pull/ls/rm)
+    ("domains", ("provision", "verify", "logs", "metrics", "execute", "testbed", "trend",
+                 "datasets")),
     # a job: launch, status and stop use verify's version gate and logs' diagnosis
     ("jobs", ("launch",)),
     # what reads jobs and verify's records back: fetch, the job report, the terminal tables

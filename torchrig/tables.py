@@ -9,6 +9,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from .datasets.plan import human
 from .inventory import Host, Inventory
 from .secrets import Redactor
 from .terminal import markup
@@ -284,4 +285,20 @@ def jobs_table(rows: list[dict], now: float | None = None) -> None:
                   markup(started), markup(when),
                   "" if d["restarts"] is None else str(d["restarts"]),
                   markup(d["step"] or ""), markup(d["loss"] or ""), markup(d["workdir"] or ""))
+    console.print(t)
+
+
+def ls_table(rows: list[dict]) -> None:
+    t = Table("dataset", "node", "version", "files", "size", "check")
+    for r in rows:
+        for i, (host, c) in enumerate(r["nodes"].items()):
+            check = ("unreachable: " + c["error"] if c["error"] else "not there" if not c["sha256"]
+                     else "; ".join(c["problems"]) or "ok")
+            t.add_row(markup(r["name"]) if i == 0 else "", markup(host),
+                      (c["sha256"] or "-")[:16], str(c["files"]), human(c["bytes"]), markup(check))
+        t.add_row("", "", "", "", "", "every node agrees" if r["agree"] else
+                  "[red]nodes differ[/red]", end_section=True)
+    if not rows:
+        console.print("no datasets on the selected hosts")
+        return
     console.print(t)

@@ -136,7 +136,7 @@ def _ls(c, name, inventory, host, full, json_, accept_new_host_keys):
     if json_:
         print(json.dumps(red.data(rows), indent=2))
     else:
-        from torchrig.datasets.view import ls_table
+        from torchrig.tables import ls_table
         ls_table(rows)
     unreachable = [f"{h}: {v}" for h, v in found.items() if isinstance(v, str)]
     bad = [r["name"] for r in rows if not r["agree"]]

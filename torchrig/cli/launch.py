@@ -53,6 +53,11 @@ from .logs import logs
             "partition": "slurm: the partition (default: the cluster's default one)",
             "time": "slurm: the job's time limit (e.g. 2:00:00); the payload gets SIGTERM "
                     "2 minutes before it, to checkpoint",
+            "data": "a dataset pushed with `torchrig data.push`: checked on every node before "
+                    "anything starts (same version, files as pushed), given to the job as "
+                    "TORCHRIG_DATA (the payload's --data default)",
+            "data_verify": "quick (sizes and the push's records; the default) or full (every "
+                           "file re-hashed on every node)",
             "spec": "a job file (YAML; docs/jobs.md, jobs/example.yml) giving these flags' "
                     "values; a flag given on the command line wins (--env: per key)"})
 def launch(c, inventory=None, host=None, nodes=None, nproc_per_node=None, script=None,
@@ -60,7 +65,7 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node=None, script
            start_timeout=None, rdzv_timeout=None, exit_barrier_timeout=None,
            backend=None, partition=None, time=None, workdir=None, module=None,
            requirements=None, allow_torch_change=False, spec=None, accept_new_host_keys=False,
-           early_fail_window=None):
+           early_fail_window=None, data=None, data_verify=None):
     """Run a torchrun DDP job under systemd (or Slurm) on the nodes: everywhere or nowhere."""
     from torchrig.launch import service, spec as job_spec
     given = {k: v for k, v in locals().items() if k in job_spec.FLAGS}  # None: not given

@@ -84,23 +84,3 @@ def ls_rows(found: dict[str, list[dict] | str], name: str | None) -> list[dict]:
                                         "problems": c.problems, "error": c.error}
                                for c in copies}})
     return rows
-
-
-def ls_table(rows: list[dict]) -> None:
-    from rich.table import Table
-
-    from ..tables import console
-    from ..terminal import markup
-    t = Table("dataset", "node", "version", "files", "size", "check")
-    for r in rows:
-        for i, (host, c) in enumerate(r["nodes"].items()):
-            check = ("unreachable: " + c["error"] if c["error"] else "not there" if not c["sha256"]
-                     else "; ".join(c["problems"]) or "ok")
-            t.add_row(markup(r["name"]) if i == 0 else "", markup(host),
-                      (c["sha256"] or "-")[:16], str(c["files"]), human(c["bytes"]), markup(check))
-        t.add_row("", "", "", "", "", "every node agrees" if r["agree"] else
-                  "[red]nodes differ[/red]", end_section=True)
-    if not rows:
-        console.print("no datasets on the selected hosts")
-        return
-    console.print(t)
