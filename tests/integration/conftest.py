@@ -196,7 +196,13 @@ def steps_of(data, host):
 
 # ---- jobs ------------------------------------------------------------------------------------
 
-def launch(inv, job, *args, hosts=NODES, timeout=400):
+def launch(inv, job, *args, hosts=NODES, timeout=400, early_window=False):
+    """`launch`. Without --early-fail-window in args (or early_window=True: launch's default,
+    as a user gets it), the window is 0: a launch returns when every worker runs, instead of
+    watching a job that keeps running for 10 s more. The window's own tests (and the basic
+    job's launch) give it."""
+    if not early_window and "--early-fail-window" not in args:
+        args = (*args, "--early-fail-window", "0")
     return invoke("launch", "-i", str(inv), "-H", hosts, "--job", job, *args, timeout=timeout)
 
 

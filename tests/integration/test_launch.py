@@ -58,7 +58,7 @@ def basic_job(testbed, fleet):
     """t-basic launched and followed to its end, once per file for every test that needs it
     (so each of them passes alone and in any order): (launch result, `logs -f` result)."""
     fleet.provisioned(*NODES.split(","))
-    r = launch(testbed, "t-basic", "--args", BASIC_ARGS)
+    r = launch(testbed, "t-basic", "--args", BASIC_ARGS, early_window=True)  # launch's default
     out = logs(testbed, "t-basic", "-f", timeout=300) if r.returncode == 0 else None
     return r, out
 
