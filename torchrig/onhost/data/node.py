@@ -247,9 +247,7 @@ def receive(store, sends, chunk, read, report, what):
     index = store.index()
     done = 0
     try:
-        for s in sends:
-            if not SHA_RE.fullmatch(s["sha256"]):
-                fail(f"{s['sha256']!r} is not a sha256")
+        for s in sends:  # each checked by check_request
             r = Receiving(store, s["sha256"], s["size"], s["offset"], chunk)
             try:
                 while r.at < r.size:
@@ -704,11 +702,61 @@ def op_rm(req, store):
         os.close(lock)
 
 
+def check_request(req):
+    """Refuses a request that names anything outside the store, before anything is written:
+    a dataset name that is not a plain name; a manifest path that is not a plain relative path
+    inside the dataset ('/x', '../x', 'a/../../b', '', '.', twice the same file, a file where
+    another path needs a folder, the manifest's own name); an object that is not a sha256; a
+    size or offset that is not a count."""
+    if req.get("name") is not None and not (isinstance(req["name"], str)
+                                            and NAME_RE.fullmatch(req["name"])):
+        fail(f"{req['name']!r} is not a dataset name")
+    if "manifest" in req:
+        check_manifest(req["manifest"])
+    for s in req.get("sends") or []:
+        if not (isinstance(s, dict) and is_sha(s.get("sha256")) and is_count(s.get("size"))
+                and is_count(s.get("offset")) and s["offset"] <= s["size"]):
+            fail(f"{s!r} is not an object to receive (sha256, size, offset)")
+    for sha in req.get("objects") or []:
+        if not is_sha(sha):
+            fail(f"{sha!r} is not a sha256")
+    if "chunk" in req and not is_count(req["chunk"], 1):
+        fail(f"chunk {req['chunk']!r} is not a size")
+
+
+def check_manifest(manifest):
+    if not (isinstance(manifest, dict) and isinstance(manifest.get("files"), list)
+            and is_count(manifest.get("chunk"), 1)):
+        fail("the manifest is not one (no files or chunk)")
+    paths, folders = set(), set()
+    for f in manifest["files"]:
+        path = f.get("path") if isinstance(f, dict) else None
+        parts = path.split("/") if isinstance(path, str) else [""]
+        if any(p in ("", ".", "..") or "\0" in p for p in parts) or path == MANIFEST:
+            fail(f"the manifest's path {path!r} is not a plain relative path inside the dataset")
+        if not (is_sha(f.get("sha256")) and is_count(f.get("size"))):
+            fail(f"the manifest's {path!r} has no sha256 and size")
+        if path in paths:
+            fail(f"the manifest names {path!r} twice")
+        paths.add(path)
+        folders.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    clash = sorted(paths & folders)
+    if clash:
+        fail(f"the manifest's {clash[0]!r} is both a file and a folder")
+
+
+def is_sha(v):
+    return isinstance(v, str) and SHA_RE.fullmatch(v) is not None
+
+
+def is_count(v, least=0):
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
 def main(req):
     """`req`: the request (the operator appends `main(json.loads(base64 ...))`)."""
     os.umask(0o027)
-    if "name" in req and req["name"] is not None and not NAME_RE.fullmatch(req["name"]):
-        fail(f"{req['name']!r} is not a dataset name")
+    check_request(req)
     store = Store(req["data_dir"])
     ops = {"state": op_state, "recv": op_recv, "pull": op_pull, "serve": op_serve,
            "commit": op_commit, "ls": op_ls, "rm": op_rm, "download": op_download}
