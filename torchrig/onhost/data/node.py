@@ -515,38 +515,79 @@ def op_download(req, store):
 # ---- versions ---------------------------------------------------------------------------
 
 def set_dir(store, name):
-    return os.path.join(store.top, "sets", name)
+    """sets/NAME, to write in: refused when it is something else than a folder (a link is
+    never followed)."""
+    path = os.path.join(store.top, "sets", name)
+    if os.path.lexists(path) and not stat.S_ISDIR(os.lstat(path).st_mode):
+        fail(f"{path} is not a folder; move it away")
+    return path
 
 
-def current_version(store, name):
-    """The version NAME points at (its 16-hex folder name), None if none; refuses a NAME that
-    is something else (a folder the user made by hand)."""
+def link_version(store, name):
+    """(the version NAME points at (its 16-hex folder name), None); (None, None) when there is
+    no NAME; (None, why) when NAME is something else (a folder, or a link the user made:
+    neither followed nor listed)."""
     link = os.path.join(store.data, name)
     try:
         st = os.lstat(link)
     except FileNotFoundError:
-        return None
+        return None, None
     if not stat.S_ISLNK(st.st_mode):
-        fail(f"{link} exists and is not a torchrig dataset; move it away or choose another --name")
+        return None, f"{link} exists and is not a torchrig dataset"
     target = os.readlink(link)
     m = re.fullmatch(r"\.torchrig/sets/" + re.escape(name) + r"/([0-9a-f]{16})", target)
     if not m:
-        fail(f"{link} points at {target!r}, not at a torchrig dataset; move it away or choose "
-             "another --name")
-    return m.group(1)
+        return None, f"{link} points at {target!r}, not at a torchrig dataset"
+    return m.group(1), None
+
+
+def current_version(store, name):
+    """The version NAME points at, None if none; refuses a NAME that is something else."""
+    version, why = link_version(store, name)
+    if why:
+        fail(f"{why}; move it away or choose another --name")
+    return version
+
+
+def open_in(top, rel, flags=os.O_RDONLY):
+    """`rel` (a/b/c) under the folder `top`, one step at a time, following no symlink on the
+    way or at the end (ELOOP or ENOTDIR) and never going up ('..': EINVAL): what a version
+    holds is the service user's to change, so a job may have planted a link anywhere in it."""
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise OSError(errno.EINVAL, "not a plain relative path")
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for d in parts[:-1]:
+            sub = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+        return os.open(parts[-1], flags | os.O_NOFOLLOW, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def not_opened(e):
+    return ("missing" if e.errno == errno.ENOENT else
+            "a symlink, or not a folder on its way (not followed)"
+            if e.errno in (errno.ELOOP, errno.ENOTDIR) else e.strerror)
 
 
 def read_manifest(store, name, version):
-    path = os.path.join(set_dir(store, name), version, MANIFEST)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = open_in(store.top, f"sets/{name}/{version}/{MANIFEST}")
     except OSError as e:
-        return None, f"its manifest cannot be read ({e.strerror})"
+        return None, f"its manifest cannot be read ({not_opened(e)})"
     try:
         with os.fdopen(fd) as f:
-            return json.load(f), None
+            doc = json.load(f)
     except ValueError:
         return None, "its manifest is not JSON"
+    if not (isinstance(doc, dict) and isinstance(doc.get("stat"), dict)
+            and isinstance(doc.get("manifest"), dict)
+            and isinstance(doc["manifest"].get("files"), list)):
+        return None, "its manifest is not one torchrig wrote"
+    return doc, None
 
 
 def check_version(store, name, version, full=False):
@@ -555,15 +596,13 @@ def check_version(store, name, version, full=False):
     doc, why = read_manifest(store, name, version)
     if doc is None:
         return None, [why]
-    root = os.path.join(set_dir(store, name), version)
     problems = []
     for f in doc["manifest"]["files"]:
-        path = os.path.join(root, f["path"])
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = open_in(store.top, f"sets/{name}/{version}/{f['path']}",
+                         os.O_RDONLY | os.O_NONBLOCK)
         except OSError as e:
-            problems.append(f"{f['path']}: " + ("missing" if e.errno == errno.ENOENT else
-                                               "a symlink" if e.errno == errno.ELOOP else e.strerror))
+            problems.append(f"{f['path']}: {not_opened(e)}")
             continue
         try:
             st = os.fstat(fd)
@@ -644,7 +683,11 @@ def drop_versions(store, name, keep, index):
         doc, _ = read_manifest(store, name, v)
         if doc:
             shas |= {f["sha256"] for f in doc["manifest"]["files"]}
-        shutil.rmtree(os.path.join(sdir, v))
+        path = os.path.join(sdir, v)
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path)
+        else:  # not a version: something put there by hand
+            os.unlink(path)
     dropped = 0
     for sha in shas:
         try:
@@ -670,9 +713,10 @@ def clean_parts(store):
 
 
 def op_ls(req, store):
+    # every dataset: the links of this store only; a link or folder a user put in the data
+    # folder is neither followed nor listed (nor does it fail the listing of the others)
     names = [req["name"]] if req.get("name") else sorted(
-        n for n in os.listdir(store.data)
-        if NAME_RE.fullmatch(n) and os.path.islink(os.path.join(store.data, n)))
+        n for n in os.listdir(store.data) if NAME_RE.fullmatch(n) and link_version(store, n)[0])
     found = []
     for name in names:
         version = current_version(store, name)
