@@ -301,8 +301,13 @@ def pull(fleet: Fleet, url: str, name: str, file_name: str | None, authorization
     from urllib.parse import unquote, urlsplit
     name = check_name(name)
     parts = urlsplit(url)
+    # the URL itself is in no message: its user:password@ would be
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise TorchrigError(f"data.pull: {url!r} is not an http:// or https:// URL")
+        raise TorchrigError("data.pull: the URL is not an http:// or https:// URL with a host")
+    try:
+        parts.port
+    except ValueError as e:
+        raise TorchrigError(f"data.pull: the URL's port: {e}") from None
     file_name = file_name or unquote(parts.path.rstrip("/").rsplit("/", 1)[-1])
     if not file_name or not plan.SAFE_FILE.fullmatch(file_name):
         raise TorchrigError(f"data.pull: the file's name {file_name!r} is not a plain file name; "

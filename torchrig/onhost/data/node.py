@@ -442,17 +442,23 @@ def op_download(req, store):
     The URL and its credentials came on stdin; an Authorization header is not sent on to
     another host by a redirect."""
     import base64
+    import http.client
     import urllib.error
     import urllib.parse
     import urllib.request
     parts = urllib.parse.urlsplit(req["url"])
-    if parts.scheme not in ("http", "https"):
+    if parts.scheme not in ("http", "https") or not parts.hostname:
         fail("only http:// and https:// URLs")
+    try:
+        port = parts.port
+    except ValueError as e:
+        fail(f"the URL's port: {e}")
     headers = {"User-Agent": "torchrig-data"}
     if parts.username is not None:  # user:password@ in the URL: HTTP basic auth, not in the URL
         pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
         headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
-        parts = parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else ""))
+        bare = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname  # IPv6
+        parts = parts._replace(netloc=bare + (f":{port}" if port else ""))
     if req.get("authorization"):
         headers["Authorization"] = req["authorization"]
     host = parts.hostname
@@ -473,11 +479,19 @@ def op_download(req, store):
                                                       headers=headers), timeout=60)
         except urllib.error.HTTPError as e:
             fail(f"the server answered HTTP {e.code} {e.reason}")
-        except (urllib.error.URLError, OSError) as e:
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
             fail(f"cannot download it ({getattr(e, 'reason', e)})")
         chunk, h, ch, chunks, size, in_ch, last = req["chunk"], hashlib.sha256(), hashlib.sha256(), [], 0, 0, time.monotonic()
+
+        def read(n):
+            try:
+                return resp.read(n)
+            except (http.client.HTTPException, OSError) as e:  # a reset, a timeout, a cut chunk
+                why = getattr(e, "strerror", None) or str(e) or type(e).__name__
+                fail(f"the download broke off after {size} bytes ({why})")
+
         while True:
-            b = resp.read(min(IO, chunk - in_ch))
+            b = read(min(IO, chunk - in_ch))
             if not b:
                 break
             view = memoryview(b)
@@ -493,6 +507,8 @@ def op_download(req, store):
             if time.monotonic() - last > 1:
                 last = time.monotonic()
                 out({"bytes": size})
+        if resp.length:  # http.client ends a body cut short of its Content-Length silently
+            fail(f"the server closed the connection after {size} of {size + resp.length} bytes")
         if in_ch:
             chunks.append(ch.hexdigest())
         os.fsync(fd)
