@@ -224,8 +224,9 @@ class _Push:
                             time.sleep(ahead)
 
     # a node -> a node, over the cluster network
-    def relay(self, src: Host, dst: Host, todo: list[dict]) -> bool:
-        """False when dst could not get the bytes from src (the caller sends them from here)."""
+    def relay(self, src: Host, dst: Host, todo: list[dict]) -> str | None:
+        """None when dst got the bytes from src; else why it could not (the caller sends them
+        from here)."""
         from ..provision.firewall import resolve
         token = secrets.token_hex(32)
         ready, end = threading.Event(), threading.Event()
@@ -257,8 +258,7 @@ class _Push:
         try:
             ready.wait(120)
             if "port" not in served:
-                self.res.fallbacks.append(f"{dst.name}: {served.get('unreachable', 'no transfer server')}")
-                return False
+                return self._fallback(dst, served.get("unreachable", "no transfer server"))
             self.progress.start(dst.name, sum(t["size"] - t["offset"] for t in todo), src.name)
             base = self.progress.nodes[dst.name]["done"]
             lines = call(self.fleet, dst, {"op": "pull", "peer": src.address, "port": served["port"],
@@ -270,14 +270,17 @@ class _Push:
             server.join(30)
         gone = last(lines, "unreachable")
         if gone:
-            self.res.fallbacks.append(f"{dst.name}: {gone['unreachable']}")
-            return False
+            return self._fallback(dst, gone["unreachable"])
         bad = [o for o in lines if "bad" in o]
         if bad:
             raise TorchrigError(f"{dst.name}: from {src.name}: {bad[0]['why']}")
         self.progress.set(dst.name, self.progress.nodes[dst.name]["total"], "received")
         self.res.nodes[dst.name] = {"from": src.name, "seconds": round(time.monotonic() - t0, 2)}
-        return True
+        return None
+
+    def _fallback(self, dst: Host, why: str) -> str:
+        self.res.fallbacks.append(f"{dst.name}: {why}")
+        return why
 
 
 def push(fleet: Fleet, source: Path, name: str, bwlimit: int, log: Callable[[str], None],
@@ -354,10 +357,11 @@ def _distribute(p: _Push, running_users: Callable[[], list[str]] | None) -> Push
 
     def one(pair):
         src, dst = pair
-        if src != plan.OPERATOR and p.relay(hosts[src], hosts[dst], st[dst]["todo"]):
-            return
         if src != plan.OPERATOR:
-            gone = p.res.fallbacks[-1].split(": ", 1)[1]
+            # this pair's own reason (pairs of a round run at once: fallbacks[-1] may be another's)
+            gone = p.relay(hosts[src], hosts[dst], st[dst]["todo"])
+            if gone is None:
+                return
             log(f"{dst}: cannot get it from {src} ({gone}); "
                 + ("it downloads it itself" if p.download else "sending it from this machine"))
         if p.download:

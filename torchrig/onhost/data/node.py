@@ -297,7 +297,7 @@ def op_pull(req, store):
         return
     sock.settimeout(120)
     f = sock.makefile("rb")
-    sock.sendall((req["token"] + "\n").encode())
+    token = (req["token"] + "\n").encode()  # sent with the first request
     got = [0, time.monotonic()]
 
     def read(n):
@@ -319,12 +319,18 @@ def op_pull(req, store):
         out(obj)
 
     for s in req["sends"]:
-        sock.sendall((json.dumps({"sha256": s["sha256"], "offset": s["offset"]}) + "\n").encode())
-        head = f.readline()
+        # a peer that may not be served here, or a wrong token, is closed at once: a failed
+        # send or no answer, either way this pair's fallback, not a failed push
+        head = b""
         try:
+            sock.sendall(token + (json.dumps({"sha256": s["sha256"], "offset": s["offset"]})
+                                  + "\n").encode())
+            token = b""
+            head = f.readline()
             reply = json.loads(head)
-        except ValueError:
-            out({"unreachable": f"{req['peer']} closed the transfer ({head[:80]!r})"})
+        except (OSError, ValueError) as e:
+            why = getattr(e, "strerror", None) or (repr(head[:80]) if head else "no answer")
+            out({"unreachable": f"{req['peer']} closed the transfer ({why})"})
             return
         if "error" in reply:
             fail(f"{req['peer']}: {reply['error']}")
@@ -332,7 +338,10 @@ def op_pull(req, store):
         if cut:
             out({"unreachable": f"{req['peer']} stopped sending ({len(cut)} object cut)"})
             return
-    sock.sendall(b'{"end": true}\n')
+    try:
+        sock.sendall(b'{"end": true}\n')
+    except OSError:
+        pass  # every object is here: the server ends on its own
     sock.close()
     out({"received": total})
 
