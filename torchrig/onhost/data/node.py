@@ -85,8 +85,9 @@ class Store:
     def part(self, sha):
         return os.path.join(self.top, "incoming", sha + ".part")
 
-    def lock(self, wait=30):
-        """The store's writer lock (recv, pull, commit, rm); None when another holds it."""
+    def lock(self, wait=30, required=True):
+        """The store's writer lock (recv, pull, commit, rm, download); when another holds it
+        for `wait` seconds: a refusal, or None when not `required`."""
         fd = os.open(os.path.join(self.top, "lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         deadline = time.monotonic() + wait
         while True:
@@ -95,6 +96,9 @@ class Store:
                 return fd
             except BlockingIOError:
                 if time.monotonic() > deadline:
+                    if not required:
+                        os.close(fd)
+                        return None
                     fail("another data push or rm is writing on this node; try again when it ends")
                 time.sleep(0.2)
 
@@ -122,6 +126,27 @@ class Store:
             return False
         return stat.S_ISREG(st.st_mode) and st.st_size == size and \
             index.get(sha) == [st.st_size, st.st_mtime_ns, st.st_ino]
+
+    def is_object(self, sha, st):
+        """The file of stat `st` is the store's object `sha` (a link to it, not a copy)."""
+        try:
+            o = os.lstat(self.obj(sha))
+        except FileNotFoundError:
+            return False
+        return (o.st_dev, o.st_ino) == (st.st_dev, st.st_ino)
+
+    def forget(self, sha):
+        """The object's bytes were found changed: its record goes, so the next push's state
+        lists it to send again (skipped while a writer holds the store for long)."""
+        fd = self.lock(wait=5, required=False)
+        if fd is None:
+            return
+        try:
+            index = self.index()
+            if index.pop(sha, None) is not None:
+                self.save_index(index)
+        finally:
+            os.close(fd)
 
 
 def stat_record(st):
@@ -524,11 +549,12 @@ def op_download(req, store):
         os.fchmod(fd, 0o444)
         st = os.fstat(fd)
         sha = h.hexdigest()
-        os.replace(tmp, store.obj(sha))
-        tmp = None
         index = store.index()
-        index[sha] = stat_record(st)
-        store.save_index(index)
+        if not store.have(sha, size, index):  # else the same bytes are here, verified, linked
+            os.replace(tmp, store.obj(sha))
+            tmp = None
+            index[sha] = stat_record(st)
+            store.save_index(index)
         return {"entry": {"size": size, "sha256": sha, "chunks": chunks}}
     finally:
         os.close(fd)
@@ -640,8 +666,13 @@ def check_version(store, name, version, full=False):
                 if h.hexdigest() != f["sha256"]:
                     problems.append(f"{f['path']}: sha256 {h.hexdigest()[:16]}... differs from "
                                     f"the manifest's {f['sha256'][:16]}...")
+                    if store.is_object(f["sha256"], st):  # its record still said verified
+                        store.forget(f["sha256"])
             elif doc["stat"].get(f["path"]) != stat_record(st):
                 problems.append(f"{f['path']}: changed since it was pushed (modified or replaced)")
+            elif not store.is_object(f["sha256"], st):
+                problems.append(f"{f['path']}: not the verified file any more (it was received "
+                                "again since; a push switches it in)")
         finally:
             os.close(fd)
     return doc, problems
@@ -678,8 +709,10 @@ def op_commit(req, store):
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o750)
         final = os.path.join(sdir, version)
-        if os.path.lexists(final):  # an older copy of the same version, not as recorded
-            shutil.rmtree(final)
+        if os.path.lexists(final):  # an older copy of the same version, not as recorded: set
+            # aside (dropped below with the other versions) rather than removed first, so NAME
+            # points at nothing only between two renames, not for a whole tree's removal
+            os.rename(final, tempfile.mkdtemp(prefix=".replaced-", dir=sdir))
         os.rename(tmp, final)
         # the switch: a new link renamed over the old one (atomic: a job sees old or new)
         link = os.path.join(store.data, name)
