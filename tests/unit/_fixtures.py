@@ -11,11 +11,11 @@ def fixture(name: str) -> str:
     return (FIXTURES / name).read_text()
 
 
-def tcp_server(handle) -> socket.socket:
-    """A real listening socket on 127.0.0.1; each connection goes to handle(conn) on its own
-    thread. Close the returned socket to stop it."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
+def tcp_server(handle, address: str = "127.0.0.1") -> socket.socket:
+    """A real listening socket on `address` (loopback); each connection goes to handle(conn)
+    on its own thread. Close the returned socket to stop it."""
+    srv = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
+    srv.bind((address, 0))
     srv.listen(8)
 
     def serve():
