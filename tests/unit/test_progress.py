@@ -53,6 +53,10 @@ def test_the_lines_train_writes_parse_as_documented():
     assert done.fields == {"step": "7", "ckpt": "None"} and done.note.startswith("(nothing")
     assert progress.parse("signal SIGTERM received: stopping after step 5") == (
         "signal", {}, "SIGTERM received: stopping after step 5")
+    ev = progress.parse("[default0]: eval step=400 val_loss=3.2101 windows=640 tokens=40960")
+    assert ev == ("eval", {"step": "400", "val_loss": "3.2101", "windows": "640",
+                           "tokens": "40960"}, "")
+    assert not progress.is_progress("eval step=400 val_loss=3.2")  # status shows step lines
 
 
 @pytest.mark.parametrize("text", [
