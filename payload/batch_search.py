@@ -57,13 +57,13 @@ def gpu_probe(one_step, b: int, device: torch.device) -> bool:
         return False
 
 
-def find_batch_size(cfg, ctx: DistCtx, train_step) -> int:
+def find_batch_size(cfg, ctx: DistCtx, train_step, vocab_size: int | None = None) -> int:
     """--find-batch-size: the largest per-GPU batch at which two steps of `train_step` (train.py's)
     fit, on every rank, less 10%; 0 if none does. On CUDA a size fits when it does not run out
     of memory (within --mem-budget-gb, if given); on CPU when the predicted peak memory is
-    within --mem-budget-gb."""
+    within --mem-budget-gb. vocab_size: the data's (None: the preset's)."""
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.preset, cfg.seq_len, cfg.dropout).to(ctx.device)
+    model = build_model(cfg.preset, cfg.seq_len, cfg.dropout, vocab_size).to(ctx.device)
     precision = resolve_precision(cfg.precision, ctx.device)
     opt, _ = make_optimizer(model, 1e-4, 0.0, ctx.device)
     vocab = model.config.vocab_size

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from config import TrainConfig
 from runtime import DistCtx, all_reduce_scalar, barrier, emit, log, seed_everything
+from token_format import DataError
 
 # --------------------------------------------------------------------------------------
 # Files
@@ -176,6 +177,11 @@ class Checkpointer:
         path, state = self.load_latest()
         if state is None:
             return None
+        saved = (state.get("model_config") or {}).get("vocab_size")
+        if saved is not None and saved != self.model.config.vocab_size:
+            raise DataError(f"{path}: a model of vocab_size {saved}, the data's is "
+                            f"{self.model.config.vocab_size}: resume with the data it was "
+                            f"trained on, or start afresh (another --ckpt-dir, or --no-resume)")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler is not None and state.get("scaler"):

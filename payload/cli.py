@@ -1,15 +1,21 @@
 """train.py's command line, built from TrainConfig's fields (config.py): one flag a field, and
-the checks that involve more than one option, each with one clear message."""
+the checks that involve more than one option, each with one clear message. --data defaults to
+$TORCHRIG_DATA (what `torchrig launch --data NAME` sets) when set; the data it names is checked
+here, before any process group: a bad one is one line on stderr and exit status 2."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import os
+import sys
 
 import torch
 
 from config import TrainConfig
+from data import DataError, TokenData
+
+DATA_ENV = "TORCHRIG_DATA"  # what `torchrig launch --data NAME` sets: the dataset's folder
 
 
 def flag(name: str) -> str:
@@ -42,10 +48,16 @@ def parse_args(argv=None) -> TrainConfig:
     """The run's configuration from argv; a bad value or combination exits 2 with one message."""
     parser = build_parser()
     cfg = TrainConfig(**vars(parser.parse_args(argv)))
-    if cfg.data is not None and not os.path.isfile(cfg.data):
-        parser.error(f"--data: no such file: {cfg.data}")
-    if cfg.data is not None and os.path.getsize(cfg.data) <= cfg.seq_len:
-        parser.error(f"--data: file too small for --seq-len {cfg.seq_len}")
+    where = "--data"
+    if cfg.data is None and os.environ.get(DATA_ENV):
+        cfg, where = dataclasses.replace(cfg, data=os.environ[DATA_ENV]), f"{DATA_ENV} (--data)"
+    try:
+        check_data(cfg)
+    except DataError as e:
+        print_error(f"{where}: {e}")
+        raise SystemExit(2) from None
+    if cfg.eval_every and not (cfg.data and os.path.isdir(cfg.data)):
+        parser.error("--eval-every needs a token folder (--data DIR; see prepare_data.py)")
     if cfg.profile_steps and not cfg.profile_dir:
         parser.error("--profile-steps needs --profile-dir")
     if cfg.ckpt_every and not cfg.ckpt_dir:
@@ -60,3 +72,25 @@ def parse_args(argv=None) -> TrainConfig:
     if cfg.min_lr_ratio > 1:
         parser.error("--min-lr-ratio must be <= 1")
     return cfg
+
+
+def check_data(cfg: TrainConfig):
+    """DataError unless cfg.data (when given) is a token folder the run can read or a byte-level
+    text file longer than --seq-len."""
+    if cfg.data is None:
+        return
+    if os.path.isdir(cfg.data):
+        TokenData(cfg.data, cfg.seq_len)
+    elif not os.path.isfile(cfg.data):
+        raise DataError(f"{cfg.data}: no such file or folder (a token folder from "
+                        "prepare_data.py, or a text file)")
+    elif os.path.getsize(cfg.data) <= cfg.seq_len:
+        raise DataError(f"{cfg.data}: file too small for --seq-len {cfg.seq_len}")
+
+
+def print_error(message: str):
+    """`train.py: error: MESSAGE`, one line on stderr. Every rank that fails prints it: torchrun
+    ends a group's other ranks as soon as one exits, and `torchrig logs --failures` shows
+    the failed rank's own last lines."""
+    sys.stderr.write(f"train.py: error: {message}\n")
+    sys.stderr.flush()

@@ -61,6 +61,7 @@ def _group(name):
 _model = _group("model and data")
 _batch = _group("batch and schedule")
 _device = _group("device and speed")
+_eval = _group("evaluation (token folders)")
 _ckpt = _group("checkpoints")
 _output = _group("output")
 _search = _group("batch-size search")
@@ -75,7 +76,11 @@ class TrainConfig:
                          choices=sorted(PRESETS))
     seq_len: int | None = _model(None, "tokens per sample (default: preset's, tiny 64, gpt2 1024)",
                                  pos_int)
-    data: str | None = _model(None, "byte-level text file (default: synthetic task)")
+    data: str | None = _model(
+        None, "a token folder (train.bin, val.bin, meta.json: prepare_data.py; the model's "
+              "vocabulary is meta.json's) or a byte-level text file (default: $TORCHRIG_DATA "
+              "when set, which `torchrig launch --data NAME` sets, else the synthetic task)",
+        metavar="DIR|FILE")
     synthetic_samples: int = _model(8192, "size of the synthetic data set", pos_int)
     dropout: float = _model(0.0, "dropout probability", nonneg_float)
     # batch and schedule
@@ -107,6 +112,11 @@ class TrainConfig:
                                          "uninterrupted run")
     init_timeout: float = _device(600.0, "process-group init (and collective) timeout, seconds",
                                   pos_float)
+    # evaluation
+    eval_every: int = _eval(0, "steps between evaluations on val.bin (0: only at the end)",
+                            nonneg_int, metavar="N")
+    eval_batches: int = _eval(20, "batches of --batch-size windows each rank evaluates (0: no "
+                                  "evaluation)", nonneg_int, metavar="N")
     # checkpoints
     ckpt_dir: str | None = _ckpt(None, "checkpoint folder (default: no checkpoints)")
     ckpt_every: int = _ckpt(0, "steps between checkpoints", nonneg_int)

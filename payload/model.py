@@ -133,11 +133,14 @@ class GPT(nn.Module):
         return logits, loss
 
 
-def build_model(preset: str, seq_len: int, dropout: float = 0.0) -> GPT:
+def build_model(preset: str, seq_len: int, dropout: float = 0.0,
+                vocab_size: int | None = None) -> GPT:
+    """The preset's GPT for seq_len tokens; vocab_size: the data's (a token folder's meta.json),
+    None: the preset's."""
     p = PRESETS[preset]
     cfg = GPTConfig(
         block_size=seq_len,
-        vocab_size=p["vocab_size"],
+        vocab_size=vocab_size or p["vocab_size"],
         n_layer=p["n_layer"],
         n_head=p["n_head"],
         n_embd=p["n_embd"],

@@ -9,6 +9,7 @@ A line is a kind word, then key=value fields, then optional free text (the note)
     start rank=0 local_rank=0 host=gpu1 device=cuda:0 device_name="NVIDIA H100" world_size=16 ...
     resume step=200 epoch=0 ckpt=/ckpt/ckpt_00000200.pt
     step=40 loss=2.3456 lr=3.00e-04 tok/s=12345 ... epoch=0
+    eval step=300 val_loss=1.4567 windows=640 tokens=655360
     done step=300 loss=1.2345 ckpt=/ckpt/ckpt_00000300.pt
     signal SIGTERM received: stopping after step 41
 
@@ -38,6 +39,8 @@ KINDS = {
     "resume": "rank 0: step, epoch, ckpt the run continues from",
     "step": "rank 0, every --log-every steps: step, loss, lr, throughput, memory, epoch",
     "ckpt": "rank 0: step, path, write_s of a checkpoint written",
+    "eval": "rank 0, on a token folder: step, val_loss (mean per token over every rank's "
+            "val.bin windows), windows, tokens of an evaluation",
     "signal": "rank 0: a stop was requested (note: which, and the step)",
     "done": "rank 0, last: step, loss, ckpt",
     "param_hash": "every rank, --dump-param-hash: rank, step, sha256",

@@ -107,6 +107,11 @@ class StepMetrics:
                 self.tb.add_scalar("perf/mfu", mfu, step)
         self.window_time, self.window_steps = 0.0, 0
 
+    def log_eval(self, step: int, val_loss: float):
+        """An evaluation's loss, as TensorBoard's val/loss (the eval line is train.py's)."""
+        if self.tb is not None:
+            self.tb.add_scalar("val/loss", val_loss, step)
+
     def loss_text(self) -> str:
         return "nan" if math.isnan(self.last_loss) else f"{self.last_loss:.4f}"
 

@@ -4,10 +4,11 @@
 Depends only on the Python standard library and torch. This file is the training: one step
 (train_step) and the Trainer, which makes a run's parts in __init__ and runs them in run().
 The parts live next to it: config.py (TrainConfig, every option) and cli.py (its command line),
-model.py (the GPT), data.py, optim.py (precision, optimizer, LR schedule), checkpoint.py (the
-Checkpointer), step_metrics.py (the step line, --out-json, TensorBoard, the profiler),
-runtime.py (distributed setup, the stop signal and agreement, the progress writer),
-progress.py (the output lines), batch_search.py (--find-batch-size).
+model.py (the GPT), data.py (a token folder, whose format is token_format.py's and which
+prepare_data.py makes; the synthetic task; a text file), optim.py (precision, optimizer, LR
+schedule), checkpoint.py (the Checkpointer), step_metrics.py (the step line, --out-json,
+TensorBoard, the profiler), runtime.py (distributed setup, the stop signal and agreement, the
+progress writer), progress.py (the output lines), batch_search.py (--find-batch-size).
 
 Launch (one node, 8 GPUs):
     torchrun --standalone --nproc-per-node 8 train.py --preset gpt2 --compile \
@@ -24,6 +25,8 @@ Stable, machine-readable output (progress.py's lines; rank 0 unless noted):
         (tok/s and samples/s: all ranks together, over the steps since the last line;
          mfu: per GPU, 6N+12LHQT FLOPs/token against the dense bf16/fp16 peak table; n/a if unknown)
     ckpt step=S path=PATH write_s=SECONDS
+    eval step=S val_loss=L windows=W tokens=T          (a token folder: every --eval-every steps
+        and at the end; W windows of --seq-len+1 tokens from val.bin, all ranks together)
     signal SIGTERM received: stopping after step S       (then a checkpoint at S, exit 0)
     done step=S loss=L ckpt=PATH
     done step=S ckpt=PATH (nothing to train: ...)       (resumed at or past the last step: exit 0)
@@ -44,19 +47,18 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DistributedSampler
 
 from batch_search import find_batch_size
 from checkpoint import Checkpointer
-from cli import parse_args
+from cli import parse_args, print_error
 from config import TrainConfig
-from data import ByteFileDataset, SyntheticCopyDataset, iterate_batches
+from data import DataError, TokenData, open_source, open_tokens
 from model import build_model, device_peak_flops, flops_per_token
 from optim import (autocast_ctx, enable_tf32, lr_at, make_optimizer, make_scaler, resolve_precision,
                    scaled_lr)
-from runtime import (DistCtx, StopAgreement, emit, exit_now, finish_distributed,
-                     install_signal_handlers, log, param_hash, seed_everything, set_deterministic,
-                     setup_distributed, write_json_atomic)
+from runtime import (DistCtx, StopAgreement, all_reduce_scalar, emit, exit_now,
+                     finish_distributed, install_signal_handlers, log, param_hash, seed_everything,
+                     set_deterministic, setup_distributed, write_json_atomic)
 from step_metrics import StepMetrics, StepProfiler
 
 
@@ -143,25 +145,27 @@ class Trainer:
     """One run. __init__ makes everything it holds; run() resumes, wraps the model (compile,
     DDP), loops over steps and finishes (last checkpoint, --out-json, the done line)."""
 
-    def __init__(self, cfg: TrainConfig, ctx: DistCtx):
+    def __init__(self, cfg: TrainConfig, ctx: DistCtx, tokens: TokenData | None = None):
+        """tokens: cfg.data's token folder (data.open_tokens), None for other data."""
         dev = ctx.device
         self.cfg, self.ctx, self.dev = cfg, ctx, dev
         self.dev_name = device_name(dev)
         self.precision = resolve_precision(cfg.precision, dev)
         # The model: the same init on every rank (DDP also broadcasts rank 0's parameters).
         torch.manual_seed(cfg.seed)
-        self.raw_model = build_model(cfg.preset, cfg.seq_len, cfg.dropout).to(dev)
+        self.raw_model = build_model(cfg.preset, cfg.seq_len, cfg.dropout,
+                                     tokens and tokens.vocab_size).to(dev)
         seed_everything(cfg.seed + ctx.rank)
         self.model = self.raw_model  # what steps run: run() compiles it and wraps it in DDP
         # One process has nothing to all-reduce: DDP would only add its bucket hooks, and under
         # --compile its graph splitter cuts the model into a graph per bucket.
         self.use_ddp = ctx.world_size > 1
         # The data, this rank's share of it, and the batch and schedule that follow.
-        self.dataset = (ByteFileDataset(cfg.data, cfg.seq_len) if cfg.data else
-                        SyntheticCopyDataset(cfg.synthetic_samples, cfg.seq_len, seed=cfg.seed))
-        self.sampler = DistributedSampler(self.dataset, num_replicas=ctx.world_size, rank=ctx.rank,
-                                          shuffle=True, seed=cfg.seed, drop_last=True)
-        self.plan = Plan.of(cfg, ctx.world_size, len(self.sampler))
+        self.data = open_source(cfg, ctx.rank, ctx.world_size, dev.type == "cuda", tokens)
+        self.plan = Plan.of(cfg, ctx.world_size, self.data.rank_samples)
+        # evaluation on val.bin: token folders only
+        self.evals = cfg.eval_batches if tokens is not None else 0
+        self.val_loss: float | None = None
         self.opt, self.opt_kind = make_optimizer(self.raw_model, self.plan.peak_lr,
                                                  cfg.weight_decay, dev)
         self.scaler = make_scaler(dev, self.precision)
@@ -179,7 +183,7 @@ class Trainer:
         """The exit status: 0 trained (or stopped, or nothing left to train), 2 too little data."""
         ctx, pos = self.ctx, self.pos
         if self.plan.steps_per_epoch < 1:
-            log(ctx, f"error: data set of {len(self.dataset)} samples is smaller than one global "
+            log(ctx, f"error: data set of {self.data.samples} samples is smaller than one global "
                      f"batch ({self.plan.global_batch} samples)")
             return 2
         resumed = self.ckpt.resume()
@@ -204,10 +208,7 @@ class Trainer:
         cfg, pos, plan = self.cfg, self.pos, self.plan
         self.model.train()
         while pos.step < plan.total_steps and self.stopped_by is None:
-            self.sampler.set_epoch(pos.epoch)
-            batches = iterate_batches(self.dataset, list(iter(self.sampler)), cfg.batch_size,
-                                      skip_batches=pos.step_in_epoch * cfg.grad_accum,
-                                      pin=self.dev.type == "cuda")
+            batches = self.data.batches(pos.epoch, pos.step_in_epoch, pos.step)
             while pos.step_in_epoch < plan.steps_per_epoch and pos.step < plan.total_steps:
                 self.profiler.before_step(pos.step)
                 t0 = time.perf_counter()
@@ -222,6 +223,8 @@ class Trainer:
                     emit(self.ctx, "signal", {},
                          f"{self.stopped_by} received: stopping after step {pos.step}")
                     break
+                if self.eval_due(pos.step) and not is_last:
+                    self.evaluate()
                 if self.ckpt.due(pos.step) and not is_last:
                     self.ckpt.save()
             pos.epoch, pos.step_in_epoch = pos.resume_point()
@@ -239,6 +242,31 @@ class Trainer:
         pos.step += 1
         pos.step_in_epoch += 1
         return loss_t, lr
+
+    def eval_due(self, step: int) -> bool:
+        """Whether --eval-every asks for an evaluation after `step` (the last step always
+        has one: finish())."""
+        return bool(self.evals and self.cfg.eval_every) and step % self.cfg.eval_every == 0
+
+    def evaluate(self):
+        """The loss on val.bin, per token, over --eval-batches batches of every rank (the same
+        windows each time), all-reduced; rank 0 prints the eval line. Collective. The
+        unwrapped model runs it (no DDP, no compiled graph for eval mode), without gradients."""
+        cfg, ctx, dev, model = self.cfg, self.ctx, self.dev, self.raw_model
+        model.eval()
+        total = torch.zeros((), device=dev)
+        with torch.no_grad():
+            for x, y in self.data.eval_batches(self.evals):
+                with autocast_ctx(dev, self.precision):
+                    _, loss = model(x.to(dev, non_blocking=True), y.to(dev, non_blocking=True))
+                total += loss.float()
+        model.train()
+        # every rank evaluates as many tokens: the mean of the ranks' means is the mean per token
+        self.val_loss = all_reduce_scalar(ctx, float(total) / self.evals, "sum") / ctx.world_size
+        windows = self.evals * cfg.batch_size * ctx.world_size
+        emit(ctx, "eval", {"step": self.pos.step, "val_loss": f"{self.val_loss:.4f}",
+                           "windows": windows, "tokens": windows * cfg.seq_len})
+        self.metrics.log_eval(self.pos.step, self.val_loss)
 
     def check_stop(self, t0: float) -> bool:
         """Whether the ranks agree to stop after this step, asked at check steps (the same on
@@ -265,7 +293,8 @@ class Trainer:
             "steps_per_epoch": plan.steps_per_epoch, "precision": self.precision,
             "compile": cfg.compile, "ddp": "on" if self.use_ddp else "off",
             "optimizer": f"adamw-{self.opt_kind}", "deterministic": cfg.deterministic,
-            "data": cfg.data or "synthetic", "flops_per_token": f"{m.fpt:.3e}",
+            "data": cfg.data or "synthetic", "vocab_size": self.raw_model.config.vocab_size,
+            "flops_per_token": f"{m.fpt:.3e}",
             "peak_flops": "n/a" if m.peak is None else f"{m.peak:.3g}"},
             f"(lr {cfg.lr:g} x {plan.global_batch}/{cfg.lr_ref_batch})")
 
@@ -273,6 +302,8 @@ class Trainer:
         """The last checkpoint, the parameter hashes, --out-json and the done line."""
         cfg, ctx, pos = self.cfg, self.ctx, self.pos
         self.ckpt.save()
+        if self.evals and self.stopped_by is None:
+            self.evaluate()
         wall = time.perf_counter() - self.metrics.t_start
         if cfg.dump_param_hash:
             emit(ctx, "param_hash", {"rank": ctx.rank, "step": pos.step,
@@ -301,6 +332,7 @@ class Trainer:
                 "resumed_from": self.ckpt.resumed_from,
                 "stopped_by_signal": self.stopped_by,
                 "checkpoint": self.ckpt.last_path,
+                "val_loss": self.val_loss,
                 "wall_s": wall,
             })
         self.metrics.close()
@@ -321,11 +353,12 @@ def run(cfg: TrainConfig, ctx: DistCtx) -> int:
     if ctx.device.type == "cuda":
         enable_tf32()
     seed_everything(cfg.seed + ctx.rank)
+    tokens = open_tokens(cfg)
     if cfg.find_batch_size:
-        n = find_batch_size(cfg, ctx, train_step)
+        n = find_batch_size(cfg, ctx, train_step, tokens and tokens.vocab_size)
         emit(ctx, "batch_size", {"batch_size": n})
         return 0 if n > 0 else 1
-    return Trainer(cfg, ctx).run()
+    return Trainer(cfg, ctx, tokens).run()
 
 
 def train(cfg: TrainConfig) -> int:
@@ -347,7 +380,12 @@ def train(cfg: TrainConfig) -> int:
 
 @record
 def main(argv=None) -> int:
-    return train(parse_args(argv))
+    cfg = parse_args(argv)
+    try:
+        return train(cfg)
+    except DataError as e:  # found while training (an id past meta.json's vocab_size)
+        print_error(str(e))
+        return 2
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ def _env():
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
+    env.pop("TORCHRIG_DATA", None)  # train.py's --data default: each test says its data
     return env
 
 
@@ -56,9 +57,10 @@ def _torchrun_cmd(args, nproc=2):
             str(nproc), str(TRAIN), "--device", "cpu", *map(str, args)]
 
 
-def run_torchrun(args, nproc=2, timeout=180):
-    p = subprocess.run(_torchrun_cmd(args, nproc), cwd=REPO, env=_env(), capture_output=True,
-                       text=True, timeout=timeout)
+def run_torchrun(args, nproc=2, timeout=180, env=None):
+    """torchrun of train.py on the CPU; env: variables set for it on top of _env()'s."""
+    p = subprocess.run(_torchrun_cmd(args, nproc), cwd=REPO, env={**_env(), **(env or {})},
+                       capture_output=True, text=True, timeout=timeout)
     return p
 
 
@@ -530,6 +532,7 @@ def test_help_exits_0():
     (["--profile-steps", "5"], "--profile-steps"),
     (["--profile-steps", "3:5"], "--profile-steps needs --profile-dir"),
     (["--data", "/nonexistent/file.txt"], "no such file"),
+    (["--eval-every", "5"], "--eval-every needs a token folder"),
     (["--precision", "fp16", "--device", "cpu"], "fp16 needs CUDA"),
     (["--find-batch-size", "--device", "cpu"], "--mem-budget-gb"),
     (["--preset", "huge"], "invalid choice"),
@@ -551,7 +554,8 @@ FLAGS = {
     "--min-lr-ratio": 0.1, "--warmup-steps": None, "--weight-decay": 0.1, "--clip": 1.0,
     "--max-steps": None, "--epochs": None, "--seed": 1337, "--device": "auto",
     "--precision": "auto", "--compile": False, "--deterministic": False, "--init-timeout": 600.0,
-    "--ckpt-dir": None, "--ckpt-every": 0, "--keep": 3, "--no-resume": False, "--log-every": 10,
+    "--eval-every": 0, "--eval-batches": 20, "--ckpt-dir": None, "--ckpt-every": 0, "--keep": 3,
+    "--no-resume": False, "--log-every": 10,
     "--out-json": None, "--tensorboard": None, "--profile-steps": None, "--profile-dir": None,
     "--stop-after": None, "--dump-param-hash": False, "--find-batch-size": False,
     "--mem-budget-gb": None, "--max-batch-size": 4096,

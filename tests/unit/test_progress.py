@@ -53,6 +53,10 @@ def test_the_lines_train_writes_parse_as_documented():
     assert done.fields == {"step": "7", "ckpt": "None"} and done.note.startswith("(nothing")
     assert progress.parse("signal SIGTERM received: stopping after step 5") == (
         "signal", {}, "SIGTERM received: stopping after step 5")
+    ev = progress.parse("[default0]: eval step=400 val_loss=3.2101 windows=640 tokens=40960")
+    assert ev == ("eval", {"step": "400", "val_loss": "3.2101", "windows": "640",
+                           "tokens": "40960"}, "")
+    assert not progress.is_progress("eval step=400 val_loss=3.2")  # status shows step lines
 
 
 @pytest.mark.parametrize("text", [
@@ -113,14 +117,20 @@ def _imports(path: Path) -> set[str]:
 
 def test_payload_files_import_only_each_other_stdlib_and_torch():
     """launch pushes payload/ whole, so train.py's modules travel together; verify sends
-    allreduce_bench.py alone, so it imports no payload module; progress.py needs nothing."""
+    allreduce_bench.py alone, so it imports no payload module; progress.py needs nothing;
+    prepare_data.py runs where torch may not be (a laptop): the standard library, the token
+    format, and `tokenizers` only for --bpe/--tokenizer."""
     payload = REPO / "payload"
     local = {p.stem for p in payload.glob("*.py")}
     allowed = set(sys.stdlib_module_names) | {"torch"} | local
     for p in payload.glob("*.py"):
-        assert _imports(p) <= allowed, (p.name, _imports(p) - allowed)
+        extra = {"tokenizers"} if p.name == "prepare_data.py" else set()
+        assert _imports(p) <= allowed | extra, (p.name, _imports(p) - allowed)
     assert not _imports(payload / "allreduce_bench.py") & local
     assert _imports(payload / "progress.py") <= set(sys.stdlib_module_names)
+    stdlib = set(sys.stdlib_module_names)
+    assert _imports(payload / "prepare_data.py") <= stdlib | {"token_format", "tokenizers"}
+    assert _imports(payload / "token_format.py") <= stdlib
     assert {"model", "runtime", "progress"} <= _imports(payload / "train.py") | _imports(
         payload / "runtime.py")
 
