@@ -3,7 +3,7 @@ one big file staged everywhere for about one upload from this machine (counted o
 nftables counters of the bytes reaching their sshd), verified on every node; a second push sends
 nothing; a push whose SSH connection is cut resumes and ends verified; a file corrupted by hand
 is found by data.ls and by launch --data, and repaired by the next push; nodes that cannot reach
-each other get the bytes from here; data.rm waits for the job that uses the dataset."""
+each other get the bytes from here; data.rm refuses while a running job uses the dataset."""
 
 import hashlib
 import json
@@ -180,7 +180,39 @@ def test_nodes_that_cannot_reach_each_other_get_the_bytes_from_here(staged, tmp_
     assert data(inv, "ls", "--name", "walled").returncode == 0
 
 
-def test_rm_waits_for_the_job_that_uses_the_dataset(staged, tmp_path):
+def test_a_job_trains_on_a_staged_token_folder_and_prints_a_validation_loss(staged, tmp_path):
+    """The docs' path for a user's own text: prepare_data.py here (byte-level), data.push,
+    launch the example payload with --data: rank 0 reads train.bin/val.bin through
+    TORCHRIG_DATA and prints its eval lines; the loss is finite and falls."""
+    import math
+    import re
+    import subprocess
+
+    from conftest import REPO
+    inv = staged[0]
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i, doc in enumerate(sorted((REPO / "docs").glob("*.md"))):
+        (corpus / f"{i}.txt").write_text(doc.read_text())
+    subprocess.run([sys.executable, str(REPO / "payload" / "prepare_data.py"), str(corpus),
+                    "--out", str(tmp_path / "tokens")], check=True, capture_output=True)
+    r = data(inv, "push", str(tmp_path / "tokens"), "--name", "tokens", hosts="gpu1,gpu2")
+    assert r.returncode == 0, r.stderr
+    job = "t-data-tokens"
+    r = launch(inv, job, "--data", "tokens", "--args",
+               "--max-steps 20 --log-every 5 --eval-every 10 --eval-batches 2", hosts="gpu1,gpu2")
+    assert r.returncode == 0, r.stderr
+    out = logs(inv, job, "-f", hosts="gpu1,gpu2", timeout=300).stdout
+    evals = re.findall(r"eval step=(\d+) val_loss=(\S+) windows=(\d+) tokens=(\d+)", out)
+    assert [int(s) for s, *_ in evals] == [10, 20], out[-2000:]
+    losses = [float(v) for _, v, *_ in evals]
+    assert all(math.isfinite(v) for v in losses) and losses[1] < losses[0] < math.log(256) + 1, evals
+    # the folder came through TORCHRIG_DATA, the model's vocabulary from its meta.json
+    assert f"data={DATA}/tokens" in out and "vocab_size=256" in out, out[-2000:]
+    assert data(inv, "rm", "--name", "tokens", hosts="gpu1,gpu2").returncode == 0
+
+
+def test_rm_refuses_while_a_job_uses_the_dataset(staged, tmp_path):
     inv = staged[0]
     proj = tmp_path / "proj"
     proj.mkdir()
