@@ -16,6 +16,7 @@ from conftest import cut_ssh, invoke, invoke_bg, ip_of, launch, logs, sh, stop, 
 
 HOSTS = ("gpu1", "gpu2", "gpu4")
 SEL = ",".join(HOSTS)
+PAIR = "gpu1,gpu4"  # jobs run on one GPU profile (gpu2 is the 8-GPU box: the version gate)
 pytestmark = pytest.mark.provisioned(*HOSTS)
 DATA = "/srv/torchrig/data"
 BIG = 256 << 20
@@ -115,7 +116,7 @@ def test_a_file_corrupted_by_hand_is_found_refused_by_launch_and_repaired(staged
     [row] = json.loads(full.stdout)
     assert any("shard3/part8.txt: sha256" in p for p in row["nodes"]["gpu4"]["problems"]), row
     job = "t-data-refused"
-    r = launch(inv, job, "--data", "corpus", hosts=SEL)
+    r = launch(inv, job, "--data", "corpus", hosts=PAIR)  # gpu4 holds the bad file
     assert r.returncode == 1
     assert "gpu4: shard3/part8.txt" in r.stderr and "data.push" in r.stderr, r.stderr
     assert sh(inv, "gpu1", f"test -e /etc/systemd/system/torchrig-{job}.service || echo none") == "none"
@@ -196,20 +197,20 @@ def test_a_job_trains_on_a_staged_token_folder_and_prints_a_validation_loss(stag
         (corpus / f"{i}.txt").write_text(doc.read_text())
     subprocess.run([sys.executable, str(REPO / "payload" / "prepare_data.py"), str(corpus),
                     "--out", str(tmp_path / "tokens")], check=True, capture_output=True)
-    r = data(inv, "push", str(tmp_path / "tokens"), "--name", "tokens", hosts="gpu1,gpu2")
+    r = data(inv, "push", str(tmp_path / "tokens"), "--name", "tokens", hosts=PAIR)
     assert r.returncode == 0, r.stderr
     job = "t-data-tokens"
     r = launch(inv, job, "--data", "tokens", "--args",
-               "--max-steps 20 --log-every 5 --eval-every 10 --eval-batches 2", hosts="gpu1,gpu2")
+               "--max-steps 20 --log-every 5 --eval-every 10 --eval-batches 2", hosts=PAIR)
     assert r.returncode == 0, r.stderr
-    out = logs(inv, job, "-f", hosts="gpu1,gpu2", timeout=300).stdout
+    out = logs(inv, job, "-f", hosts=PAIR, timeout=300).stdout
     evals = re.findall(r"eval step=(\d+) val_loss=(\S+) windows=(\d+) tokens=(\d+)", out)
     assert [int(s) for s, *_ in evals] == [10, 20], out[-2000:]
     losses = [float(v) for _, v, *_ in evals]
     assert all(math.isfinite(v) for v in losses) and losses[1] < losses[0] < math.log(256) + 1, evals
     # the folder came through TORCHRIG_DATA, the model's vocabulary from its meta.json
     assert f"data={DATA}/tokens" in out and "vocab_size=256" in out, out[-2000:]
-    assert data(inv, "rm", "--name", "tokens", hosts="gpu1,gpu2").returncode == 0
+    assert data(inv, "rm", "--name", "tokens", hosts=PAIR).returncode == 0
 
 
 def test_rm_refuses_while_a_job_uses_the_dataset(staged, tmp_path):
@@ -222,17 +223,17 @@ def test_rm_refuses_while_a_job_uses_the_dataset(staged, tmp_path):
         "print(f'files={n} in {root}', flush=True)\ntime.sleep(300)\n")
     job = "t-data-user"
     r = launch(inv, job, "--workdir", str(proj), "--script", "count.py", "--data", "corpus",
-               "--early-fail-window", "0", hosts="gpu1,gpu2")
+               "--early-fail-window", "0", hosts=PAIR)
     assert r.returncode == 0, r.stderr
     try:
         # 151 files and the version's manifest, read through TORCHRIG_DATA
         wait_until("the job to count the dataset's files", lambda: f"files=152 in {DATA}/corpus"
-                   in logs(inv, job, "--grep", "files=", hosts="gpu1,gpu2").stdout, 120)
+                   in logs(inv, job, "--grep", "files=", hosts=PAIR).stdout, 120)
         rm = data(inv, "rm", "--name", "corpus")
         assert rm.returncode == 1 and f"used by running job(s) {job}" in rm.stderr, rm.stderr
         assert sh(inv, "gpu4", f"test -L {DATA}/corpus && echo kept") == "kept"
     finally:
-        stop(inv, job, hosts="gpu1,gpu2")
+        stop(inv, job, hosts=PAIR)
     rm = data(inv, "rm", "--name", "corpus")
     assert rm.returncode == 0, rm.stderr
     for h in HOSTS:

@@ -84,7 +84,7 @@ def test_dry_run_diffs_against_the_nodes_files(testbed, basic_job):
     files unchanged on the nodes, except the unit's line naming the launch that wrote it and
     the rendezvous run id (new on every launch; a secret file, never shown)."""
     assert basic_job[0].returncode == 0, basic_job[0].stderr
-    r = launch(testbed, "t-basic", "--dry-run", "--args", BASIC_ARGS)
+    r = launch(testbed, "t-basic", "--dry-run", "--args", BASIC_ARGS, early_window=True)
     assert r.returncode == 0, r.stderr
     for path in ("/etc/torchrig/jobs/t-basic.env",
                  "/etc/systemd/system/torchrig-gpumon@t-basic.service",
