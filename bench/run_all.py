@@ -25,6 +25,7 @@ try:
     run("bench/provision_bench.py", "--hosts", "8", "--runs", "5", "--keep")
     run("bench/launch_logs_bench.py", str(INV), "gpu1,gpu2", "--runs", "5")
     run("bench/session_bench.py", str(INV), ",".join(f"gpu{i}" for i in range(1, 9)), "--runs", "5")
+    run("bench/fetch_bench.py", str(INV), "gpu1", "--runs", "3")
 finally:
     subprocess.run([sys.executable, "-m", "invoke", "testbed.down"], cwd=REPO,
                    env={**os.environ, **ENV})

@@ -1,0 +1,104 @@
+"""`fetch --all` of one large file from a testbed node against `scp` of the same file, in the
+same run:
+
+- fetch: the whole CLI (`invoke fetch -i INV -H HOST --job benchfetch --all --to DIR --json`)
+  into a fresh folder: list, the node's hash, the transfer with the operator's hash of the
+  received bytes, the manifest;
+- fetch warm: the same fetch again into that folder (the file already there: nothing sent);
+- scp: `scp user@node:FILE DIR/` of the same file with the inventory's address, user, port,
+  identity_file and known_hosts.
+
+The file (random bytes, --mib MiB, default 256) is written once as checkpoint
+`ckpt_00000010.pt` of job `benchfetch` in the node's checkpoint folder, owned by the job's
+user and world-readable (scp logs in as the inventory's user); it is removed at the end.
+
+    sudo .venv/bin/python bench/fetch_bench.py INVENTORY HOST [--runs 3] [--mib 256]
+
+Medians of --runs rounds; within a round each method runs once, fetch and scp alternating
+which goes first. Writes bench/out/fetch.json."""
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "bench" / "out"
+sys.path.insert(0, str(REPO))
+
+from data_bench import ssh_opts  # noqa: E402  (bench/ is the script's folder: on sys.path)
+from project_bench import invoke  # noqa: E402
+from torchrig.inventory import load  # noqa: E402
+from torchrig.job import job_folder  # noqa: E402
+
+JOB, NAME = "benchfetch", "ckpt_00000010.pt"
+
+
+def on_node(inv_path: str, host: str, cmd: str) -> None:
+    invoke("exec", "-i", inv_path, "-H", host, "--sudo", cmd)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("inventory")
+    ap.add_argument("host")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--mib", type=int, default=256)
+    a = ap.parse_args()
+    inv = load(a.inventory)
+    h = next(x for x in inv.hosts if x.name == a.host)
+    folder = job_folder(h.settings.checkpoint_dir, JOB)
+    path = f"{folder}/{NAME}"
+    user = h.settings.service_user
+    on_node(a.inventory, a.host,
+            f"mkdir -p {folder} && head -c {a.mib << 20} /dev/urandom > {path} && "
+            f"chown -R {user}: {folder} && chmod 755 {folder} && chmod 644 {path}")
+    work = Path(tempfile.mkdtemp(prefix="fetch-bench-"))
+    times = {"fetch": [], "fetch_warm": [], "scp": []}
+    try:
+        for r in range(a.runs):
+            def do_fetch():
+                to = work / f"fetch{r}"
+                args = ("fetch", "-i", a.inventory, "-H", a.host, "--job", JOB, "--all",
+                        "--to", str(to), "--json")
+                _, dt = invoke(*args)
+                times["fetch"].append(dt)
+                _, dt = invoke(*args)
+                times["fetch_warm"].append(dt)
+                shutil.rmtree(to)
+
+            def do_scp():
+                to = work / f"scp{r}"
+                to.mkdir()
+                t0 = time.perf_counter()
+                subprocess.run(["scp", "-q", *ssh_opts(h, inv.known_hosts), "-P",
+                                str(h.port or 22), f"{h.user}@{h.address}:{path}", f"{to}/"],
+                               check=True)
+                times["scp"].append(time.perf_counter() - t0)
+                shutil.rmtree(to)
+
+            for f in ([do_fetch, do_scp] if r % 2 == 0 else [do_scp, do_fetch]):
+                f()
+            print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()),
+                  flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        on_node(a.inventory, a.host, f"rm -rf {folder}")
+    med = {k: round(statistics.median(v), 2) for k, v in times.items()}
+    res = {"host": a.host, "mib": a.mib, "runs": a.runs, "median_s": med,
+           "all_s": {k: [round(x, 2) for x in v] for k, v in times.items()},
+           "fetch_over_scp": round(med["fetch"] / med["scp"], 2),
+           "date": time.strftime("%Y-%m-%d", time.gmtime())}
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "fetch.json").write_text(json.dumps(res, indent=2) + "\n")
+    print(f"medians of {a.runs}: fetch --all {med['fetch']} s, again (nothing sent) "
+          f"{med['fetch_warm']} s, scp {med['scp']} s; fetch / scp {res['fetch_over_scp']}")
+
+
+if __name__ == "__main__":
+    main()
