@@ -101,7 +101,7 @@ def test_exit_code_without_error_json_names_rank_and_its_last_lines(testbed):
         text = failures(testbed, job)
         assert re.match(r"first failure: \[gpu4/[rl]\d\] \(local rank \d, pid \d+\) exited with code 2 ",
                         text), text + r.stderr
-        assert "--data: no such file" in text
+        assert f"--data: {data}: no such file" in text, text  # the payload's own line
     finally:
         sh(testbed, "gpu1", f"rm -f {data}")
 
