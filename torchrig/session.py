@@ -150,6 +150,7 @@ class Fleet:
         self._conns: dict[str, Connector] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
+        self._early: dict[str, BaseException] = {}   # preconnect()'s failures, until first use
 
     def __enter__(self) -> Fleet:
         return self
@@ -157,22 +158,51 @@ class Fleet:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def conn(self, host: Host) -> Connector:
+    def preconnect(self) -> None:
+        """Open every host's connection on a thread now, while the task imports and prepares
+        what it sends: the handshakes overlap that CPU time. Each host's lock is taken here,
+        before this returns, so a conn() waits for that attempt and takes its connection or
+        its error (an unreachable host is tried once, as without this)."""
+        for h in self.hosts:
+            lock = self._lock_of(h)
+            lock.acquire()  # released by the thread once it has tried
+            threading.Thread(target=self._open_early, args=(h, lock), daemon=True).start()
+
+    def _open_early(self, host: Host, lock: threading.Lock) -> None:
+        try:
+            self._open(host)
+        except Exception as e:  # noqa: BLE001 - raised by the host's first conn()
+            with self._lock:
+                self._early[host.name] = e
+        finally:
+            lock.release()
+
+    def _lock_of(self, host: Host) -> threading.Lock:
         with self._lock:
-            lock = self._locks.setdefault(host.name, threading.Lock())
-        with lock:
-            cxn = self._conns.get(host.name)
-            if cxn is not None and (cxn.lost or not cxn.is_connected):
-                cxn.close()
-                cxn = None
-            if cxn is None:
-                cxn = connect(host, self.inv, accept_new=self._accept_new)
-                try:
-                    cxn.open()  # connection errors here, not inside the first command
-                except Exception as e:  # noqa: BLE001 - every task's one unreachable message
-                    raise cannot_connect(host, cxn, e) from e
-                self._conns[host.name] = cxn
-            return cxn
+            return self._locks.setdefault(host.name, threading.Lock())
+
+    def conn(self, host: Host) -> Connector:
+        with self._lock_of(host):
+            with self._lock:
+                early = self._early.pop(host.name, None)
+            if early is not None:
+                raise early
+            return self._open(host)
+
+    def _open(self, host: Host) -> Connector:
+        """The host's connection, opened (or reopened) if need be; its lock is held."""
+        cxn = self._conns.get(host.name)
+        if cxn is not None and (cxn.lost or not cxn.is_connected):
+            cxn.close()
+            cxn = None
+        if cxn is None:
+            cxn = connect(host, self.inv, accept_new=self._accept_new)
+            try:
+                cxn.open()  # connection errors here, not inside the first command
+            except Exception as e:  # noqa: BLE001 - every task's one unreachable message
+                raise cannot_connect(host, cxn, e) from e
+            self._conns[host.name] = cxn
+        return cxn
 
     def drop(self, host: Host) -> None:
         """Close the host's connection (it is about to go away: a reboot); the next conn()

@@ -33,6 +33,7 @@ def provision(c, inventory=None, host=None, dry_run=False, yes=False, reboot=Fal
         saved = read(plan)
         host = host or ",".join(saved.hosts)  # the hosts the saved plan covers
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
+        fleet.preconnect()  # the handshakes overlap the imports and the plan's preparation
         _provision(fleet, dry_run, yes, reboot, json_, save_plan, saved)
 
 
