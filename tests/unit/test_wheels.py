@@ -1,0 +1,88 @@
+"""provision/wheels.py (pure): which hosts share one download, the pins pip installs by; and
+steps' scripts for it (the download, the install from the cache with its fallback)."""
+
+import subprocess
+from types import SimpleNamespace as NS
+
+import pytest
+
+from torchrig.changes.model import Cmd
+from torchrig.provision import wheels
+from torchrig.provision.steps import PipInstall, _pip_install, from_wheels, pip_download
+from torchrig.settings import Settings
+
+S = Settings()
+SHA = "a" * 64
+
+
+def planned(name, reqs=("torch==2.13.0",), distro="debian-12", arch="x86_64", venv_todo=True,
+            trusted=None, index="https://idx.invalid/simple"):
+    s = Settings(pip_trusted_host=trusted)
+    pip = _pip_install(s, list(reqs), index, "pip_index_url")
+    tb = _pip_install(s, ["tensorboard==2.21.0"], index, "tensorboard_index_url")
+    step = NS(step=NS(name="python-venv"), status="planned" if venv_todo else "ok",
+              changes=[Cmd("create the venv", "python3 -m venv v"), pip, tb] if venv_todo else [])
+    other = NS(step=NS(name="nccl"), status="planned", changes=[Cmd("x", "y")])
+    return NS(host=NS(name=name), settings=s, ctx=NS(distro=distro, arch=arch),
+              plan=NS(steps=[other, step]))
+
+
+def test_hosts_with_the_same_install_on_one_platform_share():
+    a, b, c = planned("a"), planned("b"), planned("c", reqs=("torch==2.13.0", "six"))
+    arm = planned("arm", arch="aarch64")
+    done = planned("done", venv_todo=False)
+    gs = wheels.groups([a, b, c, arm, done])
+    assert len(gs) == 2
+    two = next(g for g in gs if len(g.needers) == 2)
+    assert [p.host.name for p in two.needers] == ["a", "b"]          # a: the seed
+    assert [p.host.name for p in two.others] == ["c", "done"]        # may hold the wheels
+    one = next(g for g in gs if g is not two)
+    assert [p.host.name for p in one.needers] == ["c"]               # alone, but others may hold
+    assert two.pip.reqs == ("torch==2.13.0",) and two.pip.var == "pip_index_url"
+
+
+def test_a_single_host_alone_keeps_todays_path():
+    assert wheels.groups([planned("a")]) == []
+    assert wheels.groups([planned("a"), planned("arm", arch="aarch64")]) == []
+
+
+def test_the_cache_name_follows_what_is_installed_from_where_on_which_platform():
+    p = planned("a")
+    name = wheels.set_name(wheels.pip_of(p), None, ("debian-12", "x86_64"))
+    assert name == wheels.set_name(wheels.pip_of(planned("b")), None, ("debian-12", "x86_64"))
+    assert name.startswith("pip-") and len(name) == 20
+    for other in (wheels.set_name(wheels.pip_of(p), "mirror", ("debian-12", "x86_64")),
+                  wheels.set_name(wheels.pip_of(p), None, ("debian-12", "aarch64")),
+                  wheels.set_name(wheels.pip_of(planned("c", index="https://other.invalid/")),
+                                  None, ("debian-12", "x86_64"))):
+        assert other != name
+
+
+def test_pins_name_each_wheel_with_its_hashes():
+    files = [{"path": "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "sha256": SHA},
+             {"path": "typing_extensions-4.12.2-py3-none-any.whl", "sha256": "b" * 64},
+             {"path": "typing_extensions-4.12.2-1build-py3-none-any.whl", "sha256": "c" * 64}]
+    assert wheels.pins(files) == [
+        f"torch==2.13.0+cpu --hash=sha256:{SHA}",
+        f"typing_extensions==4.12.2 --hash=sha256:{'b' * 64} --hash=sha256:{'c' * 64}"]
+    with pytest.raises(ValueError, match="not a wheel"):
+        wheels.pins([{"path": "pkg-1.0.tar.gz", "sha256": SHA}])
+
+
+def test_the_download_and_the_install_from_the_cache():
+    s = Settings(pip_trusted_host="10.0.0.1")
+    pip = _pip_install(s, ["torch==2.13.0", "pkg @ https://u:tok3n@h.invalid/p.whl"],
+                       "https://user:s3cret@idx.invalid/simple", "pip_index_url")
+    assert isinstance(pip, PipInstall)
+    dl = pip_download(s, pip)
+    assert ('"$TORCHRIG_TMP"/pip/bin/pip download --quiet --disable-pip-version-check '
+            '--only-binary=:all: --dest /var/lib/torchrig/wheels/.torchrig/download') in dl
+    assert f"{s.wheel_cache_dir}/.torchrig/download" in dl and "--trusted-host 10.0.0.1" in dl
+    for secret in ("s3cret", "tok3n"):
+        assert secret not in dl       # netrc and requirements travel base64-encoded in files
+    inst = from_wheels(s, pip, "/var/lib/torchrig/wheels/pip-x", [f"torch==2.13.0 --hash=sha256:{SHA}"], "gpu1")
+    assert "--no-index --find-links /var/lib/torchrig/wheels/pip-x --require-hashes" in inst.script
+    assert inst.script.endswith(pip.script + "\n}")  # else from the index, as before
+    assert inst.summary == pip.summary + " (wheels from gpu1, sha256-checked)"
+    for script in (dl, inst.script):
+        subprocess.run(["bash", "-n"], input=script, text=True, check=True)
