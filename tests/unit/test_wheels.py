@@ -7,6 +7,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 from torchrig.changes.model import Cmd
+from torchrig.errors import TorchrigError
 from torchrig.provision import wheels
 from torchrig.provision.steps import PipInstall, _pip_install, from_wheels, pip_download
 from torchrig.settings import Settings
@@ -86,3 +87,28 @@ def test_the_download_and_the_install_from_the_cache():
     assert inst.summary == pip.summary + " (wheels from gpu1, sha256-checked)"
     for script in (dl, inst.script):
         subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+
+
+def test_a_group_that_cannot_share_stays_on_the_index_and_says_why(monkeypatch):
+    from torchrig.provision import wheelshare
+    a, b = planned("a"), planned("b")
+    before = [list(sp.changes) for p in (a, b) for sp in p.plan.steps]
+
+    def broken(fleet, g, progress):
+        raise TorchrigError("pip download failed: no wheel for pkg")
+    monkeypatch.setattr(wheelshare, "_share", broken)
+    notes = []
+    progress = NS(note=lambda host, text: notes.append((host, text)))
+    out = wheelshare.share(None, [a, b], progress)
+    assert list(out.values()) == [{"error": "pip download failed: no wheel for pkg"}]
+    assert [h for h, _ in notes] == ["a", "b"] and all("from the index" in t for _, t in notes)
+    assert [list(sp.changes) for p in (a, b) for sp in p.plan.steps] == before
+
+
+def test_swap_replaces_only_the_index_install():
+    from torchrig.provision import wheelshare
+    a = planned("a")
+    pip, tb = wheels.pip_of(a), a.plan.steps[1].changes[2]
+    new = Cmd("from the cache", "true")
+    wheelshare.swap(a, new)
+    assert a.plan.steps[1].changes[1:] == [new, tb] and wheels.pip_of(a) is None
