@@ -95,13 +95,14 @@ def test_a_group_that_cannot_share_stays_on_the_index_and_says_why(monkeypatch):
     before = [list(sp.changes) for p in (a, b) for sp in p.plan.steps]
 
     def broken(fleet, g, progress):
-        raise TorchrigError("pip download failed: no wheel for pkg")
+        raise TorchrigError("pip download failed: no wheel for pkg @ https://u:s3cretpw@h.invalid/")
     monkeypatch.setattr(wheelshare, "_share", broken)
     notes = []
     progress = NS(note=lambda host, text: notes.append((host, text)))
     out = wheelshare.share(None, [a, b], progress)
-    assert list(out.values()) == [{"error": "pip download failed: no wheel for pkg"}]
+    assert list(out.values())[0]["error"].startswith("pip download failed: no wheel for pkg @ https://")
     assert [h for h, _ in notes] == ["a", "b"] and all("from the index" in t for _, t in notes)
+    assert "s3cretpw" not in repr(out) + repr(notes)   # through the redactor
     assert [list(sp.changes) for p in (a, b) for sp in p.plan.steps] == before
 
 

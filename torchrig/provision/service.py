@@ -127,7 +127,7 @@ def apply(fleet: Fleet, fp: FleetPlan, reboot: bool, progress=None) -> Provision
     """Apply each host's plan (apply_host refuses one whose facts moved since); the hosts
     that had no plan keep their reports. First, the wheels several hosts install are fetched
     from the index once and shared (wheelshare.py)."""
-    shared = wheelshare.share(fleet, fp.planned, progress)
+    shared = wheelshare.share(fleet, fp.planned, progress, fp.red)
     applied = fleet.fan_out(lambda p: apply_host(fleet, p, reboot, progress), fp.planned,
                             name=lambda p: p.host.name)
     reports = [r.value if r.ok else HostReport(r.host, ok=False, error=r.error) for r in applied]

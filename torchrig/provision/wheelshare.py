@@ -16,6 +16,7 @@ import time
 from ..datasets import run as transfer
 from ..datasets.manifest import CHUNK, Manifest, build, dataset_path
 from ..errors import TorchrigError
+from ..secrets import Redactor
 from ..session import Fleet, describe_error
 from . import wheels
 from .apply import Planned, _last_lines, preamble, run_root_script
@@ -26,17 +27,17 @@ CACHE = transfer.Where(lambda h: h.settings.wheel_cache_dir, make=True)
 
 
 def share(fleet: Fleet, planned: list[Planned], progress: StepProgress | None = None,
-          log=lambda text: None) -> dict:
+          red: Redactor | None = None) -> dict:
     """Swap each sharing host's pip install for the install from its cache (in its plan, in
     place). {set name: what happened} for the report and the bench."""
-    progress = progress or StepProgress()
+    progress, red = progress or StepProgress(), red or Redactor()
     out = {}
     for g in wheels.groups(planned):
         t0 = time.monotonic()
         try:
             out[g.name] = _share(fleet, g, progress) | {"seconds": round(time.monotonic() - t0, 2)}
         except Exception as e:  # noqa: BLE001 - the group installs from the index, as before
-            why = describe_error(e)
+            why = red.text(describe_error(e))
             out[g.name] = {"error": why}
             for p in g.needers:
                 progress.note(p.host.name, f"wheels not shared ({why}): pip installs from the index")
@@ -67,8 +68,11 @@ def _share(fleet: Fleet, g: wheels.Group, progress: StepProgress) -> dict:
     res = transfer._distribute(p, None)
     for n in g.needers:
         folder = dataset_path(n.settings.wheel_cache_dir, g.name)
-        swap(n, from_wheels(n.settings, g.pip, folder, pins,
+        swap(n, from_wheels(n.settings, wheels.pip_of(n), folder, pins,
                             "this host's cache" if n is holder else holder.host.name))
+    progress.note(holder.host.name, f"wheels: {len(manifest.files)} files, "
+                  f"{manifest.size / 2**20:.0f} MiB, {'downloaded once and ' if downloaded else ''}"
+                  f"sent from here to {len(p.hosts) - 1} host(s)")
     return {"shared": True, "downloaded_by": downloaded, "source": holder.host.name,
             "files": len(manifest.files), "bytes": manifest.size,
             "hosts": sorted(n.host.name for n in g.needers), "fallbacks": res.fallbacks}
