@@ -103,6 +103,11 @@ class Settings(BaseModel):
     nccl_tests_source: str = _var("https://github.com/NVIDIA/nccl-tests", "provision",
                                   "git URL, or a `.tar.gz` path on the operator", shown="the git URL")
     extra_pip_packages: list[str] = _var([], "provision", "more requirements for the venv")
+    pip_wheels_dir: str | None = _var(
+        None, "provision", "a folder on the operator's machine with the wheels to install "
+        "instead of asking pip_index_url (`pip download --only-binary=:all: -d DIR` for the "
+        "hosts' platform, one version per project): it goes to one host, then node to node "
+        "(hosts without internet)")
     wheel_cache_dir: str = _var("/var/lib/torchrig/wheels", "provision",
                                 "root's wheel cache (0700): when several hosts of a provision "
                                 "need the same wheels, one downloads them and the others get "

@@ -113,3 +113,64 @@ def test_swap_replaces_only_the_index_install():
     new = Cmd("from the cache", "true")
     wheelshare.swap(a, new)
     assert a.plan.steps[1].changes[1:] == [new, tb] and wheels.pip_of(a) is None
+
+
+# ---- the operator's wheels, for real on `connection: local` nodes (root: node.py's root store) --
+
+@pytest.fixture
+def local_fleet(tmp_path):
+    import json
+    import os
+    from torchrig import inventory
+    from torchrig.session import Fleet
+    if os.geteuid() != 0:
+        pytest.skip("root's store: the node side runs as root")
+    wheels_dir = tmp_path / "operator"
+    wheels_dir.mkdir()
+    hosts = [{"name": n, "connection": "local", "address": "127.0.0.1", "vars": {
+        "wheel_cache_dir": str(tmp_path / "cache" / n), "pip_wheels_dir": str(wheels_dir)}}
+        for n in ("n1", "n2", "n3")]
+    (tmp_path / "inv.yml").write_text(json.dumps({"hosts": hosts}))
+    with Fleet(inventory.load(tmp_path / "inv.yml")) as fleet:
+        yield fleet, wheels_dir
+
+
+def test_the_operators_wheels_reach_every_host_once_from_here_then_node_to_node(local_fleet, tmp_path):
+    import hashlib
+    import os
+    from torchrig.provision import wheelshare
+    fleet, wheels_dir = local_fleet
+    files = {"torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl": os.urandom(300_000),
+             "six-1.16.0-py2.py3-none-any.whl": b"six"}
+    for n, data in files.items():
+        (wheels_dir / n).write_bytes(data)
+    (wheels_dir / "README").write_text("not a wheel: left out")
+    ps = []
+    for h in fleet.hosts:
+        p = planned(h.name)
+        p.host, p.settings = h, h.settings
+        ps.append(p)
+    notes = []
+    out = wheelshare.share(fleet, ps, NS(note=lambda host, text: notes.append((host, text))))
+    (res,) = out.values()
+    assert res["shared"] and res["source"] == "this machine" and res["fallbacks"] == []
+    assert res["operator_bytes"] == sum(map(len, files.values()))   # each byte once from here
+    for h in fleet.hosts:
+        got = tmp_path / "cache" / h.name / next(iter(out))
+        assert {f.name: f.read_bytes() for f in got.iterdir() if f.suffix == ".whl"} == files
+    pip = ps[1].plan.steps[1].changes[1]
+    assert "--no-index --find-links" in pip.script and "(wheels from this machine" in pip.summary
+    for n, data in files.items():
+        name, ver = n.split("-")[:2]
+        assert f"{name}=={ver} --hash=sha256:{hashlib.sha256(data).hexdigest()}" in \
+            wheels.pins([{"path": n, "sha256": hashlib.sha256(data).hexdigest()}])
+    again = [planned(h.name) for h in fleet.hosts]
+    for p, h in zip(again, fleet.hosts):
+        p.host, p.settings = h, h.settings
+    assert list(wheelshare.share(fleet, again).values())[0]["operator_bytes"] == 0  # all held
+
+
+def test_an_empty_operator_folder_is_one_clear_reason(tmp_path):
+    from torchrig.provision import wheelshare
+    with pytest.raises(TorchrigError, match=r"var pip_wheels_dir: no .whl file in .*pip download"):
+        wheelshare.from_operator(str(tmp_path))

@@ -5,7 +5,8 @@ requirements pip installs them by.
 Hosts share when their python-venv step runs the same pip install (requirements, index,
 trusted host) on the same platform (distro release and architecture: the same wheels fit),
 and either two or more of them need it or a selected host of that platform already holds
-the wheels in its cache (an air-gapped fleet provisioned from one node's cache)."""
+the wheels in its cache (an air-gapped fleet provisioned from one node's cache), or the
+operator has them (var pip_wheels_dir: one host or more, the index never asked)."""
 
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ def platform(planned) -> tuple:
     return (ctx.distro, ctx.arch)
 
 
-def set_name(pip: PipInstall, trusted: str | None, plat: tuple) -> str:
-    key = repr((sorted(pip.reqs), pip.index_url, trusted, plat))
+def set_name(pip: PipInstall, trusted: str | None, plat: tuple, local: str | None = None) -> str:
+    key = repr((sorted(pip.reqs), pip.index_url, trusted, plat) + ((local,) if local else ()))
     return "pip-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -58,13 +59,14 @@ def groups(planned: list) -> list[Group]:
     for p in planned:
         pip = pip_of(p)
         if pip is not None:
-            name = set_name(pip, p.settings.pip_trusted_host, platform(p))
+            name = set_name(pip, p.settings.pip_trusted_host, platform(p), p.settings.pip_wheels_dir)
             out.setdefault(name, Group(name, pip)).needers.append(p)
     for g in out.values():
         plat = platform(g.needers[0])
         g.others = [p for p in planned
                     if platform(p) == plat and all(p is not n for n in g.needers)]
-    return [g for g in out.values() if len(g.needers) >= 2 or g.others]
+    return [g for g in out.values()
+            if len(g.needers) >= 2 or g.others or g.needers[0].settings.pip_wheels_dir]
 
 
 def pins(files: list[dict]) -> list[str]:

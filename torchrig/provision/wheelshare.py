@@ -12,9 +12,10 @@ group on the index, as without sharing, and says why."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from ..datasets import run as transfer
-from ..datasets.manifest import CHUNK, Manifest, build, dataset_path
+from ..datasets.manifest import CHUNK, Manifest, build, dataset_path, hash_file
 from ..errors import TorchrigError
 from ..secrets import Redactor
 from ..session import Fleet, describe_error
@@ -45,11 +46,15 @@ def share(fleet: Fleet, planned: list[Planned], progress: StepProgress | None = 
 
 
 def _share(fleet: Fleet, g: wheels.Group, progress: StepProgress) -> dict:
+    local_dir = g.needers[0].settings.pip_wheels_dir
+    if local_dir:  # the operator's own copy: this machine seeds one host, then node to node
+        manifest, local = from_operator(local_dir)
+        p = _push(fleet, g, manifest, local, [n.host for n in g.needers])
+        return _installs(g, p, manifest, None, "this machine", progress)
     listed = fleet.fan_out(lambda p: transfer.last(transfer.call(
         fleet, p.host, {"op": "ls", "name": g.name, "manifests": True}, where=CACHE),
         "datasets")["datasets"], g.hosts, name=lambda p: p.host.name)
     held = {r.host: r.value[0] for r in listed if r.ok and r.value and not r.value[0]["problems"]}
-    needers = [p for p in g.needers if p.host.name not in held]
     holder = next((p for p in g.hosts if p.host.name in held), None)
     if holder is None and len(g.needers) < 2:
         return {"shared": False}
@@ -60,22 +65,49 @@ def _share(fleet: Fleet, g: wheels.Group, progress: StepProgress) -> dict:
     else:
         manifest = Manifest(held[holder.host.name]["manifest"])
         downloaded = None
+    p = _push(fleet, g, manifest, {}, [holder.host] + [
+        n.host for n in g.needers if n is not holder and n.host.name not in held])
+    p.from_here = False  # this machine has no copy: such a pair fails, the group uses the index
+    return _installs(g, p, manifest, downloaded, holder.host.name, progress)
+
+
+def _push(fleet: Fleet, g: wheels.Group, manifest: Manifest, local: dict, hosts: list):
+    return transfer._Push(fleet, manifest, local, g.name, 0, lambda text: None,
+                          transfer.Progress(), hosts=hosts, where=CACHE)
+
+
+def _installs(g: wheels.Group, p, manifest: Manifest, downloaded: str | None, source: str,
+              progress: StepProgress) -> dict:
+    """Every needer gets the wheels (the fan-out), then installs from its cache."""
     pins = wheels.pins(manifest.files)
-    p = transfer._Push(fleet, manifest, {}, g.name, 0, lambda text: None, transfer.Progress(),
-                       hosts=[holder.host] + [n.host for n in needers if n is not holder],
-                       where=CACHE)
-    p.from_here = False  # this machine has no copy: such a host installs from the index
     res = transfer._distribute(p, None)
     for n in g.needers:
         folder = dataset_path(n.settings.wheel_cache_dir, g.name)
         swap(n, from_wheels(n.settings, wheels.pip_of(n), folder, pins,
-                            "this host's cache" if n is holder else holder.host.name))
-    progress.note(holder.host.name, f"wheels: {len(manifest.files)} files, "
-                  f"{manifest.size / 2**20:.0f} MiB, {'downloaded once and ' if downloaded else ''}"
-                  f"sent from here to {len(p.hosts) - 1} host(s)")
-    return {"shared": True, "downloaded_by": downloaded, "source": holder.host.name,
+                            "this host's cache" if n.host.name == source else source))
+    progress.note(p.hosts[0].name, f"wheels: {len(manifest.files)} files, "
+                  f"{manifest.size / 2**20:.0f} MiB, {'downloaded once, ' if downloaded else ''}"
+                  f"from {source} to {len(p.hosts) - (source != 'this machine')} host(s)")
+    return {"shared": True, "downloaded_by": downloaded, "source": source,
             "files": len(manifest.files), "bytes": manifest.size,
+            "operator_bytes": res.operator_bytes,
             "hosts": sorted(n.host.name for n in g.needers), "fallbacks": res.fallbacks}
+
+
+def from_operator(folder: str) -> tuple[Manifest, dict]:
+    """The manifest of the wheels in the operator's folder (var pip_wheels_dir: what `pip
+    download` wrote, for the hosts' platform) and where each is here."""
+    root = Path(folder).expanduser()
+    files = sorted(p for p in root.glob("*.whl") if p.is_file()) if root.is_dir() else []
+    if not files:
+        raise TorchrigError(f"var pip_wheels_dir: no .whl file in {folder} on this machine "
+                            "(fill it with `pip download --only-binary=:all: -d DIR ...`)")
+    entries, local = [], {}
+    for f in files:
+        e = hash_file(f, CHUNK)
+        entries.append({"path": f.name, **e})
+        local.setdefault(e["sha256"], f)
+    return build(entries), local
 
 
 def _download(fleet: Fleet, seed: Planned, g: wheels.Group, progress: StepProgress):
