@@ -6,8 +6,10 @@ errors into one message that names the file, the host and the field.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
+import socket
 from pathlib import Path
 from typing import Any, Literal
 
@@ -429,3 +431,20 @@ def _slurm(spec: SlurmSpec, hosts: list[Host], groups: dict[str, GroupSpec], pat
                                  f"({', '.join(sorted(versions))}); slurmctld and every slurmd "
                                  "must run the same version: set it once for all of them")
     return slurm
+
+
+def resolve(address: str, where: str) -> list[str]:
+    """The IP addresses of an inventory address (a literal is itself; a name resolved here,
+    on the operator's machine, once per provision)."""
+    try:
+        return [str(ipaddress.ip_address(address))]
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(address, None, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, UnicodeError) as e:
+        raise TorchrigError(f"{where}: address {address!r} does not resolve on this machine "
+                            f"({e}); the firewall admits the inventory's hosts by IP: write "
+                            "IP addresses in the inventory, or set var firewall: false and "
+                            "manage the host firewall yourself") from None
+    return sorted({info[4][0].split("%")[0] for info in infos})

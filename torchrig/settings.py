@@ -103,6 +103,15 @@ class Settings(BaseModel):
     nccl_tests_source: str = _var("https://github.com/NVIDIA/nccl-tests", "provision",
                                   "git URL, or a `.tar.gz` path on the operator", shown="the git URL")
     extra_pip_packages: list[str] = _var([], "provision", "more requirements for the venv")
+    pip_wheels_dir: str | None = _var(
+        None, "provision", "a folder on the operator's machine with the wheels to install "
+        "instead of asking pip_index_url (`pip download --only-binary=:all: -d DIR` for the "
+        "hosts' platform, one version per project): it goes to one host, then node to node "
+        "(hosts without internet)")
+    wheel_cache_dir: str = _var("/var/lib/torchrig/wheels", "provision",
+                                "root's wheel cache (0700): when several hosts of a provision "
+                                "need the same wheels, one downloads them and the others get "
+                                "them from it over the cluster network (see docs/how-it-works.md)")
     workdir_max_mb: int = _var(500, "launch", "the most a `launch --workdir` project may send "
                                "(MiB, after its ignore files)", ge=1)
     deps_index_url: str | None = _var(
@@ -154,7 +163,8 @@ class Settings(BaseModel):
         None, "provision", "wheel index for TensorBoard and its dependencies (the torch index "
         "may not carry them; none: the node's own pip configuration)")
 
-    @field_validator("prefix", "data_dir", "checkpoint_dir", "log_dir", "metrics_dir")
+    @field_validator("prefix", "data_dir", "checkpoint_dir", "log_dir", "metrics_dir",
+                     "wheel_cache_dir")
     @classmethod
     def _plain_path(cls, v: str) -> str:
         # These reach env and unit files line by line: a newline would add a line of its own.
@@ -194,7 +204,7 @@ class Settings(BaseModel):
         # in them, which root's `install -d` (provision) or mkdir (push) would then follow
         for user_var in ("data_dir", "metrics_dir"):
             data = posixpath.normpath(getattr(self, user_var))
-            for name in ("prefix", "log_dir", "checkpoint_dir"):
+            for name in ("prefix", "log_dir", "checkpoint_dir", "wheel_cache_dir"):
                 p = posixpath.normpath(getattr(self, name))
                 if p == data or p.startswith(data.rstrip("/") + "/") or data == "/":
                     raise ValueError(f"{name} {getattr(self, name)!r} lies in {user_var} "

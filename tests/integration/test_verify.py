@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from conftest import invoke, sh
+from conftest import invoke, ip_of, sh
 
 # gpu4 is not verified here, but provisioning it with gpu3 (one parallel run) saves the launch
 # tests a reboot cycle of their own in a full run
@@ -146,3 +146,18 @@ def test_more_real_boxes_get_their_class_and_advice(testbed, tmp_path):
                 assert checks(h)["topology"]["status"] == "PASS", (profile, h)
     finally:
         machines.install_profile("gpu4", original)
+
+
+def test_a_fresh_fleet_downloaded_each_wheel_once(testbed, fleet):
+    """The provision of this file's hosts (several fresh hosts at once, by the session's fleet:
+    no provision of its own) fetched each wheel from the index once, by one host; the others
+    got them from it (provision/wheelshare.py), as the index's request log shows."""
+    several = [(hosts, served) for hosts, served in fleet.served if len(hosts) >= 2]
+    if not several:
+        pytest.skip("no provision of several fresh hosts in this session")
+    hosts, served = several[-1]
+    names = [name for _, name in served]
+    assert any(n.startswith("torch-") for n in names), served
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    assert {client for client, _ in served} <= {ip_of(testbed, h) for h in hosts}
+    assert len({client for client, _ in served}) == 1, served   # one host downloaded

@@ -538,3 +538,71 @@ def test_a_pull_downloads_once_and_the_credentials_are_in_no_command_line(nodes)
     assert any(c.endswith("torchrig-data download") for c in commands)
     assert not any(SECRET in c or "user:" in c for c in commands + log)
     assert SECRET not in json.dumps(res.as_dict())
+
+
+# ---- root's store: provision's wheel cache ---------------------------------------------------
+
+def test_roots_store_is_made_root_only_and_adopts_what_was_downloaded_into_it(nodes, tmp_path):
+    """The wheel cache (wheelshare.CACHE): node.py as root (no runuser) in a 0700 folder it
+    makes; `adopt` takes the files a download left in .torchrig/download into the store; then
+    the fan-out sends them node to node into the others' root-only stores."""
+    cache = run.Where(lambda h: str(tmp_path / "cache" / h.name), make=True)
+    three = [host(nodes, n) for n in ("n1", "n2", "n3")]
+    for h in three:
+        assert run.call(nodes, h, {"op": "ls"}, where=cache)[-1] == {"datasets": []}
+        st = os.lstat(tmp_path / "cache" / h.name)
+        assert st.st_uid == 0 and st.st_mode & 0o777 == 0o700
+    dl = tmp_path / "cache" / "n1" / ".torchrig" / "download"
+    dl.mkdir()
+    wheels = {"a-1.0-py3-none-any.whl": os.urandom(CH * 2 + 5), "b-2.0-py3-none-any.whl": b"bee"}
+    for n, data in wheels.items():
+        (dl / n).write_bytes(data)
+    entries = run.call(nodes, three[0], {"op": "adopt", "chunk": CH}, where=cache)[-1]["entries"]
+    assert [(e["path"], e["sha256"], e["size"]) for e in entries] == \
+        [(n, sha(d), len(d)) for n, d in sorted(wheels.items())]
+    assert not dl.exists() and len(entries[0]["chunks"]) == 3
+    m = build(entries, CH)
+    assert run.call(nodes, three[0], {"op": "commit", "name": "pip-x", "manifest": m.doc,
+                                      "sha256": m.sha256}, where=cache)[-1]["switched"]
+    p = run._Push(nodes, m, {}, "pip-x", 0, lambda t: None, run.Progress(), hosts=three,
+                  where=cache)
+    p.from_here = False
+    res = run._distribute(p, None)
+    assert res.fallbacks == [] and res.operator_bytes == 0
+    for h in ("n2", "n3"):
+        got = tmp_path / "cache" / h / "pip-x"
+        assert {f.name: f.read_bytes() for f in got.iterdir() if f.suffix == ".whl"} == wheels
+        assert (tmp_path / "cache" / h / "pip-x").resolve().stat().st_uid == 0
+    listed = run.call(nodes, three[2], {"op": "ls", "name": "pip-x", "manifests": True},
+                      where=cache)[-1]["datasets"][0]
+    assert listed["problems"] == [] and listed["manifest"] == m.doc
+
+
+def test_roots_store_open_to_others_is_refused(nodes, tmp_path):
+    folder = tmp_path / "open"
+    folder.mkdir(mode=0o770)
+    os.chmod(folder, 0o770)
+    cache = run.Where(lambda h: str(folder), make=True)
+    with pytest.raises(TorchrigError, match="open to other users .*mode 770.* root's alone"):
+        run.call(nodes, host(nodes, "n1"), {"op": "ls"}, where=cache)
+
+
+def test_a_file_left_in_download_that_is_not_a_plain_file_is_refused(nodes, tmp_path):
+    cache = run.Where(lambda h: str(tmp_path / "c"), make=True)
+    run.call(nodes, host(nodes, "n1"), {"op": "ls"}, where=cache)
+    dl = tmp_path / "c" / ".torchrig" / "download"
+    dl.mkdir()
+    (dl / "x-1.0-py3-none-any.whl").symlink_to("/etc/shadow")
+    with pytest.raises(TorchrigError, match="x-1.0-py3-none-any.whl"):
+        run.call(nodes, host(nodes, "n1"), {"op": "adopt", "chunk": CH}, where=cache)
+    assert not any((tmp_path / "c" / ".torchrig" / "objects").iterdir())
+
+
+def test_a_node_its_source_cannot_serve_fails_the_fan_out_when_here_has_no_copy(nodes, tmp_path):
+    m, local = dataset(tmp_path, {"w-1-py3-none-any.whl": b"x" * 1000})
+    receive(nodes, "n1", m, local)
+    p = run._Push(nodes, m, {}, "ds", 0, lambda t: None, run.Progress(),
+                  hosts=[host(nodes, "n1"), host(nodes, "n4")])
+    p.from_here = False
+    with pytest.raises(TorchrigError, match="n4: cannot get it from n1 .*closed the transfer"):
+        run._distribute(p, None)

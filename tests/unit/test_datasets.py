@@ -269,6 +269,16 @@ def test_an_op_is_a_fixed_command_line_and_its_request_travels_on_stdin(fleet):
     assert json.loads(base64.b64decode(b64)) == {**req, "data_dir": "/srv/some data"}
 
 
+def test_the_wheel_cache_is_roots_own_store(fleet):
+    """provision's wheel cache: node.py as root (no runuser), in var wheel_cache_dir, made."""
+    from torchrig.provision.wheelshare import CACHE
+    host = fleet.hosts[0]
+    assert run.command(host, "ls", CACHE) == f"cd / && python3 -I -c '{run.BOOT}' torchrig-data ls"
+    b64 = re.search(rb'b64decode\("([^"]+)"\)', run.head(host, {"op": "ls"}, CACHE)).group(1)
+    assert json.loads(base64.b64decode(b64)) == {"op": "ls", "data_dir": "/var/lib/torchrig/wheels",
+                                                 "make": True}
+
+
 def test_the_json_lines_of_an_op_arrive_in_any_pieces():
     seen = []
     lines = run.Lines(seen.append)

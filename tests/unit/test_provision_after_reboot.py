@@ -18,7 +18,7 @@ class FakeFleet:
 
 def planned(host, blocked=None, changes=True):
     return NS(host=NS(name=host), ctx=NS(cluster=NS(blocked=blocked)),
-              plan=NS(changes_anything=changes), report=HostReport(host))
+              plan=NS(changes_anything=changes, steps=[]), report=HostReport(host))
 
 
 def first_pass(p, reboot, progress):

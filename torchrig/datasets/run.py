@@ -23,7 +23,7 @@ import paramiko
 
 from ..connections import ConnectionLost
 from ..errors import TorchrigError
-from ..inventory import Host
+from ..inventory import Host, resolve
 from ..onhost import HERE as ONHOST
 from ..quoting import sh
 from ..session import CannotConnect, Fleet, describe_error
@@ -39,14 +39,27 @@ DROPS = (ConnectionLost, CannotConnect, paramiko.SSHException, EOFError, socket.
 IO = 1 << 20
 
 
-def command(host: Host, op: str) -> str:
-    s = host.settings
-    return "cd / && " + sh("runuser", "-u", s.service_user, "--", "python3", "-I", "-c", BOOT,
-                           "torchrig-data", op)
+@dataclass(frozen=True)
+class Where:
+    """Whose store node.py works in on a host: a folder of the service user's (`runuser` to
+    that user: the data folder), or a root-only one (`user` None: provision's wheel cache,
+    which root reads and so no job may write)."""
+    folder: Callable[[Host], str]
+    user: Callable[[Host], str | None] = lambda h: None
+    make: bool = False     # create the folder (0700) when missing: a root-only one only
 
 
-def head(host: Host, request: dict) -> bytes:
-    req = {**request, "data_dir": host.settings.data_dir}
+DATA = Where(lambda h: h.settings.data_dir, lambda h: h.settings.service_user)
+
+
+def command(host: Host, op: str, where: Where = DATA) -> str:
+    user = where.user(host)
+    run_as = ("runuser", "-u", user, "--") if user else ()
+    return "cd / && " + sh(*run_as, "python3", "-I", "-c", BOOT, "torchrig-data", op)
+
+
+def head(host: Host, request: dict, where: Where = DATA) -> bytes:
+    req = {**request, "data_dir": where.folder(host), **({"make": True} if where.make else {})}
     b64 = base64.b64encode(json.dumps(req).encode()).decode()
     body = (SCRIPT.read_text() + f'\nimport base64\nmain(json.loads(base64.b64decode("{b64}")))\n').encode()
     return f"{len(body)}\n".encode() + body
@@ -77,13 +90,14 @@ class Lines:
 
 
 def call(fleet: Fleet, host: Host, request: dict, feed: Iterator[bytes] | None = None,
-         on_line: Callable[[dict], None] | None = None, timeout: float | None = 600) -> list[dict]:
-    """One op on `host`; its JSON lines. A refusal (exit 3, `error:` line) is a TorchrigError
-    naming the host; a lost connection raises one of DROPS."""
+         on_line: Callable[[dict], None] | None = None, timeout: float | None = 600,
+         where: Where = DATA) -> list[dict]:
+    """One op on `host` in the store `where` names; its JSON lines. A refusal (exit 3,
+    `error:` line) is a TorchrigError naming the host; a lost connection raises one of DROPS."""
     lines, err = Lines(on_line), bytearray()
-    first = head(host, request)
+    first = head(host, request, where)
     data = first if feed is None else _chain(first, feed)
-    rc = fleet.conn(host).stream(command(host, request["op"]), data, lines, err.extend,
+    rc = fleet.conn(host).stream(command(host, request["op"], where), data, lines, err.extend,
                                  root=True, timeout=timeout)
     if rc != 0:
         text = err.decode(errors="replace").strip().splitlines()
@@ -150,16 +164,22 @@ class PushResult:
 
 class _Push:
     def __init__(self, fleet: Fleet, manifest: Manifest, local: dict[str, Path], name: str,
-                 bwlimit: int, log: Callable[[str], None], progress: Progress):
+                 bwlimit: int, log: Callable[[str], None], progress: Progress,
+                 hosts: list[Host] | None = None, where: Where = DATA):
         self.fleet, self.m, self.local, self.name = fleet, manifest, local, name
+        self.hosts, self.where = list(fleet.hosts if hosts is None else hosts), where
         self.bwlimit, self.log, self.progress = bwlimit, log, progress
         self.res = PushResult(name, manifest.sha256, len(manifest.files), manifest.size)
         self.sent_lock = threading.Lock()
         self.download: dict | None = None  # data.pull: the request a node downloads with
+        self.from_here = True   # a node its source cannot serve gets the bytes from here
+
+    def call(self, host: Host, request: dict, **kw) -> list[dict]:
+        return call(self.fleet, host, request, where=self.where, **kw)
 
     def state(self, host: Host) -> dict:
-        return last(call(self.fleet, host, {"op": "state", "name": self.name,
-                                            "manifest": self.m.doc}), "todo")
+        return last(self.call(host, {"op": "state", "name": self.name, "manifest": self.m.doc}),
+                    "todo")
 
     # this machine -> a node, over SSH, resumed after a drop
     def upload(self, host: Host, todo: list[dict]) -> None:
@@ -170,8 +190,8 @@ class _Push:
             before = self.progress.nodes[host.name]["done"]
             lines, why = [], ""
             try:
-                lines = call(self.fleet, host, {"op": "recv", "sends": todo, "chunk": self.m.doc["chunk"]},
-                             feed=self._bytes(host, todo), timeout=None)
+                lines = self.call(host, {"op": "recv", "sends": todo, "chunk": self.m.doc["chunk"]},
+                                  feed=self._bytes(host, todo), timeout=None)
             except Ended as e:
                 why = "the node's side ended" if "exit -1" in str(e) else str(e).split(": ", 2)[-1]
             except DROPS as e:
@@ -227,7 +247,6 @@ class _Push:
     def relay(self, src: Host, dst: Host, todo: list[dict]) -> str | None:
         """None when dst got the bytes from src; else why it could not (the caller sends them
         from here)."""
-        from ..provision.firewall import resolve
         token = secrets.token_hex(32)
         ready, end = threading.Event(), threading.Event()
         served: dict = {}
@@ -243,11 +262,10 @@ class _Push:
 
         def serve() -> None:
             try:
-                call(self.fleet, src, {"op": "serve", "bind": src.address, "token": token,
-                                       "peers": resolve(dst.address, f"host {dst.name}"),
-                                       "objects": sorted(self.m.objects()),
-                                       "bwlimit": self.bwlimit}, feed=feed(), on_line=on_serve,
-                     timeout=None)
+                self.call(src, {"op": "serve", "bind": src.address, "token": token,
+                                "peers": resolve(dst.address, f"host {dst.name}"),
+                                "objects": sorted(self.m.objects()), "bwlimit": self.bwlimit},
+                          feed=feed(), on_line=on_serve, timeout=None)
             except Exception as e:  # noqa: BLE001 - reported as the pair's failure
                 served["unreachable"] = f"{src.name}: {describe_error(e)}"
             ready.set()
@@ -261,10 +279,10 @@ class _Push:
                 return self._fallback(dst, served.get("unreachable", "no transfer server"))
             self.progress.start(dst.name, sum(t["size"] - t["offset"] for t in todo), src.name)
             base = self.progress.nodes[dst.name]["done"]
-            lines = call(self.fleet, dst, {"op": "pull", "peer": src.address, "port": served["port"],
-                                           "token": token, "sends": todo, "chunk": self.m.doc["chunk"]},
-                         on_line=lambda o: "bytes" in o and self.progress.set(dst.name, base + o["bytes"]),
-                         timeout=None)
+            lines = self.call(dst, {"op": "pull", "peer": src.address, "port": served["port"],
+                                    "token": token, "sends": todo, "chunk": self.m.doc["chunk"]},
+                              on_line=lambda o: "bytes" in o and self.progress.set(dst.name, base + o["bytes"]),
+                              timeout=None)
         finally:
             end.set()
             server.join(30)
@@ -338,8 +356,8 @@ def _distribute(p: _Push, running_users: Callable[[], list[str]] | None) -> Push
     """Every selected node gets what it lacks (the seed from here, then node to node), then
     every node switches; or, when any node failed, none does."""
     fleet, m, name, log = p.fleet, p.m, p.name, p.log
-    hosts = {h.name: h for h in fleet.hosts}
-    states = fleet.fan_out(p.state)
+    hosts = {h.name: h for h in p.hosts}
+    states = fleet.fan_out(p.state, p.hosts)
     down = [f"{r.host}: {r.error}" for r in states if not r.ok]
     if down:
         raise TorchrigError("data: " + "; ".join(down))
@@ -362,10 +380,12 @@ def _distribute(p: _Push, running_users: Callable[[], list[str]] | None) -> Push
             gone = p.relay(hosts[src], hosts[dst], st[dst]["todo"])
             if gone is None:
                 return
+            if not p.from_here and not p.download:
+                raise TorchrigError(f"cannot get it from {src} ({gone})")
             log(f"{dst}: cannot get it from {src} ({gone}); "
                 + ("it downloads it itself" if p.download else "sending it from this machine"))
         if p.download:
-            call(fleet, hosts[dst], p.download, timeout=None)
+            p.call(hosts[dst], p.download, timeout=None)
             p.res.nodes[dst] = {"from": "its own download"}
             return
         p.upload(hosts[dst], p.state(hosts[dst])["todo"] if src != plan.OPERATOR else st[dst]["todo"])
@@ -376,8 +396,8 @@ def _distribute(p: _Push, running_users: Callable[[], list[str]] | None) -> Push
         if failed:
             raise TorchrigError("data: nothing switched (what arrived is kept for the next "
                                 "try): " + "; ".join(failed))
-    commits = fleet.fan_out(lambda h: call(fleet, h, {"op": "commit", "name": name,
-                                                     "manifest": m.doc, "sha256": m.sha256})[-1])
+    commits = fleet.fan_out(lambda h: p.call(h, {"op": "commit", "name": name, "manifest": m.doc,
+                                                 "sha256": m.sha256})[-1], p.hosts)
     failed = [f"{r.host}: {r.error}" for r in commits if not r.ok]
     if failed:
         raise TorchrigError("data: " + "; ".join(failed))

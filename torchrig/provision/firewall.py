@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import socket
 
 from ..changes import managed
 from ..changes.model import Cmd, FileChange
 from ..errors import TorchrigError
+from ..inventory import resolve
 from ..facts.netfilter import TABLE, UNIT, loaded_argv, parse_ephemeral
 from ..quoting import sh
 from ..settings import RDZV_PORTS
@@ -25,23 +25,6 @@ from .slurm import USER as slurm_user
 
 PACKAGE = "nftables"   # the distribution's package
 USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
-
-
-def resolve(address: str, where: str) -> list[str]:
-    """The IP addresses of an inventory address (a literal is itself; a name resolved here,
-    on the operator's machine, once per provision)."""
-    try:
-        return [str(ipaddress.ip_address(address))]
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(address, None, proto=socket.IPPROTO_TCP)
-    except (socket.gaierror, UnicodeError) as e:
-        raise TorchrigError(f"{where}: address {address!r} does not resolve on this machine "
-                            f"({e}); the firewall admits the inventory's hosts by IP: write "
-                            "IP addresses in the inventory, or set var firewall: false and "
-                            "manage the host firewall yourself") from None
-    return sorted({info[4][0].split("%")[0] for info in infos})
 
 
 def fleet_addresses(inv) -> tuple[str, ...]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from ..changes.factview import what_changed
 from ..secrets import Redactor
 from ..session import Fleet
-from . import planfile
+from . import planfile, wheelshare
 from .apply import HostReport, Planned, apply_host, merge_steps, plan_hosts, scripts_for_digest
 
 
@@ -44,6 +44,7 @@ class ProvisionResult:
     """Phase 2: what apply did on each host (redacted)."""
 
     reports: list[HostReport]
+    wheels: dict = field(default_factory=dict)   # wheelshare.share's account, per set
 
     @property
     def ok(self) -> bool:
@@ -124,14 +125,16 @@ def save(fp: FleetPlan, path: str) -> int:
 
 def apply(fleet: Fleet, fp: FleetPlan, reboot: bool, progress=None) -> ProvisionResult:
     """Apply each host's plan (apply_host refuses one whose facts moved since); the hosts
-    that had no plan keep their reports."""
+    that had no plan keep their reports. First, the wheels several hosts install are fetched
+    from the index once and shared (wheelshare.py)."""
+    shared = wheelshare.share(fleet, fp.planned, progress, fp.red)
     applied = fleet.fan_out(lambda p: apply_host(fleet, p, reboot, progress), fp.planned,
                             name=lambda p: p.host.name)
     reports = [r.value if r.ok else HostReport(r.host, ok=False, error=r.error) for r in applied]
     if any(p.ctx.cluster and p.ctx.cluster.blocked for p in fp.planned) and \
             any(r.rebooted for r in reports):
         reports = cluster_after_reboots(fleet, reports, progress)
-    return ProvisionResult(fp.red.data(reports) + fp.failed)
+    return ProvisionResult(fp.red.data(reports) + fp.failed, fp.red.data(shared))
 
 
 def cluster_after_reboots(fleet: Fleet, reports: list[HostReport], progress=None) -> list[HostReport]:

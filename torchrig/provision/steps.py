@@ -334,25 +334,77 @@ def python_venv(c: Ctx) -> list[Change]:
     return out
 
 
-def _pip_install(s: Settings, reqs: list[str], index_url: str | None, var: str) -> Cmd:
-    """pip install `reqs` into the venv from `index_url` (None: the node's pip configuration)."""
-    args = [f"{s.venv}/bin/pip", "install", "--quiet", "--disable-pip-version-check"]
+@dataclass(frozen=True)
+class PipInstall(Cmd):
+    """python-venv's pip install, with what it installs from where: provision/wheelshare.py
+    may fetch these wheels once for the fleet and swap in `from_wheels`."""
+    reqs: tuple[str, ...] = ()
+    index_url: str | None = None
+    var: str = ""
+
+
+def _pip(s: Settings, pip: str, verb: list[str], reqs: list[str], index_url: str | None,
+         var: str) -> str:
+    """`pip` (shell text) `verb` (its arguments) over `reqs` from `index_url` (None: the
+    node's pip configuration), as a root script snippet."""
+    args = [verb[0], "--quiet", "--disable-pip-version-check", *verb[1:]]
     index = split_credentials(index_url) if index_url else None
     if index is not None:
         args += ["--index-url", index.url]
     if s.pip_trusted_host:
         args += ["--trusted-host", s.pip_trusted_host]
-    pip = sh(*args) + f" -r {PIP_REQUIREMENTS}"
+    pip = f"{pip} {sh(*args)} -r {PIP_REQUIREMENTS}"
     if index is not None and index.login is not None:
         # credentials from a 0600 netrc file, not the URL: pip passes its index URL on
         # to the pip it runs for build dependencies, in that process's command line
         pip = (f"(umask 077; printf %s {sh(b64(netrc(index, var)))} | base64 -d > {PIP_NETRC})\n"
                f"NETRC={PIP_NETRC} {pip}")
+    return _requirements(reqs) + pip
+
+
+def _requirements(lines: list[str]) -> str:
     # the requirements in a file, not argv: one may be a URL with credentials
     # (`pkg @ https://user:token@host/pkg.whl`)
-    script = (f"printf %s {sh(b64(''.join(r + chr(10) for r in reqs)))} | base64 -d "
-              f"> {PIP_REQUIREMENTS}\n{pip}")
-    return Cmd(f"pip install {' '.join(reqs)} into {s.venv}", script)
+    return (f"printf %s {sh(b64(''.join(r + chr(10) for r in lines)))} | base64 -d "
+            f"> {PIP_REQUIREMENTS}\n")
+
+
+def _pip_install(s: Settings, reqs: list[str], index_url: str | None, var: str) -> PipInstall:
+    """pip install `reqs` into the venv from `index_url` (None: the node's pip configuration)."""
+    return PipInstall(f"pip install {' '.join(reqs)} into {s.venv}",
+                      _pip(s, sh(f"{s.venv}/bin/pip"), ["install"], reqs, index_url, var),
+                      tuple(reqs), index_url, var)
+
+
+WHEELS_TMP_VENV = '"$TORCHRIG_TMP"/pip'
+
+
+def wheels_download_dir(s: Settings) -> str:
+    """Where `pip download` writes in root's wheel cache (onhost/data/node.py's `adopt` takes
+    the files from there into the cache's store)."""
+    return f"{s.wheel_cache_dir}/.torchrig/download"
+
+
+def pip_download(s: Settings, p: PipInstall) -> str:
+    """The root script that downloads `p`'s wheels (binary only: no package's build runs) and
+    their dependencies into root's wheel cache, with the index and credentials `p` uses. pip
+    comes from a throwaway venv: the host's own venv is made by its python-venv step."""
+    dest = wheels_download_dir(s)
+    return (f"python3 -m venv {WHEELS_TMP_VENV}\n"
+            f"rm -rf -- {sh(dest)} && mkdir -m 0700 -- {sh(dest)}\n"
+            + _pip(s, f"{WHEELS_TMP_VENV}/bin/pip", ["download", "--only-binary=:all:", "--dest", dest],
+                   list(p.reqs), p.index_url, p.var))
+
+
+def from_wheels(s: Settings, p: PipInstall, folder: str, pins: list[str], source: str) -> Cmd:
+    """`p` from the wheels in root's `folder`, each pinned with its sha256 (pins: `name==ver
+    --hash=sha256:...` lines, pip refuses any other file); if that install fails, `p` itself
+    from the index, as without a shared download."""
+    pip = sh(f"{s.venv}/bin/pip", "install", "--quiet", "--disable-pip-version-check",
+             "--no-index", "--find-links", folder, "--require-hashes") + f" -r {PIP_REQUIREMENTS}"
+    return Cmd(f"{p.summary} (wheels from {source}, sha256-checked)",
+               _requirements(pins) + f"{pip} || {{\necho 'the shared wheels did not install: "
+               f"installing from the index' >&2\n{p.script}\n}}")
 
 
 def _satisfied(req: str, dists: dict[str, str]) -> bool:

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import unquote
 
 from ..errors import TorchrigError
 from ..settings import DEFAULTS
@@ -68,3 +69,13 @@ def write_index(wheels: Path, root: Path) -> None:
         "<!DOCTYPE html><html><body>\n"
         + "\n".join(f'<a href="{p}/">{p}</a><br>' for p in sorted(projects))
         + "\n</body></html>\n")
+
+
+# a line of the index's request log (http.server's, in the testbed's http.log): a file served
+SERVED = re.compile(r'(\S+) - - \[[^\]]*\] "GET /pypi/files/([^ "?]+) HTTP/[0-9.]+" 200 ')
+
+
+def wheels_served(log_text: str) -> list[tuple[str, str]]:
+    """(client address, wheel file name) for each wheel the index served, in order, from its
+    request log (lab's http.log: one line per request)."""
+    return [(m.group(1), unquote(m.group(2))) for m in map(SERVED.match, log_text.splitlines()) if m]

@@ -1,9 +1,11 @@
-"""Runs ON THE NODE as the service user (never root): `runuser -u USER -- python3 -I -c BOOT
+"""Runs ON THE NODE as the owner of its store: `runuser -u USER -- python3 -I -c BOOT
 torchrig-data OP`, this script and its request on stdin (BOOT reads a length line, then the
 script; what follows on stdin is the op's byte stream: `recv`'s file bytes, `serve`'s end).
 
-The data folder is the service user's, so every file here is read and written as that user:
-root never touches a path a job controls. Layout under the data folder D:
+A dataset's store is the service user's data folder, so every file there is read and written
+as that user: root never touches a path a job controls. Provision's wheel cache is a store
+of root's (run as root, no runuser; the folder 0700, made on first use): no job can write in
+it. Layout under the store's folder D:
 
   D/.torchrig/objects/<sha256>              verified files, content-addressed (0444)
   D/.torchrig/objects.json                  {sha256: [size, mtime_ns, inode]} at verification
@@ -23,6 +25,7 @@ half-written. Ops (JSON reply on stdout, or JSON lines for the long ones; a refu
   ls       the datasets here, each checked (sizes and stat records; "full": re-hashed)
   rm       a dataset, and its objects no other dataset uses
   download one file from an HTTP(S) URL into the store (data.pull's first node)
+  adopt    the files of D/.torchrig/download (provision's `pip download`) into the store
 """
 import errno
 import fcntl
@@ -60,13 +63,18 @@ def out(obj):
 # ---- the store -------------------------------------------------------------------------
 
 class Store:
-    def __init__(self, data_dir):
+    def __init__(self, data_dir, make=False):
         self.data = data_dir
+        if make and not os.path.lexists(data_dir):
+            os.makedirs(data_dir, 0o700)
         st = os.lstat(data_dir) if os.path.lexists(data_dir) else None
         if st is None or not stat.S_ISDIR(st.st_mode):
             fail(f"{data_dir}: no such folder (run `torchrig provision` on this host)")
         if st.st_uid != os.geteuid():
-            fail(f"{data_dir} is not the service user's (owner uid {st.st_uid})")
+            fail(f"{data_dir} is not {'root' if make else 'the service user'}'s (owner uid {st.st_uid})")
+        if make and st.st_mode & 0o077:
+            fail(f"{data_dir} is open to other users (mode {stat.S_IMODE(st.st_mode):o}); "
+                 "it must be root's alone (chmod 700)")
         self.top = os.path.join(data_dir, ".torchrig")
         for sub in ("", "objects", "incoming", "sets"):
             path = os.path.join(self.top, sub)
@@ -563,6 +571,55 @@ def op_download(req, store):
         os.close(lock)
 
 
+# ---- adopting: the files a command on the node put in .torchrig/download ---------------------
+
+WHEEL_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]{0,254}")
+
+
+def op_adopt(req, store):
+    """Each regular file of D/.torchrig/download into the store, hashed (and per chunk), by
+    name: the manifest's entries. The folder goes afterwards. Only root's store has one (its
+    owner put it there: provision's `pip download`, as root)."""
+    folder = os.path.join(store.top, "download")
+    lock = store.lock()
+    try:
+        index, entries = store.index(), []
+        dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            for name in sorted(os.listdir(dfd)):
+                if not WHEEL_RE.fullmatch(name):
+                    fail(f"{folder}/{name}: not a plain file name")
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+                try:
+                    st = os.fstat(fd)
+                    if not stat.S_ISREG(st.st_mode):
+                        fail(f"{folder}/{name}: not a regular file")
+                    h, chunks = hash_fd(fd, chunk=req["chunk"])
+                    if st.st_size % req["chunk"]:  # as download's entries: the tail's too
+                        chunks.append(_tail_hash(fd, st.st_size, req["chunk"]))
+                    sha = h.hexdigest()
+                    if not store.have(sha, st.st_size, index):
+                        os.fchmod(fd, 0o444)
+                        os.replace(name, store.obj(sha), src_dir_fd=dfd)
+                        index[sha] = stat_record(os.fstat(fd))
+                finally:
+                    os.close(fd)
+                entries.append({"path": name, "size": st.st_size, "sha256": sha, "chunks": chunks})
+        finally:
+            os.close(dfd)
+        store.save_index(index)
+        shutil.rmtree(folder)
+        return {"entries": entries}
+    finally:
+        os.close(lock)
+
+
+def _tail_hash(fd, size, chunk):
+    """sha256 of the last, partial chunk of a file of `size` bytes."""
+    os.lseek(fd, size - size % chunk, os.SEEK_SET)
+    return hashlib.sha256(os.read(fd, chunk)).hexdigest()
+
+
 # ---- versions ---------------------------------------------------------------------------
 
 def set_dir(store, name):
@@ -785,7 +842,8 @@ def op_ls(req, store):
         found.append({"name": name, "version": version, "sha256": doc and doc.get("sha256"),
                       "files": len(files), "bytes": sum(f["size"] for f in files),
                       "pushed_at": doc and doc.get("pushed_at"), "problems": problems,
-                      "path": os.path.join(store.data, name)})
+                      "path": os.path.join(store.data, name),
+                      **({"manifest": doc["manifest"]} if req.get("manifests") and doc else {})})
     return {"datasets": found}
 
 
@@ -859,9 +917,10 @@ def main(req):
     """`req`: the request (the operator appends `main(json.loads(base64 ...))`)."""
     os.umask(0o027)
     check_request(req)
-    store = Store(req["data_dir"])
+    store = Store(req["data_dir"], make=bool(req.get("make")) and os.geteuid() == 0)
     ops = {"state": op_state, "recv": op_recv, "pull": op_pull, "serve": op_serve,
-           "commit": op_commit, "ls": op_ls, "rm": op_rm, "download": op_download}
+           "commit": op_commit, "ls": op_ls, "rm": op_rm, "download": op_download,
+           "adopt": op_adopt}
     reply = ops[req["op"]](req, store)
     if reply is not None:
         out(reply)

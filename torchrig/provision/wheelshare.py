@@ -1,0 +1,135 @@
+"""Before the hosts' steps run: each group of hosts that install the same wheels (wheels.py)
+gets them from the index once. One host (the seed) downloads them as root into root's wheel
+cache (var wheel_cache_dir, 0700), or a selected host already holds them there; the others
+receive them node to node over the cluster network as data.push's fan-out sends a dataset
+(onhost/data/node.py, run as root on that root-only store: a short-lived server bound to the
+source's inventory address that serves only its destination's address with a one-time
+token), each file checked against its sha256 on arrival. Each host's pip step then installs
+from its own cache with `--no-index --require-hashes` (pip checks every wheel again), and
+falls back to the index if that install fails. Anything else that goes wrong leaves the
+group on the index, as without sharing, and says why."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ..datasets import run as transfer
+from ..datasets.manifest import CHUNK, Manifest, build, dataset_path, hash_file
+from ..errors import TorchrigError
+from ..secrets import Redactor
+from ..session import Fleet, describe_error
+from . import wheels
+from .apply import Planned, _last_lines, preamble, run_root_script
+from .live import StepProgress
+from .steps import from_wheels, pip_download
+
+CACHE = transfer.Where(lambda h: h.settings.wheel_cache_dir, make=True)
+
+
+def share(fleet: Fleet, planned: list[Planned], progress: StepProgress | None = None,
+          red: Redactor | None = None) -> dict:
+    """Swap each sharing host's pip install for the install from its cache (in its plan, in
+    place). {set name: what happened} for the report and the bench."""
+    progress, red = progress or StepProgress(), red or Redactor()
+    out = {}
+    for g in wheels.groups(planned):
+        t0 = time.monotonic()
+        try:
+            out[g.name] = _share(fleet, g, progress) | {"seconds": round(time.monotonic() - t0, 2)}
+        except Exception as e:  # noqa: BLE001 - the group installs from the index, as before
+            why = red.text(describe_error(e))
+            out[g.name] = {"error": why}
+            for p in g.needers:
+                progress.note(p.host.name, f"wheels not shared ({why}): pip installs from the index")
+    return out
+
+
+def _share(fleet: Fleet, g: wheels.Group, progress: StepProgress) -> dict:
+    local_dir = g.needers[0].settings.pip_wheels_dir
+    if local_dir:  # the operator's own copy: this machine seeds one host, then node to node
+        manifest, local = from_operator(local_dir)
+        p = _push(fleet, g, manifest, local, [n.host for n in g.needers])
+        return _installs(g, p, manifest, None, "this machine", progress)
+    listed = fleet.fan_out(lambda p: transfer.last(transfer.call(
+        fleet, p.host, {"op": "ls", "name": g.name, "manifests": True}, where=CACHE),
+        "datasets")["datasets"], g.hosts, name=lambda p: p.host.name)
+    held = {r.host: r.value[0] for r in listed if r.ok and r.value and not r.value[0]["problems"]}
+    holder = next((p for p in g.hosts if p.host.name in held), None)
+    if holder is None and len(g.needers) < 2:
+        return {"shared": False}
+    if holder is None:
+        holder = g.needers[0]
+        manifest = _download(fleet, holder, g, progress)
+        downloaded = holder.host.name
+    else:
+        manifest = Manifest(held[holder.host.name]["manifest"])
+        downloaded = None
+    p = _push(fleet, g, manifest, {}, [holder.host] + [
+        n.host for n in g.needers if n is not holder and n.host.name not in held])
+    p.from_here = False  # this machine has no copy: such a pair fails, the group uses the index
+    return _installs(g, p, manifest, downloaded, holder.host.name, progress)
+
+
+def _push(fleet: Fleet, g: wheels.Group, manifest: Manifest, local: dict, hosts: list):
+    return transfer._Push(fleet, manifest, local, g.name, 0, lambda text: None,
+                          transfer.Progress(), hosts=hosts, where=CACHE)
+
+
+def _installs(g: wheels.Group, p, manifest: Manifest, downloaded: str | None, source: str,
+              progress: StepProgress) -> dict:
+    """Every needer gets the wheels (the fan-out), then installs from its cache."""
+    pins = wheels.pins(manifest.files)
+    res = transfer._distribute(p, None)
+    for n in g.needers:
+        folder = dataset_path(n.settings.wheel_cache_dir, g.name)
+        swap(n, from_wheels(n.settings, wheels.pip_of(n), folder, pins,
+                            "this host's cache" if n.host.name == source else source))
+    progress.note(p.hosts[0].name, f"wheels: {len(manifest.files)} files, "
+                  f"{manifest.size / 2**20:.0f} MiB, {'downloaded once, ' if downloaded else ''}"
+                  f"from {source} to {len(p.hosts) - (source != 'this machine')} host(s)")
+    return {"shared": True, "downloaded_by": downloaded, "source": source,
+            "files": len(manifest.files), "bytes": manifest.size,
+            "operator_bytes": res.operator_bytes,
+            "hosts": sorted(n.host.name for n in g.needers), "fallbacks": res.fallbacks}
+
+
+def from_operator(folder: str) -> tuple[Manifest, dict]:
+    """The manifest of the wheels in the operator's folder (var pip_wheels_dir: what `pip
+    download` wrote, for the hosts' platform) and where each is here."""
+    root = Path(folder).expanduser()
+    files = sorted(p for p in root.glob("*.whl") if p.is_file()) if root.is_dir() else []
+    if not files:
+        raise TorchrigError(f"var pip_wheels_dir: no .whl file in {folder} on this machine "
+                            "(fill it with `pip download --only-binary=:all: -d DIR ...`)")
+    entries, local = [], {}
+    for f in files:
+        e = hash_file(f, CHUNK)
+        entries.append({"path": f.name, **e})
+        local.setdefault(e["sha256"], f)
+    return build(entries), local
+
+
+def _download(fleet: Fleet, seed: Planned, g: wheels.Group, progress: StepProgress):
+    """The seed's `pip download` into its cache, adopted into the cache's store: the
+    manifest (file names, sizes, sha256) the others receive and pip pins."""
+    name = seed.host.name
+    progress.note(name, f"downloading the wheels once for {len(g.needers)} hosts")
+    r = run_root_script(fleet.conn(seed.host),
+                        preamble(seed.settings.apt_lock_timeout) + pip_download(seed.settings, g.pip))
+    if r.exited != 0:
+        raise TorchrigError(f"{name}: pip download failed: {_last_lines(r.stderr or r.stdout)}")
+    entries = transfer.last(transfer.call(fleet, seed.host, {"op": "adopt", "chunk": CHUNK},
+                                          where=CACHE), "entries")["entries"]
+    manifest = build(entries)
+    transfer.call(fleet, seed.host, {"op": "commit", "name": g.name, "manifest": manifest.doc,
+                                     "sha256": manifest.sha256}, where=CACHE)
+    return manifest
+
+
+def swap(p: Planned, cmd) -> None:
+    """In the host's plan, its pip install from the index becomes `cmd`."""
+    old = wheels.pip_of(p)
+    for sp in p.plan.steps:
+        if sp.step.name == wheels.STEP:
+            sp.changes = [cmd if c is old else c for c in sp.changes]
