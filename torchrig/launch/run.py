@@ -305,6 +305,10 @@ def _start(fleet: Fleet, h: Host, job: Job) -> None:
         raise TorchrigError(refusal(r.stderr) or f"systemctl start failed: {r.stderr.strip()[-300:]}")
 
 
+# How often _confirm polls each node: 4 times a second for the first seconds, when workers
+# usually spawn (the operator waits on that poll's latency: up to a second otherwise), then
+# once a second (a long rendezvous does not cost the nodes a probe every 250 ms).
+POLL_FIRST_S, POLL_FIRST_FOR_S, POLL_S = 0.25, 10.0, 1.0
 EARLY_LINES = 15  # stderr lines of the failing rank an early failure's error shows
 
 
@@ -314,9 +318,10 @@ def _confirm(fleet: Fleet, hosts: list[Host], job: Job, o: LaunchOptions) -> lis
     (o.early_fail_window, counted on each node from its workers' spawn), no node's unit
     failed: payload/torchrig_torchrun.py ends a first attempt whose workers all failed within
     that window, and this reports it at once with the failing rank's last stderr lines. One
-    probe round trip per node per poll, about every second."""
+    probe round trip per node per poll (POLL_FIRST_S, then POLL_S)."""
     by_name = {n.host: n for n in job.nodes}
     deadline = time.monotonic() + o.start_timeout
+    first_until = time.monotonic() + POLL_FIRST_FOR_S
     pending = {h.name for h in hosts}
     watching: dict[str, float] = {}  # spawned node -> when (here) its early window has passed
     while pending or watching:
@@ -345,7 +350,8 @@ def _confirm(fleet: Fleet, hosts: list[Host], job: Job, o: LaunchOptions) -> lis
             elif r.host in watching and (now >= watching[r.host] or state == "inactive"):
                 del watching[r.host]  # the window passed (or the job already ended cleanly)
         if pending or watching:
-            time.sleep(max(0.0, min([1.0] + [t - time.monotonic() for t in watching.values()])))
+            poll = POLL_FIRST_S if time.monotonic() < first_until else POLL_S
+            time.sleep(max(0.0, min([poll] + [t - time.monotonic() for t in watching.values()])))
     return [f"{h}: workers not started within {o.start_timeout}s (rendezvous incomplete?): "
             + _journal(fleet, h, hosts, job.name) for h in sorted(pending)]
 
