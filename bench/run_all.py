@@ -4,6 +4,7 @@ root).
 1. provision: fresh provision of 8 hosts, no-change reruns on 1 and 8 hosts (median of 5)
 2. launch overhead and log delivery on two of those hosts
 3. the fleet session: launch (2 nodes) and status (8 hosts), wall time and SSH connections
+4. status --watch on a job with a big journal and logs: round 1 against later rounds
 Results: bench/out/*.json."""
 
 import os
@@ -26,6 +27,7 @@ try:
     run("bench/launch_logs_bench.py", str(INV), "gpu1,gpu2", "--runs", "5")
     run("bench/session_bench.py", str(INV), ",".join(f"gpu{i}" for i in range(1, 9)), "--runs", "5")
     run("bench/fetch_bench.py", str(INV), "gpu1", "--runs", "3")
+    run("bench/watch_bench.py", str(INV), "gpu1", "--rounds", "20")
 finally:
     subprocess.run([sys.executable, "-m", "invoke", "testbed.down"], cwd=REPO,
                    env={**os.environ, **ENV})

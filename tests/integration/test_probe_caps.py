@@ -69,14 +69,14 @@ def test_status_watch_reads_the_journal_after_its_cursor(testbed):
     kept: dict = {}
     try:
         with Session(inv, [h for h in inv.hosts if h.name == NODE]) as fleet:
-            first = status(fleet, fleet.hosts, job, journals_kept=kept)
+            first = status(fleet, fleet.hosts, job, kept=kept)
             assert first.ok, first.failures
-            one = kept[NODE]
+            one = kept[NODE]["journal"]
             assert one["cursor"] and one["read"] >= SHORT + LONG + 2, {**one, "journal": "..."}
             time.sleep(4)
-            second = status(fleet, fleet.hosts, job, journals_kept=kept)
+            second = status(fleet, fleet.hosts, job, kept=kept)
             assert second.ok
-            two = kept[NODE]
+            two = kept[NODE]["journal"]
     finally:
         stop_unit(testbed, job)
     assert 1 <= two["read"] <= 10 and two["cursor"] != one["cursor"], {**two, "journal": "..."}

@@ -268,7 +268,7 @@ def test_a_failed_probe_is_one_clear_error():
 def test_status_from_a_captured_reply_of_a_running_job():
     cap = json.loads((FIXTURES / "probe_02_status_reply_testbed_running_job.json").read_text())
     raw = cap["reply"]
-    assert set(job_state.probe_request(cap["unit"], "/l", "/l/u.csv")["run"]) == set(raw["run"])
+    assert set(job_state.probe_request(cap["unit"], "/l", "/l/u.csv", 1 << 16)["run"]) == set(raw["run"])
     d = job_state.state(cap["unit"], raw, 1800)
     assert d["unit"]["ActiveState"] == "active" and d["unit"]["LoadState"] == "loaded"
     assert d["attempt"] == 0 and d["torchrun_starts"] == 1
@@ -393,7 +393,7 @@ def test_journal_lines_are_cut_and_a_later_round_reads_after_its_cursor(tmp_path
 
     def read(after=None):
         return journal_probe(tmp_path, {**diagnose.journal_request(
-            "torchrig-j.service", keep=0, lines=100, after_cursor=after), "max_line": 100}, stand_in)
+            "torchrig-j.service", keep=0, lines=100, after={"cursor": after}), "max_line": 100}, stand_in)
     one = read()
     assert one["cursor"] == "c1" and one["read"] == 3
     assert one["journal"].splitlines() == ["Started torchrig-j.service", "agent: round one", "x" * 100]

@@ -126,17 +126,17 @@ def test_status_watch_rounds_share_the_trend_and_the_journal_cursor(monkeypatch)
 
     kept, slept = [], []
 
-    def look(fleet, job, journals):
-        kept.append(journals)
-        if journals is not None:
-            journals[f"round{len(kept)}"] = {}
+    def look(fleet, job, watched):
+        kept.append(watched)
+        if watched is not None:
+            watched.nodes[f"round{len(kept)}"] = {}
         res = status.JobStatus(f"job {job}", [Result("gpu1", True, {
             "gpus": [], "progress": f"step={len(kept)} https://u:hunter2@example.com"})])
         return status.StatusRound(job, res, {"waiting": {"gpu1": "waits for https://u:hunter2@x"}})
     monkeypatch.setattr(status, "look", look)
     rounds = status.watch(_fleet("gpu1"), "j", 5, Redactor(), sleep=slept.append)
     first, second = next(rounds), next(rounds)
-    assert slept == [5] and kept[0] is kept[1] and set(kept[0]) == {"round1", "round2"}
+    assert slept == [5] and kept[0] is kept[1] and set(kept[0].nodes) == {"round1", "round2"}
     assert first.trend is second.trend and "gpu1" in first.trend.nodes
     assert "hunter2" not in str(second.nodes.as_dict()) + str(second.diagnosis)
     once = list(status.watch(_fleet("gpu1"), "j", 0, sleep=slept.append))

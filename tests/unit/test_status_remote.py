@@ -13,7 +13,7 @@ UNIT = "torchrig-nosuchjob.service"
 
 
 def _status(logdir: Path) -> dict:
-    req = job_state.probe_request(UNIT, str(logdir), str(logdir / "gpu_util.csv"))
+    req = job_state.probe_request(UNIT, str(logdir), str(logdir / "gpu_util.csv"), 1 << 16)
     r = subprocess.run([sys.executable, "-I", "-"], input=probe.stdin(req),
                        capture_output=True, text=True, timeout=60)
     return job_state.state(UNIT, probe.reply(r.returncode, r.stdout, r.stderr), 600)

@@ -28,12 +28,59 @@ def _ranks_tree(logdir: str, tail: int, name: str = "stdout.log") -> dict:
             "read": {"name": name, "tail": tail, "first_line": name == "stdout.log", "mtime": True}}
 
 
-def probe_request(unit: str, logdir: str, util_file: str) -> dict:
-    return {"run": {"unit": systemd.show_argv([unit], UNIT_PROPS),
-                    "gpus": {"argv": GPU_QUERY, "timeout": 30}},
-            "tree": {"logs": _ranks_tree(logdir, 65536)},
-            "read": {"util": {"path": util_file, "limit": 1 << 20, "tail": True}},
-            "host": True}
+LOG_TAIL = 64 << 10  # bytes of each rank's stdout.log status reads (its newest progress line)
+
+
+def probe_request(unit: str, logdir: str, util_file: str, util_tail: int,
+                  kept: dict | None = None) -> dict:
+    """status' reads of a node. util_tail: bytes of the sampler's file (what the low-use
+    check looks back over). kept: a `status --watch`'s tails from the last round (follow()):
+    each file is read from where that round ended, not its whole tail again."""
+    req = {"run": {"unit": systemd.show_argv([unit], UNIT_PROPS),
+                   "gpus": {"argv": GPU_QUERY, "timeout": 30}},
+           "tree": {"logs": _ranks_tree(logdir, LOG_TAIL)},
+           "read": {"util": {"path": util_file, "limit": util_tail, "tail": True}},
+           "host": True}
+    if kept is not None:
+        req["tree"]["logs"]["since"] = {p: _since(k) for p, k in kept.get("files", {}).items()
+                                        if _since(k)}
+        req["read"]["util"]["since"] = _since(kept.get("util"))
+    return req
+
+
+def util_tail(window_s: int, gpus: int | None, sample_s: int) -> int:
+    """Bytes of the sampler's file that hold what status reads of it (util_samples: two
+    low-use windows): a line is `<unix time>,<util %>,...`, at most 4 bytes a GPU; twice that
+    here, for at least 8 GPUs (the inventory's count may be missing or short)."""
+    return (2 * window_s // sample_s + 2) * (16 + 8 * max(gpus or 0, 8))
+
+
+def _since(kept: dict | None) -> list | None:
+    return [kept["ino"], kept["end"]] if kept and "end" in kept else None
+
+
+def _tail(kept: dict | None, got: dict | None, most: int) -> dict | None:
+    """A file's tail as one read of its last `most` characters would give it, from the tail
+    kept so far and the bytes a read added after it (probe_host.py read_at's `since`); a read
+    that did not go on from where the kept one ended (a new file, a gap) replaces it."""
+    if got is None:
+        return None
+    if kept and got.get("ino") == kept.get("ino") and got.get("start") == kept.get("end"):
+        got = {**got, "text": (kept["text"] + got["text"])[-most:],
+               **({"first_line": kept["first_line"]} if "first_line" in kept else {})}
+    return got
+
+
+def follow(kept: dict, raw: dict, util_tail: int) -> None:
+    """A `status --watch` round's reply (probe_request with `kept`) made whole, in place: each
+    file's text becomes its tail so far, as a full read would give it (state() reads it as
+    it reads a single status); `kept` takes the tails for the next round."""
+    logs = raw["tree"]["logs"]
+    old = kept.get("files", {})
+    logs["files"] = {p: _tail(old.get(p), got, LOG_TAIL) for p, got in logs["files"].items()}
+    raw["read"]["util"] = _tail(kept.get("util"), raw["read"]["util"], util_tail)
+    kept["files"] = {p: got for p, got in logs["files"].items() if got is not None}
+    kept["util"] = raw["read"]["util"]
 
 
 def start_request(unit: str, logdir: str) -> dict:

@@ -10,7 +10,12 @@ never in a command line. Keys, each optional:
            line at most max_line bytes and max_bytes in all (MAX_LINE, MAX_BYTES by default; the
            rest is read and dropped); "cut" says what a cap cut (see capped())
   jobs     how many commands run at once (default 8)
-  read     {name: {"path", "limit", "tail": bool, "first_line": bool, "follow": bool}} -> {name: {"text", "first_line"} | None}
+  read     {name: {"path", "limit", "tail": bool, "first_line": bool, "follow": bool, "since"?}}
+           -> {name: {"text", "first_line"} | None}; with "since" (a tail read of a file that
+           grows: null, or [inode, offset] where the last read ended), only the bytes after that
+           offset when the file is still that inode (the last `limit` of them), else its tail,
+           plus "ino", "start", "end" (the bytes read; an unfinished UTF-8 character at the end
+           is left for the next read) and no first line when it continued
   stat     {path: with_content}  -> {path: {"mode", "is_dir", "owner", "group", "sha256", "content"} | None}
   exists   [path]                -> {path: bool}
   glob     {name: {"pattern", "limit"}}  -> {name: {path: text}} (each match read as by `read`)
@@ -18,19 +23,22 @@ never in a command line. Keys, each optional:
   host     true                  -> {"arch", "kernel", "euid", "hostname", "disk_free_gb", "time",
                                      "monotonic"} (clocks for ages computed on the operator side)
   tree     {name: {"root", "walk": [regex], "then": [regex], "read": {"name", "tail", "first_line", "mtime"},
-                  "most": n}}
+                  "most": n, "since"?: {relpath: [inode, offset]}}}
            -> {name: {"dirs": [[relpath, mtime]], "files": {relpath: {...} | None}, "cut"?}}: the
               folders matching `walk` one level per regex; in the newest of them, the first
               `most` folders matching `then` (MAX_FILES by default), and the file `read.name` in each
-  journal  {"unit", "keep", "lines", "ident"?, "after_cursor"?, "max_line"?}
-           -> {"year", "utc_offset", "journal", "kernel", "cursor", "cut"?}: the unit's newest
+              (with "since": each file read as `read` reads with "since", its own or null)
+  journal  {"unit", "keep", "lines", "ident"?, "after_cursor"?, "kernel_after_cursor"?, "max_line"?}
+           -> {"year", "utc_offset", "journal", "kernel", "cursor", "kernel_cursor", "kernel_after",
+              "cut"?}: the unit's newest
            `lines` journal lines since its last start (with "ident": the lines of that journal
            identifier instead: a Slurm job's, which belong to no unit of theirs; with
            "after_cursor": every line after that cursor instead, `cursor` being where this read
            ended, for the next), keeping systemd's and torchrun's agent lines (the newest
            5000) and each rank's last `keep` lines (--tee: the ranks' output can be millions
-           of lines), each line cut at max_line bytes, plus kernel OOM lines since the unit
-           started
+           of lines), each line cut at max_line bytes, plus the newest KERNEL_LINES kernel OOM
+           lines since the unit started (with "kernel_after_cursor": those after that cursor,
+           "kernel_after" true when the read could start there)
   connect  {"address", "port", "probe": bool} -> {"resolved" | "resolve_error", "route": run result,
             "reverse_error"?, "reachable", "connect_ms" | "connect_error"}
 
@@ -40,6 +48,7 @@ then fstat: a FIFO would otherwise block the probe forever), and only with one l
 link in a job's folder may be another user's file). Nothing here writes anything.
 """
 import base64
+import codecs
 import concurrent.futures
 import glob
 import grp
@@ -140,12 +149,16 @@ def open_dir(path, dir_fd=None, follow=False):
         return None
 
 
+NO_SINCE = object()  # a read that keeps no position (not a growing file's tail)
+
+
 def read_at(dir_fd, name, limit=1 << 20, tail=False, first_line=False, follow=False,
-            mtime=False):
+            mtime=False, since=NO_SINCE):
     """A regular single-link file `name` in dir_fd: its first `limit` bytes (or last, with
     tail) and optionally its first line and its mtime, as text; None for anything else.
     follow=True only for root's own files (/etc/os-release is a symlink): any link, any link
-    count."""
+    count. since (a tail read): None or [inode, offset] of the last read (see the docstring's
+    `read`), so a file that grows is read once, not its whole tail every time."""
     try:
         fd = os.open(name, NOFOLLOW & ~os.O_NOFOLLOW if follow else NOFOLLOW, dir_fd=dir_fd)
     except OSError:
@@ -154,17 +167,30 @@ def read_at(dir_fd, name, limit=1 << 20, tail=False, first_line=False, follow=Fa
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or (st.st_nlink != 1 and not follow):
             return None
+        start = max(0, st.st_size - limit) if tail else 0
+        goes_on = (since is not NO_SINCE and isinstance(since, list) and len(since) == 2
+                   and since[0] == st.st_ino and isinstance(since[1], int)
+                   and 0 <= since[1] <= st.st_size)
+        if goes_on:
+            start = max(start, since[1])
         with os.fdopen(os.dup(fd), "rb") as fh:
-            got = {"first_line": fh.readline(4096).decode(errors="replace")} if first_line else {}
+            got = ({"first_line": fh.readline(4096).decode(errors="replace")}
+                   if first_line and not goes_on else {})
             if mtime:
                 got["mtime"] = st.st_mtime
-            fh.seek(max(0, st.st_size - limit) if tail else 0)
+            fh.seek(start)
             data = fh.read(limit)
     except OSError:
         return None
     finally:
         os.close(fd)
-    got["text"] = data.decode(errors="replace")
+    if since is not NO_SINCE:  # an unfinished character at the end waits for the next read
+        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        got["text"] = dec.decode(data)
+        data = data[:len(data) - len(dec.getstate()[0])]
+        got.update(ino=st.st_ino, start=start, end=start + len(data))
+    else:
+        got["text"] = data.decode(errors="replace")
     got["bytes"] = data
     return got
 
@@ -240,12 +266,15 @@ def tree(spec):
     if level:
         _, rel, newest = max(level)
         r, most = spec.get("read", {}), spec.get("most", MAX_FILES)
+        since = spec["since"] if isinstance(spec.get("since"), dict) else None
         for pattern in spec.get("then", []):
             for _, name, fd in sorted(entries(newest, pattern), key=lambda e: e[1]):
                 if len(found["files"]) < most:
-                    found["files"][rel + name + "/" + r["name"]] = text_only(read_at(
+                    path = rel + name + "/" + r["name"]
+                    found["files"][path] = text_only(read_at(
                         fd, r["name"], limit=r.get("tail", 65536), tail=True,
-                        first_line=r.get("first_line", False), mtime=r.get("mtime", False)))
+                        first_line=r.get("first_line", False), mtime=r.get("mtime", False),
+                        since=NO_SINCE if since is None else since.get(path)))
                 else:
                     found["cut"] = {"files_left_out": found.get("cut", {}).get(
                         "files_left_out", 0) + 1, "most": most}
@@ -316,14 +345,34 @@ def journal(spec):
     if p.wait() != 0 and spec.get("after_cursor"):  # the cursor is gone: read afresh
         return {**journal({k: v for k, v in spec.items() if k != "after_cursor"}), "reset": True}
     start = run(["systemctl", "show", "-p", "ExecMainStartTimestamp", "--value", "--", spec["unit"]])["out"].strip()
-    kernel = run(["journalctl", "-k", "-o", "cat", "--no-pager"] + (["--since", start] if start else []))["out"]
-    kernel = [ln for ln in kernel.splitlines() if re.search(r"oom|Killed process", ln, re.I)][-200:]
     got = {"year": int(time.strftime("%Y")), "utc_offset": time.strftime("%z"),
-           "journal": "\n".join(ln for _, ln in kept), "kernel": "\n".join(kernel),
-           "cursor": cursor, "read": read}
+           "journal": "\n".join(ln for _, ln in kept), "cursor": cursor, "read": read,
+           **kernel_oom(start, spec.get("kernel_after_cursor"))}
     if cut:
         got["cut"] = {**cut, "max_line": spec.get("max_line", MAX_LINE)}
     return got
+
+
+KERNEL_LINES = 200  # the newest kernel OOM lines a journal read keeps
+
+
+def kernel_oom(start, after=None):
+    """{"kernel": the kernel's OOM lines since the unit started (`start`, systemd's timestamp;
+    the newest KERNEL_LINES), "kernel_cursor": where this read ended, "kernel_after": whether
+    it read only the lines after the cursor `after` (a --watch round: what it costs does not
+    grow with the kernel's log since the job started)}."""
+    argv = ["journalctl", "-k", "-o", "cat", "--no-pager", "-q", "--show-cursor"]
+    r = run(argv + (["--after-cursor", after] if after else ["--since", start] if start else []))
+    if after and r["rc"] != 0:  # the cursor is gone (rotated, vacuumed): since the start
+        return kernel_oom(start)
+    cursor, oom = after, []
+    for ln in r["out"].splitlines():
+        if ln.startswith(CURSOR):
+            cursor = ln[len(CURSOR):]
+        elif re.search(r"oom|Killed process", ln, re.I):
+            oom.append(ln)
+    return {"kernel": "\n".join(oom[-KERNEL_LINES:]), "kernel_cursor": cursor,
+            "kernel_after": bool(after)}
 
 
 def connect(peer):
@@ -367,7 +416,8 @@ def main(request_b64):
     jour = pool.submit(journal, want["journal"]) if want.get("journal") else None
     # while the commands run, the file system
     out["read"] = {n: text_only(read(r["path"], limit=r.get("limit", 1 << 20), tail=r.get("tail", False),
-                                     first_line=r.get("first_line", False), follow=r.get("follow", False)))
+                                     first_line=r.get("first_line", False), follow=r.get("follow", False),
+                                     since=r["since"] if "since" in r else NO_SINCE))
                    for n, r in want.get("read", {}).items()}
     out["stat"] = {p: stat_path(p, c) for p, c in want.get("stat", {}).items()}
     out["exists"] = {p: os.path.exists(p) for p in want.get("exists", [])}

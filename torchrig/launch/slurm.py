@@ -141,6 +141,13 @@ def find(fleet: Fleet, job: str) -> SlurmJob | None:
     return SlurmJob(job, str(rec["job_id"]), query(fleet, ctl, str(rec["job_id"])), rec)
 
 
+def refresh(fleet: Fleet, sj: SlurmJob) -> SlurmJob:
+    """The record `find` returned, with Slurm's state of the job now (a `status --watch`
+    round: the record itself does not change)."""
+    sj.state = query(fleet, fleet.inv.host(cluster(fleet.inv).controller), sj.job_id)
+    return sj
+
+
 def write_record(fleet: Fleet, controller: Host, job: str, rec: dict) -> None:
     """The record, written by root into root's folder; read back by status, logs and stop."""
     r = fleet.run(controller, "bash -c " + sh(script("slurm/record.sh", jobs=JOBS_DIR,

@@ -20,7 +20,7 @@ from ..session import Fleet, Outcome
 from ..settings import JOBS_DIR
 from ..trend import Trend
 from . import slurm
-from .run import no_job
+from .run import GPU_SAMPLE_S, no_job
 
 
 def latest_job(fleet: Fleet) -> str:
@@ -39,10 +39,16 @@ def latest_job(fleet: Fleet) -> str:
     return max(found)[1]
 
 
-def slurm_record(fleet: Fleet, job: str) -> slurm.SlurmJob | None:
+def slurm_record(fleet: Fleet, job: str, kept: Watched | None = None) -> slurm.SlurmJob | None:
     """The job's Slurm record when the inventory has a cluster and Slurm runs it, with the
-    fleet narrowed to its nodes in Slurm's order; else None (a systemd job)."""
-    sj = slurm.find(fleet, job)
+    fleet narrowed to its nodes in Slurm's order; else None (a systemd job). kept: a --watch
+    looks the record up in its first round; later rounds ask Slurm only for the job's state."""
+    if kept is not None and kept.looked:
+        sj = kept.slurm and slurm.refresh(fleet, kept.slurm)
+    else:
+        sj = slurm.find(fleet, job)
+    if kept is not None:
+        kept.slurm, kept.looked = sj, True
     if sj is not None and sj.nodes:
         fleet.hosts = slurm.hosts_of(fleet, sj)
     return sj
@@ -71,6 +77,17 @@ def diagnosis(fleet: Fleet, journals: list, job: str, sj: slurm.SlurmJob | None 
 
 
 @dataclass
+class Watched:
+    """What a `status --watch` carries from one round to the next, so that a round reads only
+    what is new and round 100 costs what round 1 did: per node its journal (with the cursors
+    where the last read ended) and its files' tails (job_state.follow), {host: {"journal",
+    "files", "util"}}; the job's Slurm record, looked up once."""
+    nodes: dict = field(default_factory=dict)
+    slurm: slurm.SlurmJob | None = None
+    looked: bool = False
+
+
+@dataclass
 class StatusRound:
     """One look at a job: its nodes' states, the diagnosis, its Slurm record (or None); in a
     --watch, the trend over the rounds so far (a sparkline per node)."""
@@ -81,28 +98,28 @@ class StatusRound:
     trend: Trend | None = None
 
 
-def look(fleet: Fleet, job: str, journals_kept: dict | None = None) -> StatusRound:
-    """`torchrig status`'s one round (a --watch repeats it, carrying journals_kept)."""
-    sj = slurm_record(fleet, job)
+def look(fleet: Fleet, job: str, kept: Watched | None = None) -> StatusRound:
+    """`torchrig status`'s one round (a --watch repeats it, carrying `kept`)."""
+    sj = slurm_record(fleet, job, kept)
     if sj is not None and not sj.nodes:
         d = sj.as_dict()
         raise TorchrigError(f"job {job}: slurm job {sj.job_id} {d['state']} ({d['reason']}), "
                             "on no node yet")
     res = node_states(fleet, fleet.hosts, job, sj.as_dict()["state"] if sj else None,
-                      journal_ident(job, sj), journals_kept)
+                      journal_ident(job, sj), None if kept is None else kept.nodes)
     return StatusRound(job, res, diagnosis(fleet, res.journals, job, sj), sj)
 
 
 def watch(fleet: Fleet, job: str, every: float = 0, red: Redactor | None = None,
           sleep=time.sleep) -> Iterator[StatusRound]:
     """`torchrig status`'s rounds, redacted: one look, or with `every` > 0 one every `every`
-    seconds until the caller stops; each reads its nodes' journals after the last round's
-    cursor, and adds its samples to the trend the rounds share."""
+    seconds until the caller stops; each reads only what its nodes wrote since the last
+    round (Watched), and adds its samples to the trend the rounds share."""
     red = red or Redactor()  # the inventory's secrets do not change between rounds
     trend = Trend() if every else None
-    journals = {} if every else None
+    kept = Watched() if every else None
     while True:
-        rnd = look(fleet, job, journals)
+        rnd = look(fleet, job, kept)
         rnd.diagnosis, rnd.nodes, rnd.trend = red.data(rnd.diagnosis), red.data(rnd.nodes), trend
         cut_last_lines(rnd.nodes)
         if trend is not None:
@@ -145,12 +162,13 @@ STATUS_JOURNAL_MAX_LINE = 4 << 10
 
 
 def node_states(fleet: Fleet, hosts: list[Host], job: str, slurm_state: str | None = None,
-           ident: str | None = None, journals_kept: dict | None = None) -> JobStatus:
+           ident: str | None = None, kept: dict | None = None) -> JobStatus:
     """Per node: unit state, restarts, attempt, uptime, latest progress, GPUs, util samples,
     and its journal: one probe round trip per node. slurm_state: Slurm runs the job (no unit
     on the nodes): its state stands in the unit's, and the journal is read by the job's
-    identifier `ident`. journals_kept: {host: journal} carried from one `--watch` round to
-    the next: each round reads only the journal lines after the last round's cursor."""
+    identifier `ident`. kept: Watched.nodes, carried from one `--watch` round to the next:
+    each round reads only the journal lines after the last round's cursors and the bytes
+    its files grew by."""
     check_job_name(job)
     unit = unit_name(job)
     journals: dict[str, object] = {}
@@ -159,17 +177,18 @@ def node_states(fleet: Fleet, hosts: list[Host], job: str, slurm_state: str | No
     def one(h: Host) -> dict:
         s = h.settings
         window = s.low_util_minutes * 60
-        req = job_state.probe_request(unit, s.job_log_dir(job), s.util_file(job))
-        kept = None if journals_kept is None else journals_kept.get(h.name)
+        tail = job_state.util_tail(window, h.gpus, GPU_SAMPLE_S)
+        k = None if kept is None else kept.setdefault(h.name, {})
+        req = job_state.probe_request(unit, s.job_log_dir(job), s.util_file(job), tail, k)
         req["journal"] = diagnose.journal_request(unit, keep=0, lines=STATUS_JOURNAL_LINES,
-                                                  ident=ident,
-                                                  after_cursor=kept and kept.get("cursor"))
+                                                  ident=ident, after=k and k.get("journal"))
         req["journal"]["max_line"] = STATUS_JOURNAL_MAX_LINE
         r = fleet.run(h, probe.COMMAND, root=True, timeout=60, data=probe.stdin(req))
         raw = probe.reply(r.exited, r.stdout, r.stderr, "status")
-        doc = diagnose.merge_journal(kept, raw["journal"], keep=0)
-        if journals_kept is not None:
-            journals_kept[h.name] = doc
+        doc = diagnose.merge_journal(k and k.get("journal"), raw["journal"], keep=0)
+        if k is not None:
+            k["journal"] = doc
+            job_state.follow(k, raw, tail)
         journals[h.name] = diagnose.node_from(h.name, ranks[h.name], doc)
         d = job_state.state(unit, raw, window)
         d["journal_cut"] = probe.cut_note(raw["journal"].get("cut"), "the journal")

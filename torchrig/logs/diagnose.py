@@ -130,28 +130,40 @@ def _gives_up(since: str, timeout: float | None) -> str:
 
 
 def journal_request(unit: str, keep=agent.LAST_LINES, lines=500000, ident=None,
-                    after_cursor=None) -> dict:
+                    after: dict | None = None) -> dict:
     """The probe's request for the unit's journal (its newest `lines` lines: the ranks' output
     is in it too, of which each rank's last `keep` lines are kept). ident: read the lines of
-    this journal identifier instead (a Slurm job's). after_cursor: only the lines after it
-    (the next round of `status --watch`; see merge_journal)."""
+    this journal identifier instead (a Slurm job's). after: the journal kept by the last
+    round of `status --watch` (see merge_journal): only the lines after its cursors, the
+    unit's and the kernel's."""
+    after = after or {}
     return {"unit": unit, "keep": keep, "lines": lines, **({"ident": ident} if ident else {}),
-            **({"after_cursor": after_cursor} if after_cursor else {})}
+            **({"after_cursor": after["cursor"]} if after.get("cursor") else {}),
+            **({"kernel_after_cursor": after["kernel_cursor"]} if after.get("kernel_cursor")
+               else {})}
 
 
 def merge_journal(prev: dict | None, doc: dict, keep: int) -> dict:
     """`status --watch`: the journal kept so far (the last round's merged doc) and this round's
-    probe reply (only the lines after the last round's cursor) -> the journal as one full read
+    probe reply (only the lines after the last round's cursors) -> the journal as one full read
     would keep it (the probe's own rule: from the unit's newest start, the agent's newest lines,
-    each rank's last `keep`), with the newest cursor. A reply that had to read afresh (the
-    cursor was gone: journal rotated or vacuumed) replaces what was kept."""
-    from ..facts.probe_host import keep_lines
-    if not prev or doc.get("reset"):
+    each rank's last `keep`; the newest kernel OOM lines), with the newest cursors. A reply
+    that had to read afresh (a cursor was gone: journal rotated or vacuumed) replaces what was
+    kept."""
+    from ..facts.probe_host import KERNEL_LINES, keep_lines
+    if not prev:
         return doc
+    kernel = doc.get("kernel", "")
+    if doc.get("kernel_after"):
+        kernel = "\n".join((prev.get("kernel", "").splitlines()
+                            + kernel.splitlines())[-KERNEL_LINES:])
+    kernel = {"kernel": kernel, "kernel_cursor": doc.get("kernel_cursor") or prev.get("kernel_cursor")}
+    if doc.get("reset"):
+        return {**doc, **kernel}
     lines = prev.get("journal", "").splitlines() + doc.get("journal", "").splitlines()
     kept = keep_lines(enumerate(lines), keep)
     return {**doc, "journal": "\n".join(ln for _, ln in kept),
-            "cursor": doc.get("cursor") or prev.get("cursor")}
+            "cursor": doc.get("cursor") or prev.get("cursor"), **kernel}
 
 
 def fetch(fleet, hosts: list, unit: str, keep=agent.LAST_LINES, lines=500000, ident=None):
