@@ -305,9 +305,10 @@ def _start(fleet: Fleet, h: Host, job: Job) -> None:
         raise TorchrigError(refusal(r.stderr) or f"systemctl start failed: {r.stderr.strip()[-300:]}")
 
 
-# How often _confirm polls each node: 4 times a second for the first seconds, when workers
-# usually spawn (the operator waits on that poll's latency: up to a second otherwise), then
-# once a second (a long rendezvous does not cost the nodes a probe every 250 ms).
+# How often _confirm polls each node: 4 times a second while it waits for workers in the
+# first seconds, when they usually spawn (the operator waits on that poll's latency: up to a
+# second otherwise); else once a second (a long rendezvous, or the early-failure window after
+# the spawn, does not cost the nodes a probe every 250 ms).
 POLL_FIRST_S, POLL_FIRST_FOR_S, POLL_S = 0.25, 10.0, 1.0
 EARLY_LINES = 15  # stderr lines of the failing rank an early failure's error shows
 
@@ -350,7 +351,7 @@ def _confirm(fleet: Fleet, hosts: list[Host], job: Job, o: LaunchOptions) -> lis
             elif r.host in watching and (now >= watching[r.host] or state == "inactive"):
                 del watching[r.host]  # the window passed (or the job already ended cleanly)
         if pending or watching:
-            poll = POLL_FIRST_S if time.monotonic() < first_until else POLL_S
+            poll = POLL_FIRST_S if pending and time.monotonic() < first_until else POLL_S
             time.sleep(max(0.0, min([poll] + [t - time.monotonic() for t in watching.values()])))
     return [f"{h}: workers not started within {o.start_timeout}s (rendezvous incomplete?): "
             + _journal(fleet, h, hosts, job.name) for h in sorted(pending)]
