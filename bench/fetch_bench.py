@@ -2,9 +2,10 @@
 same run:
 
 - fetch: the whole CLI (`invoke fetch -i INV -H HOST --job benchfetch --all --to DIR --json`)
-  into a fresh folder: list, the node's hash, the transfer with the operator's hash of the
-  received bytes, the manifest;
-- fetch warm: the same fetch again into that folder (the file already there: nothing sent);
+  into a fresh folder: list, the transfer (the node hashing what it sends, its SHA-256 after
+  the last byte; the operator hashing what it receives), the manifest;
+- fetch warm: the same fetch again into that folder (the file already there: the node's hash,
+  nothing sent);
 - scp: `scp user@node:FILE DIR/` of the same file with the inventory's address, user, port,
   identity_file and known_hosts.
 

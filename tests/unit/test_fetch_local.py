@@ -108,15 +108,21 @@ def test_refuses_planted_and_corrupt_checkpoints_and_takes_the_previous(node):
     assert not leaked(out) and not (out / "all/ckpt_00000040.pt").exists()
 
 
+def all_part(out, job, name):
+    """--all's partial file: keyed by the listed size and mtime (no hash before the bytes)."""
+    st = (job / name).stat()
+    return out / plan.part_name(name, plan.partial_key(st.st_size, st.st_mtime))
+
+
 def test_second_fetch_transfers_nothing_and_a_partial_file_is_resumed_or_caught(node):
     inv, job, out = node  # --all: no load check, so no torch import on the node side
-    first, _ = run(inv, out, all=True)
+    run(inv, out, all=True)
     manifest = (out / "MANIFEST.json").read_bytes()
     again, _ = run(inv, out, all=True)
     assert [(f.already, f.transferred) for f in again.files] == [(True, 0)] * 3
     assert (out / "MANIFEST.json").read_bytes() == manifest
     data = (job / "ckpt_00000010.pt").read_bytes()
-    part = out / plan.part_name("ckpt_00000010.pt", first.files[0].sha256)
+    part = all_part(out, job, "ckpt_00000010.pt")
     (out / "ckpt_00000010.pt").unlink()
     part.write_bytes(data[:1000])   # an interrupted earlier fetch
     res, _ = run(inv, out, all=True)
@@ -132,9 +138,9 @@ def test_second_fetch_transfers_nothing_and_a_partial_file_is_resumed_or_caught(
 def test_two_fetches_never_write_one_partial_file(node):
     import fcntl
     inv, job, out = node
-    first, _ = run(inv, out / "x", all=True)
+    run(inv, out / "x", all=True)
     (out / "x/ckpt_00000010.pt").unlink()
-    part = out / "x" / plan.part_name("ckpt_00000010.pt", first.files[0].sha256)
+    part = all_part(out / "x", job, "ckpt_00000010.pt")
     with open(part, "wb") as held:
         fcntl.flock(held, fcntl.LOCK_EX)   # a fetch in progress
         with pytest.raises(TorchrigError, match="another fetch is writing"):
@@ -238,3 +244,39 @@ def test_a_checkpoint_rewritten_in_place_after_the_hash_is_never_sent_as_checked
         assert c["load_check"] == "ok" and "snapshot" in c["how"], c
     assert not marker.exists()
     assert not list((tmp_path / "ckpt").glob(".torchrig-fetch-*"))  # the snapshot is gone
+
+
+def test_a_byte_corrupted_mid_stream_is_refused_at_the_end(node, monkeypatch):
+    """--all hashes while the bytes flow: a flipped byte on the way is caught by the node's
+    hash that comes after the last byte, and nothing is left in place as complete."""
+    from torchrig.connections import LocalConnection
+    inv, job, out = node
+    real, seen = LocalConnection.stream, [0]
+
+    def corrupting(self, command, data, on_out, on_err, **kw):
+        def out_(chunk):
+            if seen[0] <= 500 < seen[0] + len(chunk):  # byte 500 of the first file
+                i = 500 - seen[0]
+                chunk = chunk[:i] + bytes([chunk[i] ^ 1]) + chunk[i + 1:]
+            seen[0] += len(chunk)
+            on_out(chunk)
+        return real(self, command, data, out_, on_err, **kw)
+
+    monkeypatch.setattr(LocalConnection, "stream", corrupting)
+    with pytest.raises(TorchrigError, match="SHA-256 of the received bytes"):
+        run(inv, out, all=True)
+    assert not (out / "ckpt_00000010.pt").exists()
+    assert not all_part(out, job, "ckpt_00000010.pt").exists()
+
+
+def test_a_partial_file_of_another_version_is_not_appended_to(node):
+    """--all keys its partial file by the listed size and mtime: a rewritten file starts over."""
+    inv, job, out = node
+    run(inv, out, all=True)
+    (out / "ckpt_00000010.pt").unlink()
+    part = all_part(out, job, "ckpt_00000010.pt")
+    part.write_bytes((job / "ckpt_00000010.pt").read_bytes()[:1000])
+    st = (job / "ckpt_00000010.pt").stat()
+    os.utime(job / "ckpt_00000010.pt", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    res, _ = run(inv, out, all=True)  # a new mtime: a new partial file, not appended to
+    assert res.files[0].transferred == st.st_size and part.exists()

@@ -114,3 +114,14 @@ def test_manifest_merge_keeps_unchanged_records_and_replaces_changed_ones():
 ])
 def test_what_a_read_means(rc, alive, start, offset, outcome):
     assert plan.after_read(rc, alive, start, offset, 100) == outcome
+
+
+def test_the_nodes_lines_are_told_apart_from_its_errors():
+    from torchrig.onhost import HERE
+    node = (HERE / "fetch" / "node.py").read_text()
+    assert f'TRAILER = "{plan.NODE_SAYS}"' in node  # one protocol on both sides
+    err = (f'{plan.NODE_SAYS}{{"ident": [1, 2, 3, 4]}}\nwarning: x\n'
+           f'{plan.NODE_SAYS}{{"sha256": "ab", "ident": [1, 2, 3, 4]}}\n').encode()
+    assert plan.node_says(err) == ({"ident": [1, 2, 3, 4], "sha256": "ab"}, "warning: x")
+    assert plan.node_says(f"{plan.NODE_SAYS}not json\n".encode()) == \
+        ({}, f"{plan.NODE_SAYS}not json")

@@ -4,6 +4,7 @@ resumes, and the MANIFEST.json beside the fetched files."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 
@@ -75,6 +76,34 @@ def part_name(name: str, sha256: str) -> str:
     """The partial file beside the target: hidden, and tied to the content it will hold (a
     later fetch of the same file resumes it; a different file never appends to it)."""
     return f".{name}.{sha256[:16]}.part"
+
+
+# onhost/fetch/node.py's TRAILER: its lines on stderr meant for the operator (a test keeps
+# the two equal)
+NODE_SAYS = "torchrig-fetch: "
+
+
+def node_says(err: bytes) -> tuple[dict, str]:
+    """A pipelined read's stderr -> (what the node said, its lines merged in order: "ident"
+    first, "sha256" after the last byte), the rest of the text (an error to show)."""
+    said, rest = {}, []
+    for line in err.decode(errors="replace").splitlines():
+        if line.startswith(NODE_SAYS):
+            try:
+                fields = json.loads(line[len(NODE_SAYS):])
+            except ValueError:
+                fields = None
+            if isinstance(fields, dict):
+                said.update(fields)
+                continue
+        rest.append(line)
+    return said, "\n".join(rest).strip()
+
+
+def partial_key(size: int, mtime: float) -> str:
+    """--all's partial-file key before any hash is known: the listed size and mtime (another
+    version of the file never appends to this one's partial file)."""
+    return hashlib.sha256(f"{size}:{mtime!r}".encode()).hexdigest()
 
 
 def resume_offset(have: int, size: int) -> int:

@@ -165,17 +165,20 @@ def _choose(fleet: Fleet, job: str, o: FetchOptions, log: Callable[[str], None])
         log(f"warning: not looked at (it may hold newer checkpoints): {d}")
     host = next(h for h in fleet.hosts if h.name == name)
     folder, listing = node_dir(host, job), listings[name]
-    if o.all:
+    listed_files = {f["name"]: f for f in listing["files"]}
+    if o.all:  # pipelined: no hash before the bytes flow (the node hashes what it sends)
         names, left_out = plan.all_files(listing)
-        request = {"op": "check", "dir": folder, "names": names}
+        checked = [{"name": n, "ok": True, "size": listed_files[n]["size"], "sha256": None,
+                    "mtime": listed_files[n]["mtime"]} for n in names]
     else:
         names, left_out = plan.candidates(listing, o.step)
-        s, sizes = host.settings, {f["name"]: f["size"] for f in listing["files"]}
+        s = host.settings
         request = {"op": "snapshot", "base": s.checkpoint_dir, "dir": folder, "names": names,
-                   "sizes": [sizes[n] for n in names], "load": True, "user": s.service_user,
-                   "python": f"{s.venv}/bin/python", "script": script("fetch/node.py")}
-    reply = _ask(fleet, host, request, 3600)  # copying, hashing and loading big files
-    checked = [{**c, "snapshot": reply.get("snapshot")} for c in reply["checked"]]
+                   "sizes": [listed_files[n]["size"] for n in names], "load": True,
+                   "user": s.service_user, "python": f"{s.venv}/bin/python",
+                   "script": script("fetch/node.py")}
+        reply = _ask(fleet, host, request, 3600)  # copying, hashing and loading big files
+        checked = [{**c, "snapshot": reply.get("snapshot")} for c in reply["checked"]]
     by_name = {c["name"]: c for c in checked}
     good = [by_name[n] for n in names if by_name.get(n, {}).get("ok")]
     refused = [{"name": c["name"], "why": c["why"]} for c in checked if not c["ok"]]
@@ -220,18 +223,25 @@ def _sha256_file(path: Path, upto: int | None = None) -> hashlib._Hash:
 
 def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit: int,
               log: Callable[[str], None]) -> Fetched:
+    """One file into a partial file under `to`, resumed after drops, renamed into place when
+    the SHA-256 of the bytes received is the node's. A snapshot's hash is known before the
+    transfer; --all's arrives after the last byte (the node hashes while it sends)."""
     name, size, digest = c["name"], c["size"], c["sha256"]
     if not plan.safe_name(name):  # candidates and all_files only pass safe names; kept anyway
         raise TorchrigError(f"{host.name}: refusing to write {name!r} (not a plain file name)")
-    got = Fetched(name, plan.step_of(name), size, digest,
-                  checked=checked(c, host.settings.service_user))
     final = to / name
-    if final.is_file() and not final.is_symlink() and final.stat().st_size == size \
-            and _sha256_file(final).hexdigest() == digest:
-        got.already = True
+    here = final.is_file() and not final.is_symlink() and final.stat().st_size == size
+    if here and digest is None:  # --all, a file of that size here: the node's hash decides
+        c = {**c, **_check_one(fleet, host, folder, name)}
+        digest = c["sha256"]
+    got = Fetched(name, plan.step_of(name), size, digest)
+    if here and _sha256_file(final).hexdigest() == digest:
+        got.already, got.checked = True, checked(c, host.settings.service_user)
         return got
-    part = to / plan.part_name(name, digest)
+    pipelined = c.get("slot") is None  # --all: the file itself, its hash in the trailer
+    part = to / plan.part_name(name, digest or plan.partial_key(size, c["mtime"]))
     fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    said: dict = {"ident": c["ident"]} if c.get("ident") else {}
     try:
         try:  # two fetches appending to one partial file would garble it
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -243,7 +253,8 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
         h = _sha256_file(part, offset)
         os.lseek(fd, offset, os.SEEK_SET)
         drops = 0
-        while offset < size:
+        # --all asks at least once (a complete partial file still needs the node's hash)
+        while offset < size or (pipelined and "sha256" not in said):
             err = bytearray()
 
             def write(chunk: bytes) -> None:
@@ -256,9 +267,10 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
                 offset += len(chunk)
                 got.transferred += len(chunk)
 
-            if c.get("slot") is None:  # --all: the file itself, if still the one hashed
-                request = {"op": "read", "dir": folder, "name": name, "ident": c["ident"],
-                           "offset": offset, "bwlimit": bwlimit}
+            if pipelined:  # the same file on every resume: the ident the first read gave
+                request = {"op": "read", "dir": folder, "name": name, "offset": offset,
+                           "bwlimit": bwlimit, "hash": True,
+                           **({"ident": said["ident"]} if "ident" in said else {})}
             else:  # the snapshot that was hashed and load-checked
                 request = {"op": "send", "base": host.settings.checkpoint_dir, "dir": folder,
                            "snapshot": c["snapshot"], "slot": c["slot"], "offset": offset,
@@ -271,13 +283,14 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
                 alive = cxn.is_connected and not cxn.lost
             except DROPS as e:
                 alive, why = False, describe_error(e) or type(e).__name__  # the host is named already
+            told, message = plan.node_says(bytes(err))
+            said.update(told)
             outcome = plan.after_read(rc, alive, start, offset, size)
-            if outcome == "done":
+            if outcome == "done" and (not pipelined or "sha256" in said or rc == 3):
                 break
             if outcome == "grew":
                 raise TorchrigError(f"{host.name}: {name} grew while it was read; run fetch again")
-            if outcome == "failed":
-                message = err.decode(errors="replace").strip()
+            if outcome == "failed" or (outcome == "done" and rc == 3):
                 raise TorchrigError(f"{host.name}: reading {name} failed (exit {rc}): "
                                     f"{message[-400:] or 'no message'}")
             drops = 1 if offset > start else drops + 1  # bounded: drops in a row, no progress
@@ -296,13 +309,23 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
         os.fsync(fd)
     finally:
         os.close(fd)
-    if h.hexdigest() != digest:
+    if pipelined:
+        c = {**c, "sha256": said["sha256"], "ident": said["ident"]}
+    got.sha256, got.checked = c["sha256"], checked(c, host.settings.service_user)
+    if h.hexdigest() != got.sha256:
         part.unlink()
         raise TorchrigError(f"{host.name}: {name}: SHA-256 of the received bytes "
-                            f"({h.hexdigest()[:16]}...) is not the node's ({digest[:16]}...); "
+                            f"({h.hexdigest()[:16]}...) is not the node's ({got.sha256[:16]}...); "
                             "the partial file was removed: run fetch again")
     os.replace(part, final)
     fsync_dir(to)
     return got
 
 
+def _check_one(fleet: Fleet, host: Host, folder: str, name: str) -> dict:
+    """--all with a file of the right size already here: the node's hash of its file (the
+    one round trip that can spare the transfer)."""
+    c = _ask(fleet, host, {"op": "check", "dir": folder, "names": [name]}, 3600)["checked"][0]
+    if not c["ok"]:
+        raise TorchrigError(f"{host.name}: {name}: {c['why']}")
+    return {"sha256": c["sha256"], "ident": c["ident"]}

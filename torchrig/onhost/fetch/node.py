@@ -37,6 +37,7 @@ CHUNK = 1 << 20
 SNAPSHOT_PREFIX = ".torchrig-fetch-"  # root's private folders in the checkpoint folder
 SNAPSHOT_RE = re.compile(re.escape(SNAPSHOT_PREFIX) + r"[A-Za-z0-9_]{4,32}")
 STALE_S = 86400  # a snapshot folder no transfer touched for a day: its fetch is gone
+TRAILER = "torchrig-fetch: "  # a line of stderr meant for the operator (fetch/run.py)
 LOAD_TIMEOUT_S = 1800  # torch.load of the largest checkpoints a node holds takes minutes
 
 
@@ -160,9 +161,9 @@ def op_check(req):
     return {"checked": out}
 
 
-def send(fd, offset, bwlimit=0, most=None):
+def send(fd, offset, bwlimit=0, most=None, h=None):
     """The descriptor's bytes from `offset` to stdout (at most `most` of them), at most
-    `bwlimit` bytes/s (0: no limit)."""
+    `bwlimit` bytes/s (0: no limit); each chunk also into the hash `h` when one is given."""
     os.lseek(fd, offset, os.SEEK_SET)
     limit, sent, t0 = bwlimit or 0, 0, time.monotonic()
     size = max(min(CHUNK, limit // 4) if limit else CHUNK, 4096)  # several writes a second
@@ -170,6 +171,8 @@ def send(fd, offset, bwlimit=0, most=None):
         b = os.read(fd, size if most is None else min(size, most - sent))
         if not b:
             return
+        if h is not None:
+            h.update(b)
         view = memoryview(b)
         while view:
             view = view[os.write(1, view):]
@@ -180,15 +183,44 @@ def send(fd, offset, bwlimit=0, most=None):
                 time.sleep(ahead)
 
 
+def hash_prefix(fd, upto, h):
+    """The file's first `upto` bytes into `h` (a resumed read hashes what it does not send)."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    while upto > 0:
+        b = os.read(fd, min(CHUNK, upto))
+        if not b:
+            fail("the file is shorter than the bytes already received; run fetch again")
+        h.update(b)
+        upto -= len(b)
+
+
+def say(**fields):
+    """One line for the operator on stderr, beside the bytes on stdout (TRAILER + JSON)."""
+    sys.stderr.write(TRAILER + json.dumps(fields) + "\n")
+    sys.stderr.flush()
+
+
 def op_read(req):
     """The file's bytes from `offset` on stdout (at most "most" bytes). With "ident": only the
-    same file that was hashed (device, inode, size, mtime; --all), else a refusal."""
+    same file (device, inode, size, mtime), else a refusal. With "hash" (--all, pipelined: no
+    hash before the bytes flow): its ident on stderr first (the operator resumes with it), and
+    after the last byte the SHA-256 of the whole file (the prefix not sent included), refused
+    if the file changed while it was read."""
     fd, st = open_file(open_dir(req["dir"]), req["name"])
     if fd is None:
         fail(f"{req['name']}: {st}")
     if "ident" in req and ident(st) != req["ident"]:
         fail(f"{req['name']} changed on the node since it was checked; run fetch again")
-    send(fd, req.get("offset", 0), req.get("bwlimit") or 0, req.get("most"))
+    if not req.get("hash"):
+        send(fd, req.get("offset", 0), req.get("bwlimit") or 0, req.get("most"))
+        return
+    say(ident=ident(st))
+    h, offset = hashlib.sha256(), req.get("offset", 0)
+    hash_prefix(fd, offset, h)
+    send(fd, offset, req.get("bwlimit") or 0, req.get("most"), h)
+    if ident(os.fstat(fd)) != ident(st):
+        fail(f"{req['name']} changed while it was read; run fetch again")
+    say(sha256=h.hexdigest(), ident=ident(st))
 
 
 def op_load(req):
