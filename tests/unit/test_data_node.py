@@ -552,6 +552,9 @@ def test_roots_store_is_made_root_only_and_adopts_what_was_downloaded_into_it(no
         assert run.call(nodes, h, {"op": "ls"}, where=cache)[-1] == {"datasets": []}
         st = os.lstat(tmp_path / "cache" / h.name)
         assert st.st_uid == 0 and st.st_mode & 0o777 == 0o700
+    # the folder it made above the cache stays open to others (/var/lib/torchrig holds the
+    # service user's metrics folder too): a 0750 parent hid it from node_exporter and the jobs
+    assert os.lstat(tmp_path / "cache").st_mode & 0o777 == 0o755
     dl = tmp_path / "cache" / "n1" / ".torchrig" / "download"
     dl.mkdir()
     wheels = {"a-1.0-py3-none-any.whl": os.urandom(CH * 2 + 5), "b-2.0-py3-none-any.whl": b"bee"}

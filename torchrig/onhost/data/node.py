@@ -66,7 +66,15 @@ class Store:
     def __init__(self, data_dir, make=False):
         self.data = data_dir
         if make and not os.path.lexists(data_dir):
-            os.makedirs(data_dir, 0o700)
+            # the folders above it as any system folder (0755, not this script's umask 027):
+            # they also hold folders other users must reach (/var/lib/torchrig/metrics: the
+            # jobs' samplers write there, node_exporter reads it)
+            old = os.umask(0o022)
+            try:
+                os.makedirs(os.path.dirname(data_dir), 0o755, exist_ok=True)
+            finally:
+                os.umask(old)
+            os.mkdir(data_dir, 0o700)
         st = os.lstat(data_dir) if os.path.lexists(data_dir) else None
         if st is None or not stat.S_ISDIR(st.st_mode):
             fail(f"{data_dir}: no such folder (run `torchrig provision` on this host)")
