@@ -32,7 +32,7 @@ $(BIN)/activate: pyproject.toml
 venv: $(BIN)/activate
 
 unit: venv
-	$(BIN)/python -m pytest -q tests/unit tests/payload
+	$(BIN)/python -m pytest -q -n auto tests/unit tests/payload
 
 integration: deps venv
 	$(BIN)/python -m pytest -q tests/integration
@@ -41,9 +41,13 @@ integration: deps venv
 golden: venv
 	TORCHRIG_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/unit/test_golden.py
 
-# Unit tests first (fast, no root), then integration tests on a testbed they bring up and down.
+# Unit tests first (fast, no root; spread over the cores: pytest-xdist), then integration tests
+# on a testbed they bring up and down (one process: they share session testbeds). Both always
+# run; the target fails if either did.
 test: deps venv
-	$(BIN)/python -m pytest -q -ra tests/unit tests/payload tests/integration
+	$(BIN)/python -m pytest -q -ra -n auto tests/unit tests/payload; u=$$?; \
+	$(BIN)/python -m pytest -q -ra tests/integration; i=$$?; \
+	exit $$(( u || i ))
 
 demo: deps venv
 	$(INVOKE) demo
