@@ -67,13 +67,18 @@ class Bmc(_Strict):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     address: str
-    protocol: Literal["ipmi"] = "ipmi"
+    protocol: Literal["ipmi", "redfish"] = "ipmi"
     user: str
     password: str | None = Field(default=None, min_length=1)
     password_env: str | None = Field(default=None, pattern=ENV_NAME)
     port: int | None = Field(default=None, ge=1, le=65535)
-    # IPMI 2.0 cipher suite (ipmitool -C); unset: ipmitool's own choice (it asks the BMC)
+    # ipmi only: the IPMI 2.0 cipher suite (ipmitool -C); unset: ipmitool's choice (it asks)
     cipher_suite: int | None = Field(default=None, ge=0, le=17)
+    # redfish only: http is for a lab; tls_verify false (or a CA bundle's path) for a BMC's
+    # self-signed certificate; system: the ComputerSystem id where the BMC has several
+    scheme: Literal["https", "http"] | None = None
+    tls_verify: bool | str | None = None
+    system: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:-]{1,128}$")
 
     @field_validator("address", "user")
     @classmethod
@@ -84,11 +89,16 @@ class Bmc(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _one_password(self) -> Bmc:
+    def _consistent(self) -> Bmc:
         if (self.password is None) == (self.password_env is None):
             raise ValueError("give exactly one of password (in this file, masked in every "
                              "output) or password_env (the name of an environment variable "
                              "on this machine that holds it)")
+        other = {"ipmi": ("scheme", "tls_verify", "system"), "redfish": ("cipher_suite",)}
+        wrong = [f for f in other[self.protocol] if getattr(self, f) is not None]
+        if wrong:
+            raise ValueError(f"{', '.join(wrong)} is not a setting of protocol {self.protocol}; "
+                             "remove it, or set the protocol it belongs to")
         return self
 
     def secret(self) -> str | None:

@@ -8,7 +8,7 @@ import pytest
 from torchrig import inventory
 from torchrig.errors import TorchrigError
 from torchrig.inventory import Bmc, InventoryError
-from torchrig.power import ipmi, plan
+from torchrig.power import ipmi, plan, redfish
 from torchrig.secrets import Redactor
 
 BMC = "{address: 10.0.0.13, user: admin, password_env: GPU3_BMC}"
@@ -34,7 +34,11 @@ def test_bmc_loads_with_defaults(tmp_path):
     ("{address: '-oProxy', user: admin, password: x}", r"field 'bmc.address' .*not starting with '-'"),
     ("{address: 'a b', user: admin, password: x}", r"field 'bmc.address' .*without spaces"),
     ("{address: h, user: 'ad min', password: x}", r"field 'bmc.user'"),
-    ("{address: h, user: u, password: x, protocol: snmp}", r"field 'bmc.protocol' expected 'ipmi'"),
+    ("{address: h, user: u, password: x, protocol: snmp}", r"field 'bmc.protocol' expected 'ipmi' or 'redfish'"),
+    ("{address: h, user: u, password: x, protocol: redfish, cipher_suite: 3}",
+     r"field 'bmc' cipher_suite is not a setting of protocol redfish"),
+    ("{address: h, user: u, password: x, tls_verify: false}",
+     r"field 'bmc' tls_verify is not a setting of protocol ipmi"),
     ("{address: h, user: u, password_env: 'not a name'}", r"field 'bmc.password_env'"),
     ("{address: h, user: u, password: x, port: 0}", r"field 'bmc.port' expected >= 1"),
     ("{address: h, user: u, password: x, cipher_suite: 18}", r"field 'bmc.cipher_suite' expected <= 17"),
@@ -141,3 +145,57 @@ def test_the_password_goes_to_ipmitool_in_its_environment_only(monkeypatch):
     monkeypatch.delenv("GPU3_BMC")
     with pytest.raises(TorchrigError, match="'GPU3_BMC' is not set in this machine's environment"):
         run.ipmi_call(t)
+
+
+def test_redfish_url_and_tls():
+    b = Bmc(address="10.0.0.13", user="u", password="p", protocol="redfish")
+    assert redfish.base_url(b) == "https://10.0.0.13" and redfish.tls_verify(b) is True
+    b = Bmc(address="fe80::1", user="u", password="p", protocol="redfish", scheme="http",
+            port=8000, tls_verify=False)
+    assert redfish.base_url(b) == "http://[fe80::1]:8000" and redfish.tls_verify(b) is False
+
+
+@pytest.mark.parametrize("action, allowed, want", [
+    ("cycle", {"On", "ForceOff", "ForceRestart", "PowerCycle"}, "PowerCycle"),
+    ("cycle", {"On", "ForceOff", "ForceRestart"}, "ForceRestart"),
+    ("on", {"ForceOn"}, "ForceOn"),
+    ("off", {"On", "ForceOff"}, "ForceOff"),
+    ("off", set(), "ForceOff"),  # a BMC that lists none: the standard one
+])
+def test_redfish_reset_type(action, allowed, want):
+    assert redfish.reset_type(action, allowed) == want
+
+
+def test_redfish_reset_type_not_offered():
+    with pytest.raises(TorchrigError, match=r"allows none of ForceOff for power off \(it allows: On\)"):
+        redfish.reset_type("off", {"On"})
+
+
+def test_redfish_system_choice():
+    assert redfish.pick_system(["1"], None) == "1"
+    assert redfish.pick_system(["a", "b"], "b") == "b"
+    with pytest.raises(TorchrigError, match=r"has 2 systems \(a, b\); name the host's one with bmc.system"):
+        redfish.pick_system(["a", "b"], None)
+    with pytest.raises(TorchrigError, match=r"no system 'c' \(it has: a, b\); fix bmc.system"):
+        redfish.pick_system(["a", "b"], "c")
+
+
+@pytest.mark.parametrize("value, word", [("On", "on"), ("Off", "off"),
+                                         ("PoweringOff", "powering off"), (None, "unknown"),
+                                         ("Weird", "unknown (Weird)")])
+def test_redfish_power_state(value, word):
+    assert redfish.state_word(value) == word
+
+
+@pytest.mark.parametrize("kind, message, pattern", [
+    ("AccessError", "HTTP GET ... returned code 401", r"refused the login .*bmc.user"),
+    ("ConnectionError", "Unable to connect to https://h/redfish/v1/. Error: ... "
+     "NewConnectionError(\"...: [Errno 111] Connection refused\"))", r"at https://h \(Connection refused\); check bmc.address"),
+    ("ConnectionError", "... SSLError(SSLCertVerificationError(1, '[SSL: "
+     "CERTIFICATE_VERIFY_FAILED] certificate verify failed: self-signed certificate'))",
+     r"CERTIFICATE_VERIFY_FAILED.*tls_verify: false"),
+    ("ResourceNotFoundError", "HTTP GET returned code 404", r"no Redfish service at https://h/redfish/v1"),
+    ("ServerSideError", "returned code 500", r"Redfish error \(ServerSideError\): returned code 500"),
+])
+def test_redfish_errors_explained(kind, message, pattern):
+    assert re.search(pattern, redfish.explain(kind, message, "https://h"))

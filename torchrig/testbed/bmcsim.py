@@ -95,3 +95,70 @@ class IpmiSim:
 
     def events(self) -> list[str]:
         return (self.dir / "events").read_text().split()
+
+
+def _free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+SYSTEM_UUID = "27946b59-9e44-4fa7-8e91-f3527a1ef094"
+SUSHY_CONF = """SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'
+SUSHY_EMULATOR_LISTEN_PORT = {port}
+SUSHY_EMULATOR_AUTH_FILE = {auth!r}
+SUSHY_EMULATOR_FAKE_DRIVER = True
+SUSHY_EMULATOR_STATE_DIR = {state!r}
+SUSHY_EMULATOR_FAKE_SYSTEMS = [{{'uuid': {uuid!r}, 'name': 'server', 'power_state': {power!r},
+                                 'external_notifier': False, 'nics': []}}]
+"""
+
+
+class RedfishSim:
+    """`with RedfishSim(user, password) as bmc:` a Redfish service at http://127.0.0.1:bmc.port:
+    OpenStack's sushy-tools emulator with its fake driver (a server without libvirt), HTTP
+    Basic auth from a bcrypt htpasswd file. bmc.system() is the emulator's own record of the
+    server (power_state, and pending_power: a switch the fake hardware applies 1-11 s later)."""
+
+    def __init__(self, user: str, password: str, power: str = "On"):
+        self.user, self.password, self.initial = user, password, power
+        self.dir = Path(tempfile.mkdtemp(prefix="torchrig-redfishsim-"))
+        self.port = _free_tcp_port()
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> RedfishSim:
+        import sys
+
+        import bcrypt
+        auth = self.dir / "htpasswd"
+        auth.write_text(f"{self.user}:"
+                        + bcrypt.hashpw(self.password.encode(), bcrypt.gensalt(4)).decode() + "\n")
+        conf = self.dir / "emulator.conf"
+        conf.write_text(SUSHY_CONF.format(port=self.port, auth=str(auth), uuid=SYSTEM_UUID,
+                                          state=str(self.dir / "state"), power=self.initial))
+        emulator = Path(sys.executable).with_name("sushy-emulator")
+        self.proc = subprocess.Popen([str(emulator), "--config", str(conf)],
+                                     stdin=subprocess.DEVNULL,
+                                     stdout=open(self.dir / "emulator.log", "w"),
+                                     stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return self
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                log = (self.dir / "emulator.log").read_text()
+                self.__exit__(None, None, None)
+                raise RuntimeError(f"sushy-emulator did not start: {log}")
+            time.sleep(0.1)
+
+    __exit__ = IpmiSim.__exit__
+
+    def system(self) -> dict:
+        """The fake server as the emulator stores it (its sqlite state, pickled values)."""
+        import pickle
+        import sqlite3
+        with sqlite3.connect(self.dir / "state" / "fakedriver.sqlite") as db:
+            row = db.execute("select value from cache where key=?",
+                             (pickle.dumps(SYSTEM_UUID),)).fetchone()
+        return pickle.loads(row[0])
