@@ -110,7 +110,8 @@ def test_unexpected_reply_is_an_error():
 
 @pytest.mark.parametrize("stderr, pattern", [
     ("Error: Unable to establish IPMI v2 / RMCP+ session\n", r"wrong user or password.*UDP port 623"),
-    ("Address lookup for bmc3 failed\nCould not open socket!\n", r"does not resolve"),
+    ("Address lookup for bmc3 failed\nCould not open socket!\n"
+     "Error: Unable to establish IPMI v2 / RMCP+ session\n", r"does not resolve"),
     ("Set Chassis Power Control to Cycle failed: Command not supported in present state\n",
      r"ipmitool failed \(exit 1\): Set Chassis Power Control to Cycle failed: Command not"),
     ("", r"ipmitool failed \(exit 1\): no message"),
