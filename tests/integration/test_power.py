@@ -10,7 +10,7 @@ import time
 import pytest
 from conftest import invoke, sample_argv
 
-from torchrig.testbed.bmcsim import IpmiSim, RedfishSim
+from torchrig.testbed.bmcsim import IpmiSim, RedfishSim, free_tcp_port, free_udp_port
 
 GOOD_PW, WRONG_PW = "Bmc-pw-7f3e!", "not-the-pw-19"
 
@@ -29,6 +29,10 @@ hosts:
   - name: gpu4
     groups: [rack1]
     bmc: {{address: 127.0.0.1, port: {gpu4.port}, user: admin, password: {WRONG_PW},
+           cipher_suite: 3}}
+  - name: gpu5
+    groups: [rack1]
+    bmc: {{address: 127.0.0.1, port: {free_udp_port()}, user: admin, password: {WRONG_PW},
            cipher_suite: 3}}
 """)
         yield inv, gpu3, gpu4
@@ -82,13 +86,15 @@ def test_power_status_switch_and_wrong_password(bmcs, power):
         time.sleep(0.2)
     assert gpu3.events() == ["0", "1", "0", "1"] and gpu3.power() == "on"
 
-    # both hosts at once, gpu4's password wrong: gpu3 reported, one error line for gpu4
+    # the rack at once, gpu4's password wrong, nothing answering for gpu5: gpu3 reported, one
+    # error line for each of the others
     r = power(inv, "status", "-H", "rack1")
     assert r.returncode == 1
     assert re.search(r"^gpu3 \(BMC 127\.0\.0\.1:\d+\): on$", r.stdout, re.M), r.stdout
     errors = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(errors) == 1 and errors[0].startswith(f"error: gpu4 (BMC 127.0.0.1:{gpu4.port})")
-    assert "password" in errors[0] and "Traceback" not in r.stderr
+    assert [e.split(":")[1] for e in errors] == [" gpu4 (BMC 127.0.0.1", " gpu5 (BMC 127.0.0.1"]
+    assert f"error: gpu4 (BMC 127.0.0.1:{gpu4.port}): no IPMI session: wrong user or password" \
+        in errors[0] and "Traceback" not in r.stderr
 
 
 @pytest.fixture
@@ -112,6 +118,7 @@ def redfish_bmcs(tmp_path):
   - {{name: gpu3, bmc: {{{common}, port: {gpu3.port}, password_env: GPU3_BMC_PASSWORD}}}}
   - {{name: gpu4, bmc: {{{common}, port: {gpu3.port}, password: {WRONG_PW}}}}}
   - {{name: gpu5, bmc: {{{common}, port: {web.server_address[1]}, password: {WRONG_PW}}}}}
+  - {{name: gpu6, bmc: {{{common}, port: {free_tcp_port()}, password: {WRONG_PW}}}}}
 """)
         yield inv, gpu3, web.server_address[1]
     web.shutdown()
@@ -135,11 +142,13 @@ def test_redfish_status_switch_and_failures(redfish_bmcs, power):
     assert r.returncode == 0 and "cycle accepted (ForceRestart)" in r.stdout, r.stderr
     assert gpu3.system()["pending_power"]["power_state"] == "ForceRestart"
 
-    r = power(inv, "status", "-H", "gpu3,gpu4,gpu5")
+    r = power(inv, "status", "-H", "gpu3,gpu4,gpu5,gpu6")
     assert r.returncode == 1
     assert re.search(rf"^gpu3 \(BMC 127\.0\.0\.1:{gpu3.port}\): (on|off)$", r.stdout, re.M)
     errors = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(errors) == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len(errors) == 3 and "Traceback" not in r.stderr, r.stderr
     assert errors[0].startswith(f"error: gpu4 (BMC 127.0.0.1:{gpu3.port}): the BMC refused "
                                 "the login")
     assert errors[1].startswith(f"error: gpu5 (BMC 127.0.0.1:{web_port}): no Redfish service")
+    assert errors[2].startswith("error: gpu6 (BMC 127.0.0.1:") and "cannot reach the Redfish " \
+        "service at http://127.0.0.1:" in errors[2] and "Connection refused" in errors[2]

@@ -35,7 +35,7 @@ set_working_mc 0x20
 """
 
 
-def _free_udp_port() -> int:
+def free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -54,7 +54,7 @@ class IpmiSim:
     def __init__(self, user: str, password: str, power: str = "on"):
         self.user, self.password, self.initial = user, password, power
         self.dir = Path(tempfile.mkdtemp(prefix="torchrig-bmcsim-"))  # 0700, ours
-        self.port = _free_udp_port()
+        self.port = free_udp_port()
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> IpmiSim:
@@ -97,7 +97,7 @@ class IpmiSim:
         return (self.dir / "events").read_text().split()
 
 
-def _free_tcp_port() -> int:
+def free_tcp_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -123,7 +123,7 @@ class RedfishSim:
     def __init__(self, user: str, password: str, power: str = "On"):
         self.user, self.password, self.initial = user, password, power
         self.dir = Path(tempfile.mkdtemp(prefix="torchrig-redfishsim-"))
-        self.port = _free_tcp_port()
+        self.port = free_tcp_port()
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> RedfishSim:
