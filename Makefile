@@ -8,9 +8,10 @@ BIN     := $(VENV)/bin
 INVOKE  := $(BIN)/invoke
 # Operator-side tools the testbed and tests use (systemd-nspawn, debootstrap, ssh-keygen,
 # dpkg-deb/apt-ftparchive for the stand-in repo, gpg to sign it, ip for the bridge; chromium,
-# headless, renders `invoke report`'s page in its test).
-APT_PKGS := systemd-container debootstrap openssh-client apt-utils dpkg-dev gpg iproute2 procps python3-venv chromium
-APT_TOOLS := systemd-nspawn debootstrap ssh-keygen apt-ftparchive dpkg-deb gpg ip pgrep chromium
+# headless, renders `invoke report`'s page in its test; ipmitool is what `power` runs, and
+# openipmi's ipmi_sim the BMC its test talks to).
+APT_PKGS := systemd-container debootstrap openssh-client apt-utils dpkg-dev gpg iproute2 procps python3-venv chromium ipmitool openipmi
+APT_TOOLS := systemd-nspawn debootstrap ssh-keygen apt-ftparchive dpkg-deb gpg ip pgrep chromium ipmitool ipmi_sim
 
 .PHONY: deps venv test unit integration golden demo bench clean
 
