@@ -19,6 +19,7 @@ Without torchrun it runs as one process (world size 1, no process group).
 Stable, machine-readable output (progress.py's lines; rank 0 unless noted):
     start rank=R local_rank=L host=H device=D device_name=NAME world_size=W backend=B pid=P (every rank)
     config preset=... params=... global_batch=... lr=... precision=... ... (lr BASE x GLOBAL/REF)
+    world step=K world_size=N nodes=M global_batch=G micro_batch=B grad_accum=A [from=P]  (every start)
     resume step=S epoch=E ckpt=PATH
     WARNING: skipping unreadable checkpoint PATH: REASON
     step=40 loss=2.3456 lr=3.00e-04 tok/s=12345 samples/s=12.3 mfu=41.2% alloc=1.23GiB reserved=1.50GiB epoch=0
