@@ -86,6 +86,11 @@ class TrainConfig:
     # batch and schedule
     batch_size: int = _batch(8, "per-GPU micro-batch (samples)", pos_int)
     grad_accum: int = _batch(1, "micro-batches per optimizer step", pos_int)
+    global_batch: int | None = _batch(
+        None, "samples per optimizer step over all ranks, the same at every world size: the "
+              "micro-batches per step are derived from it at every (re)start (global batch = "
+              "--batch-size x world size x micro-batches); instead of --grad-accum", pos_int,
+        metavar="G")
     lr: float | None = _batch(
         None, "peak learning rate for a global batch of --lr-ref-batch, scaled linearly with "
               "the real global batch (default: preset's: tiny 1e-2, small 3e-3, gpt2 1e-4)",

@@ -550,7 +550,8 @@ def test_cli_validation(argv, needle, capsys):
 # TrainConfig field, in this order (--help's), each with its default.
 FLAGS = {
     "--preset": "tiny", "--seq-len": None, "--data": None, "--synthetic-samples": 8192,
-    "--dropout": 0.0, "--batch-size": 8, "--grad-accum": 1, "--lr": None, "--lr-ref-batch": 32,
+    "--dropout": 0.0, "--batch-size": 8, "--grad-accum": 1, "--global-batch": None, "--lr": None,
+    "--lr-ref-batch": 32,
     "--min-lr-ratio": 0.1, "--warmup-steps": None, "--weight-decay": 0.1, "--clip": 1.0,
     "--max-steps": None, "--epochs": None, "--seed": 1337, "--device": "auto",
     "--precision": "auto", "--compile": False, "--deterministic": False, "--init-timeout": 600.0,
