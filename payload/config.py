@@ -138,6 +138,9 @@ class TrainConfig:
         None, "testing: behave as if SIGTERM arrived during step S (checkpoint, exit 0); unlike "
               "--max-steps the LR schedule is unchanged", pos_int, metavar="S")
     dump_param_hash: bool = _output(False, "every rank prints a hash of its parameters at the end")
+    dump_samples: str | None = _output(
+        None, "testing: every rank appends the sample ids it trains on, a line per step, to "
+              "DIR/samples.rank<R>", metavar="DIR")
     # batch-size search
     find_batch_size: bool = _search(False, "find the largest per-GPU batch that fits, print "
                                            "batch_size=N, exit")
