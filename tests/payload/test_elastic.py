@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -153,12 +154,19 @@ def _agent(args, nproc, node_rank=None, nnodes=1, port=None):
                              "--nproc-per-node", str(nproc), str(PAYLOAD / "train.py"),
                              *map(str, RUN), *map(str, args)],
                             cwd=REPO, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
 def _run(*agents):
-    """Wait for the agents; node 0's output (rank 0's lines)."""
-    outs = [a.communicate(timeout=240)[0] for a in agents]
+    """Wait for the agents; node 0's output (rank 0's lines). An agent left running (its peer
+    never came) is ended with its workers (its own process group)."""
+    try:
+        outs = [a.communicate(timeout=240)[0] for a in agents]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                os.killpg(a.pid, signal.SIGKILL)
+                a.wait()
     for a, out in zip(agents, outs):
         assert a.returncode == 0, out[-4000:]
     return outs[0]
