@@ -186,6 +186,8 @@ def test_unreadable_kernel_log_is_not_run_and_says_how():
                           "kernel_dmesg": {"rc": 1, "out": "", "err": "dmesg: read kernel buffer failed: Operation not permitted"}},
                          {}, None)
     assert c.status == NOT_RUN and "Operation not permitted" in c.detail and "root" in c.detail
+    c = health.xid_check({"kernel_journal": {"rc": 1, "out": "", "err": "x"}}, {}, None, as_root=False)
+    assert c.status == WARN and "torchrig health" in c.detail
 
 
 def test_a_link_the_topology_promises_down_fails():
@@ -207,3 +209,26 @@ def test_nvidia_smi_failing_makes_the_gpu_checks_not_run():
     got = by_name(health.checks({"health_xml": {"rc": 15, "out": "Unable to determine the device handle", "err": ""},
                                  "kernel_journal": ok("")}, None))
     assert got["memory"].status == NOT_RUN and "device handle" in got["memory"].detail
+
+
+# ------------------------------------------------------------------ the task's pieces
+
+def test_health_verdict_of_a_probe_reply_has_verifys_gpu_checks_and_healths():
+    import types
+    from torchrig.verify import health_run
+    smi = "0, NVIDIA GeForce RTX 4070 Laptop GPU, GPU-1, 00000000:01:00.0, 575.51.02, 8188, Enabled, [N/A], [N/A], 2, 4, 8, 8, 30, 2026, 8.9\n"
+    reply = {"run": {"smi_query": ok(smi), "topo": ok(""), **raw(kernel=fixture(
+        "xid_01_journal_xid79_fallen_off_bus_gist.txt").replace("0000:10:00", "0000:01:00"))}}
+    v = health_run.verdict(types.SimpleNamespace(name="gpu1", gpus=1), reply, None)
+    st = {c.name: c.status for c in v.checks}
+    assert st["driver"] == PASS and st["gpu-count"] == PASS and st["xid"] == FAIL
+    assert v.status == FAIL and "GPU 0 (0000:01:00)" in next(c.detail for c in v.checks if c.name == "xid")
+
+
+@pytest.mark.parametrize("bad", ["4", "x", "0"])
+def test_diag_level_is_one_to_three(bad):
+    from torchrig.cli.health import diag_level
+    from torchrig.errors import TorchrigError
+    assert diag_level("2") == 2 and diag_level(None) is None
+    with pytest.raises(TorchrigError, match="1, 2 or 3"):
+        diag_level(bad)
