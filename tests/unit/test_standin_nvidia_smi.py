@@ -62,6 +62,7 @@ class Box:
             "TORCHRIG_STANDIN_MODULE_FILE": str(self.module),
             "TORCHRIG_STANDIN_PERSISTENCE_FILE": str(self.persistence),
             "TORCHRIG_STANDIN_FAULT_FILE": str(self.fault),
+            "TORCHRIG_STANDIN_HEALTH_FILE": str(self.root / "health.json"),
             "TORCHRIG_STANDIN_TIMESTAMP": "",
         })
         return env
@@ -457,3 +458,38 @@ def test_verify_reads_each_box_right_from_the_standins_output(tmp_path, name):
         assert v.advice == []
     topo_detail = next(c.detail for c in v.checks if c.name == "topology")
     assert topo_detail.startswith("1 GPU," if count == 1 else f"{count} GPUs,")
+
+
+# --------------------------------------------------------------- health ----
+
+def _health(b: Box) -> dict:
+    from torchrig.verify import health
+    got = {k: dict(zip(("rc", "out", "err"), (r.returncode, r.stdout, r.stderr)))
+           for k, r in (("health_xml", b.run("-q", "-x")), ("nvlink_status", b.run("nvlink", "-s")),
+                        ("nvlink_errors", b.run("nvlink", "-e")))}
+    got["kernel_journal"] = {"rc": 0, "out": "", "err": ""}
+    return {c.name: c for c in health.checks(got, b.run("topo", "-m").stdout)}
+
+
+@pytest.mark.parametrize("profile", sorted(EXPECTED))
+def test_every_profile_is_healthy_by_default_for_the_products_parsers(tmp_path, profile):
+    got = _health(make_box(tmp_path, profile=profile))
+    assert {c.status for c in got.values()} == {"PASS"}, got
+    if profile == "h100-nvswitch-8":
+        assert got["nvlink"].detail.startswith("144 links up")  # 8 GPUs x NV18
+
+
+def test_injected_health_faults_are_what_the_product_reads(box):
+    (box.root / "health.json").write_text(json.dumps({"1": {
+        "remap_failure": True, "links_down": [0], "nvlink_replays": 7, "pcie_replays": 3,
+        "throttle_reasons": 0x80}}))
+    got = _health(box)
+    assert got["memory"].status == "FAIL" and "GPU 1: row remapping failed" in got["memory"].detail
+    assert got["nvlink"].status == "FAIL" and "GPU 1: 1 of the 2 NVLinks" in got["nvlink"].detail
+    assert "link 0 replay errors 7" in got["nvlink"].detail
+    assert got["pcie-link"].status == "WARN" and got["clocks"].status == "WARN"
+    assert "power brake" in got["clocks"].detail
+
+
+def test_xml_needs_q(box):
+    assert box.run("-x").returncode == 2
