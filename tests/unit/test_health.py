@@ -232,3 +232,58 @@ def test_diag_level_is_one_to_three(bad):
     assert diag_level("2") == 2 and diag_level(None) is None
     with pytest.raises(TorchrigError, match="1, 2 or 3"):
         diag_level(bad)
+
+
+# -------------------------------------------------------------- launch's health gate
+
+def _report(bad_hosts, names=("gpu1", "gpu2", "gpu3")):
+    from torchrig.verify.evaluate import Check, HostVerdict
+    from torchrig.verify.run import VerifyReport
+    rep = VerifyReport()
+    for name in names:
+        v = HostVerdict(name, [Check("driver", PASS, "ok"), Check("persistence", WARN, "off")])
+        if name in bad_hosts:
+            v.checks.append(Check("xid", FAIL, "GPU 1 (0000:5e:00): Xid 79 (GPU has fallen off the bus)"))
+        rep.hosts.append(v)
+    return rep
+
+
+@pytest.fixture
+def gate(monkeypatch):
+    import types
+    from torchrig.launch import health_gate
+    from torchrig.verify import health_run
+    seen = []
+    monkeypatch.setattr(health_run, "check", 
+                        lambda fleet, hosts: seen.append([h.name for h in hosts])
+                        or _report({"gpu2"}, [h.name for h in hosts]))
+    hosts = [types.SimpleNamespace(name=n) for n in ("gpu1", "gpu2", "gpu3")]
+    return health_gate, hosts, seen
+
+
+def test_launch_refuses_an_unhealthy_node_naming_host_gpu_and_reason(gate):
+    from torchrig.errors import TorchrigError
+    health_gate, hosts, _ = gate
+    with pytest.raises(TorchrigError, match=r"^nothing started: unhealthy node\(s\): gpu2: xid: GPU 1 "
+                                            r"\(0000:5e:00\): Xid 79 .*--skip-unhealthy"):
+        health_gate.gate(None, hosts)
+
+
+def test_skip_unhealthy_leaves_the_node_out_and_says_so(gate):
+    health_gate, hosts, _ = gate
+    said = []
+    assert [h.name for h in health_gate.gate(None, hosts, skip=True, log=said.append)] == ["gpu1", "gpu3"]
+    assert said == ["left out unhealthy node(s) gpu2: gpu2: xid: GPU 1 (0000:5e:00): Xid 79 (GPU has fallen off the bus)"]
+
+
+def test_with_nodes_only_the_first_n_are_gated_unless_skipping(gate, monkeypatch):
+    import types
+    from torchrig.launch import run, service
+    health_gate, hosts, seen = gate
+    monkeypatch.setattr(run, "launch", lambda fleet, hosts, o, log: [h.name for h in hosts])
+    s = types.SimpleNamespace(backend="systemd")
+    fleet = types.SimpleNamespace(hosts=[types.SimpleNamespace(name=h.name, settings=s) for h in hosts])
+    assert service.launch(fleet, run.LaunchOptions(job="j"), nodes=1) == ["gpu1"] and seen == [["gpu1"]]
+    fleet.hosts = [types.SimpleNamespace(name=h.name, settings=s) for h in hosts]
+    assert service.launch(fleet, run.LaunchOptions(job="j"), nodes=2, skip_unhealthy=True,
+                          log=lambda *_: None) == ["gpu1", "gpu3"]

@@ -15,6 +15,9 @@ from ..facts import dcgm_diag, nvlink, smi_xml, topo as topo_mod, xid
 from .evaluate import FAIL, NOT_RUN, PASS, WARN, Check
 
 RESET = "reset the GPU (nvidia-smi -r -i {i}) or reboot the node"
+# the checks whose FAIL keeps a job off the node (launch's health gate): health's own and
+# verify's uncorrectable-ECC-now row
+GATE_CHECKS = ("xid", "memory", "pcie-link", "nvlink", "clocks", "dcgm-diag", "ecc")
 
 
 def _worst(items: list[tuple[str, str]], name: str, fine: str) -> Check:
