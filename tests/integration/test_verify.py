@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from conftest import invoke, ip_of, sh
+from conftest import invoke, ip_of, provision, sh, steps_of, write_inventory
 
 # gpu4 is not verified here, but provisioning it with gpu3 (one parallel run) saves the launch
 # tests a reboot cycle of their own in a full run
@@ -200,3 +200,28 @@ def test_health_names_each_injected_fault_and_verify_fails_on_them(testbed):
         sh(testbed, "gpu1", "rm -f /etc/torchrig-testbed/kmsg /etc/torchrig-testbed/health.json")
     r = invoke("health", "-i", str(testbed), "-H", "gpu1")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_dcgm_installed_by_provision_and_its_diag_read_by_verify_and_health(testbed, inventory_doc,
+                                                                             tmp_path):
+    """var dcgm: provision installs the (stand-in) datacenter-gpu-manager from the testbed's
+    CUDA repository, pinned and held, and starts its host engine; `--diag N` reads dcgmi's
+    per-test results."""
+    inventory_doc["vars"]["dcgm"] = True
+    inv = write_inventory(tmp_path, inventory_doc)
+    r, data = provision(inv, "gpu1", "--yes")
+    assert r.returncode == 0, r.stdout + r.stderr
+    _, st = steps_of(data, "gpu1")
+    assert "install NVIDIA DCGM 1:3.3.9: datacenter-gpu-manager=1:3.3.9" in st["dcgm"]["changes"]
+    assert "hold" in sh(inv, "gpu1", "apt-mark showhold datacenter-gpu-manager && echo hold")
+    r, data = verify(inv, "gpu1", "--diag", "1")
+    diag = checks(host(data, "gpu1"))["dcgm-diag"]
+    assert r.returncode == 0 and diag["status"] == "PASS", diag
+    _inject(inv, "gpu1", health={"1": {"remap_pending": True}})
+    try:
+        r = invoke("health", "-i", str(inv), "-H", "gpu1", "--json", "--diag", "2")
+        diag = checks(host(json.loads(r.stdout), "gpu1"))["dcgm-diag"]
+        assert r.returncode == 1 and diag["status"] == "FAIL"
+        assert "GPU Memory GPU 1: FAIL (GPU 1 has uncorrectable memory errors" in diag["detail"]
+    finally:
+        sh(inv, "gpu1", "rm -f /etc/torchrig-testbed/kmsg /etc/torchrig-testbed/health.json")

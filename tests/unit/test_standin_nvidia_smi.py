@@ -493,3 +493,40 @@ def test_injected_health_faults_are_what_the_product_reads(box):
 
 def test_xml_needs_q(box):
     assert box.run("-x").returncode == 2
+
+
+# ---------------------------------------------------------------- dcgmi ----
+
+DCGMI = SCRIPT.with_name("dcgmi")
+
+
+def _dcgm(b: Box, *args, engine=True):
+    env = b.env()
+    env["TORCHRIG_STANDIN_DCGM_FILE"] = str(b.root / "dcgm")
+    if engine:
+        (b.root / "dcgm").write_text("")
+    r = subprocess.run([sys.executable, str(DCGMI), *args], env=env, capture_output=True,
+                       text=True, timeout=30)
+    return {"rc": r.returncode, "out": r.stdout, "err": r.stderr}
+
+
+@pytest.mark.parametrize("level,tests", [("1", 9), ("3", 9 + 5 * 2)])
+def test_dcgmi_diag_passes_on_a_healthy_box(box, level, tests):
+    from torchrig.facts import dcgm_diag
+    from torchrig.verify import health
+    r = _dcgm(box, "diag", "-r", level, "-j")
+    assert r["rc"] == 0 and len(dcgm_diag.parse(r["out"])) == tests
+    assert health.diag_check({"dcgm_diag": r}).status == "PASS"
+
+
+def test_dcgmi_diag_fails_the_memory_tests_of_an_injected_fault(box):
+    from torchrig.verify import health
+    (box.root / "health.json").write_text(json.dumps({"1": {"remap_pending": True}}))
+    c = health.diag_check({"dcgm_diag": _dcgm(box, "diag", "-r", "2", "-j")})
+    assert c.status == "FAIL" and "GPU Memory GPU 1: FAIL (GPU 1 has uncorrectable memory" in c.detail
+
+
+def test_dcgmi_without_its_host_engine_is_not_run(box):
+    from torchrig.verify import health
+    c = health.diag_check({"dcgm_diag": _dcgm(box, "diag", "-r", "1", "-j", engine=False)})
+    assert c.status == "NOT RUN" and "host engine" in c.detail.lower()
