@@ -287,3 +287,44 @@ def test_with_nodes_only_the_first_n_are_gated_unless_skipping(gate, monkeypatch
     fleet.hosts = [types.SimpleNamespace(name=h.name, settings=s) for h in hosts]
     assert service.launch(fleet, run.LaunchOptions(job="j"), nodes=2, skip_unhealthy=True,
                           log=lambda *_: None) == ["gpu1", "gpu3"]
+
+
+# ------------------------------------------------------------------- Slurm drain/resume
+
+class _SlurmFleet:
+    def __init__(self, compute=("gpu1", "gpu2")):
+        import types
+        self.inv = types.SimpleNamespace(slurm=types.SimpleNamespace(controller="gpu3", compute=list(compute)),
+                                         host=lambda n: types.SimpleNamespace(name=n))
+        self.ran = []
+
+    def run(self, h, cmd, root=False, timeout=None):
+        import types
+        self.ran.append((h.name, cmd, root))
+        return types.SimpleNamespace(exited=0, stdout="", stderr="")
+
+
+def test_slurm_gate_drains_the_unhealthy_compute_node_with_the_reason(gate):
+    import types
+    health_gate, hosts, seen = gate
+    fleet, said = _SlurmFleet(), []
+    hosts.append(types.SimpleNamespace(name="ctl"))
+    got = health_gate.gate_slurm(fleet, hosts, skip=True, log=said.append)
+    # gpu3 and ctl are no compute nodes here: not judged, kept
+    assert [h.name for h in got] == ["gpu1", "gpu3", "ctl"] and seen == [["gpu1", "gpu2"]]
+    assert fleet.ran == [("gpu3", "scontrol update nodename=gpu2 state=drain 'reason=torchrig health: "
+                                  "xid: GPU 1 (0000:5e:00): Xid 79 (GPU has fallen off the bus)'", True)]
+    assert said[0].startswith("drained Slurm node gpu2") and "health --resume gpu2" in said[0]
+
+
+def test_resume_refuses_a_node_still_unhealthy_and_resumes_a_fixed_one(gate):
+    import types
+    from torchrig.errors import TorchrigError
+    health_gate, _, _ = gate
+    fleet = _SlurmFleet()
+    with pytest.raises(TorchrigError, match="--resume gpu2: its health is still FAIL: xid: GPU 1"):
+        health_gate.resume(fleet, types.SimpleNamespace(name="gpu2"))
+    health_gate.resume(fleet, types.SimpleNamespace(name="gpu1"), log=lambda *_: None)
+    assert fleet.ran == [("gpu3", "scontrol update nodename=gpu1 state=resume", True)]
+    with pytest.raises(TorchrigError, match="not a compute node"):
+        health_gate.resume(fleet, types.SimpleNamespace(name="gpu9"))

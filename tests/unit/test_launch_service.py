@@ -31,6 +31,7 @@ def calls(monkeypatch):
     seen = []
     from torchrig.launch import health_gate
     monkeypatch.setattr(health_gate, "gate", lambda fleet, hosts, skip, log: hosts)
+    monkeypatch.setattr(health_gate, "gate_slurm", lambda fleet, hosts, skip, log: hosts)
     monkeypatch.setattr(run, "launch", lambda fleet, hosts, o, log: seen.append(
         ("systemd", [h.name for h in hosts])) or "systemd-launched")
     monkeypatch.setattr(slurm, "launch", lambda fleet, hosts, o, n, p, t, log: seen.append(

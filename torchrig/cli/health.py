@@ -6,7 +6,7 @@ import json
 
 from invoke import Exit
 
-from .common import _fleet, _redactor, _warm, fleet_task
+from .common import _fleet, _log, _redactor, _warm, fleet_task
 
 DIAG_HELP = "also run DCGM's diagnostic, `dcgmi diag -r N` (1: seconds, 2: minutes, 3: ~10 min)"
 
@@ -25,14 +25,23 @@ def diag_level(diag) -> int | None:
 @fleet_task(help={"json": "print the report as JSON",
                   "since": "Xid events since this time (ISO, UTC unless it has a zone: "
                            "2026-12-03T14:00) or age (30m, 2h, 1d); default: since boot",
-                  "diag": DIAG_HELP})
-def health(c, inventory=None, host=None, json_=False, since=None, diag=None,
+                  "diag": DIAG_HELP,
+                  "resume": "a Slurm compute node launch drained for its health: resume it "
+                            "(refused while its health is still FAIL)"})
+def health(c, inventory=None, host=None, json_=False, since=None, diag=None, resume=None,
            accept_new_host_keys=False):
     """Xid errors, ECC and row remapping, NVLink, PCIe and clock slowdowns per GPU (DCGM with
     --diag): PASS / WARN / FAIL and what to do; exits 1 on a FAIL."""
     from torchrig.errors import TorchrigError
     from torchrig.facts import xid
     from torchrig.verify import health_run
+    if resume:
+        from torchrig.launch import health_gate
+        with _fleet(c, inventory, resume, accept_new_host_keys) as fleet:
+            if len(fleet.hosts) != 1:
+                raise TorchrigError(f"--resume {resume!r}: one Slurm node")
+            health_gate.resume(fleet, fleet.hosts[0], log=_log)
+        return
     _warm("torchrig.tables")
     try:
         when = xid.parse_since(since) if since else None

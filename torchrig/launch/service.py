@@ -41,7 +41,8 @@ def launch(fleet: Fleet, o: run.LaunchOptions, nodes: int | None = None,
             raise TorchrigError("--dry-run with --backend slurm: not supported (nothing is "
                                 "written on the nodes but the job's folders; the batch script "
                                 "goes to sbatch)")
-        hosts = health_gate.gate(fleet, fleet.hosts, skip_unhealthy, log)
+        slurm.check_slurm_options(partition, time_limit)  # a bad flag before a node is touched
+        hosts = health_gate.gate_slurm(fleet, fleet.hosts, skip_unhealthy, log)
         return slurm.launch(fleet, hosts, o, nodes, partition, time_limit, log=log)
     if partition is not None or time_limit is not None:
         raise TorchrigError("--partition and --time are Slurm's: add --backend slurm")
