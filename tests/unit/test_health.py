@@ -69,6 +69,7 @@ def test_kernel_log_falls_back_to_dmesg_when_the_journal_has_no_kernel_lines():
     assert xid.kernel_text({"rc": 0, "out": ""}, {"rc": 0, "out": "x"}) == ("x", "dmesg")
     assert xid.kernel_text({"rc": 0, "out": "k"}, {"rc": 1})[1] == "journalctl -k"
     assert xid.kernel_text({"rc": 1}, {"rc": 1})[1] is None
+    assert xid.kernel_text({"rc": 0, "out": ""}, {"rc": 1})[1] is None  # no proof of no Xid
 
 
 # ---------------------------------------------------------------------------- -q -x

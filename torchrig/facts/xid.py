@@ -136,13 +136,12 @@ def gpu_index(bus: str, gpus: dict[str, int]) -> int | None:
 
 def kernel_text(journal: dict, dmesg: dict) -> tuple[str, str | None]:
     """(text, source) of the kernel log from the probe's two runs: the journal's when it has
-    kernel lines, else dmesg's; source None when neither could be read."""
+    kernel lines, else dmesg's; source None when neither could be read. An empty journal is
+    no proof: a user outside systemd-journal sees only their own journal (exit 0, nothing)."""
     if journal.get("rc") == 0 and journal.get("out", "").strip():
         return journal["out"], "journalctl -k"
     if dmesg.get("rc") == 0:
         return dmesg.get("out", ""), "dmesg"
-    if journal.get("rc") == 0:
-        return "", "journalctl -k"
     return "", None
 
 
