@@ -31,6 +31,8 @@ def gate(fleet: Fleet, hosts: list[Host], skip: bool = False, log=print,
          slurm: bool = False) -> list[Host]:
     """The hosts a job may use: all of them, or (skip) the healthy ones; else one error.
     slurm: the unhealthy compute nodes are drained first (Slurm schedules nothing there)."""
+    if not hosts:  # nothing to judge (launch's own checks name an empty selection)
+        return hosts
     rep = health_run.check(fleet, hosts)
     if rep.unreachable:  # as launch's own gate words it
         raise TorchrigError("nothing started: " + "; ".join(
