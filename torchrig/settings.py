@@ -98,6 +98,11 @@ class Settings(BaseModel):
     apt_lock_timeout: int = _var(600, "provision", "seconds to wait for another apt", ge=0)
     min_free_gb: float = _var(20, "provision", "free disk (GB) required before installing", ge=0)
     reboot_timeout: int = _var(600, "provision", "seconds to wait for a host to come back", ge=30)
+    dcgm: bool = _var(False, "provision, verify", "install NVIDIA's DCGM (datacenter-gpu-manager "
+                      "from the CUDA repository) and run its host engine, for `verify --diag N` "
+                      "and `health --diag N`")
+    dcgm_version: str = _var("1:3.3.9", "provision", "datacenter-gpu-manager package version "
+                             "(var dcgm)")
     nccl_tests: bool = _var(True, "provision, verify", "build nccl-tests (verify runs all_reduce_perf)")
     nccl_tests_version: str = _var("v2.16.4", "provision", "nccl-tests git tag")
     nccl_tests_source: str = _var("https://github.com/NVIDIA/nccl-tests", "provision",
