@@ -296,14 +296,14 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
             except DROPS as e:
                 alive, why = False, describe_error(e) or type(e).__name__  # the host is named already
             told, message = plan.node_says(bytes(err))
+            if over is not None and offset > start:
+                over.carried_bytes = True
             if over is not None and rc == openssh.SSH_FAILED and not over.carried_bytes:
                 log(f"{host.name}: {name}: ssh could not connect ({message[-200:] or 'exit 255'});"
                     " carried over paramiko instead")
                 over.close()
                 over = None
                 continue
-            if over is not None and offset > start:
-                over.carried_bytes = True
             said.update(told)
             outcome = plan.after_read(rc, alive, start, offset, size)
             if outcome == "done" and (not pipelined or "sha256" in said or rc == 3):
