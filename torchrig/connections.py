@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import os
 import getpass
 import logging
+import os
 import select
 import selectors
 import shutil

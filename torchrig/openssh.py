@@ -104,6 +104,9 @@ def carrier(cxn) -> tuple["Carrier | None", str | None]:
                   getattr(cxn, "ssh_config", {}).get("proxycommand"),
                   dict(getattr(cxn, "connect_kwargs", {}) or {}),
                   getattr(getattr(cxn, "authentication", None), "strategy_class", None))
+    if why is None and (cxn.client.get_transport() is None
+                        or not cxn.client.get_transport().is_active()):
+        why = "its connection closed before the key could be read"  # the next try reconnects
     return (None, why) if why else (Carrier(target_of(cxn)), None)
 
 
