@@ -7,19 +7,24 @@ same run:
 - fetch warm: the same fetch again into that folder (the file already there: the node's hash,
   nothing sent);
 - scp: `scp user@node:FILE DIR/` of the same file with the inventory's address, user, port,
-  identity_file and known_hosts.
+  identity_file and known_hosts;
+- with --paramiko, also fetch with its bytes over paramiko (TORCHRIG_BULK_SSH=paramiko), the
+  carrier before OpenSSH's `ssh` took them.
+
+fetch's own run must carry its bytes over `ssh` (the bench stops if fetch says it fell back).
 
 The file (random bytes, --mib MiB, default 256) is written once as checkpoint
 `ckpt_00000010.pt` of job `benchfetch` in the node's checkpoint folder, owned by the job's
 user and world-readable (scp logs in as the inventory's user); it is removed at the end.
 
-    sudo .venv/bin/python bench/fetch_bench.py INVENTORY HOST [--runs 3] [--mib 256]
+    sudo .venv/bin/python bench/fetch_bench.py INVENTORY HOST [--runs 3] [--mib 256] [--paramiko]
 
 Medians of --runs rounds; within a round each method runs once, fetch and scp alternating
 which goes first. Writes bench/out/fetch.json."""
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -50,6 +55,7 @@ def main() -> None:
     ap.add_argument("host")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--mib", type=int, default=256)
+    ap.add_argument("--paramiko", action="store_true", help="also fetch over paramiko")
     a = ap.parse_args()
     inv = load(a.inventory)
     h = next(x for x in inv.hosts if x.name == a.host)
@@ -60,17 +66,31 @@ def main() -> None:
             f"mkdir -p {folder} && head -c {a.mib << 20} /dev/urandom > {path} && "
             f"chown -R {user}: {folder} && chmod 755 {folder} && chmod 644 {path}")
     work = Path(tempfile.mkdtemp(prefix="fetch-bench-"))
-    times = {"fetch": [], "fetch_warm": [], "scp": []}
+    times = {"fetch": [], "fetch_warm": [], "scp": [], **({"fetch_paramiko": []} if a.paramiko else {})}
+    loadavg = [os.getloadavg()[0]]
     try:
         for r in range(a.runs):
             def do_fetch():
                 to = work / f"fetch{r}"
                 args = ("fetch", "-i", a.inventory, "-H", a.host, "--job", JOB, "--all",
                         "--to", str(to), "--json")
-                _, dt = invoke(*args)
+                ran, dt = invoke(*args)
+                if "carried over paramiko" in ran.stderr:
+                    sys.exit(f"fetch did not use ssh: {ran.stderr[-1000:]}")
                 times["fetch"].append(dt)
                 _, dt = invoke(*args)
                 times["fetch_warm"].append(dt)
+                shutil.rmtree(to)
+
+            def do_paramiko():
+                to = work / f"paramiko{r}"
+                os.environ["TORCHRIG_BULK_SSH"] = "paramiko"
+                try:
+                    _, dt = invoke("fetch", "-i", a.inventory, "-H", a.host, "--job", JOB,
+                                   "--all", "--to", str(to), "--json")
+                finally:
+                    del os.environ["TORCHRIG_BULK_SSH"]
+                times["fetch_paramiko"].append(dt)
                 shutil.rmtree(to)
 
             def do_scp():
@@ -83,8 +103,10 @@ def main() -> None:
                 times["scp"].append(time.perf_counter() - t0)
                 shutil.rmtree(to)
 
-            for f in ([do_fetch, do_scp] if r % 2 == 0 else [do_scp, do_fetch]):
+            order = [do_fetch, do_scp] + ([do_paramiko] if a.paramiko else [])
+            for f in (order if r % 2 == 0 else order[::-1]):
                 f()
+            loadavg.append(os.getloadavg()[0])
             print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()),
                   flush=True)
     finally:
@@ -94,11 +116,14 @@ def main() -> None:
     res = {"host": a.host, "mib": a.mib, "runs": a.runs, "median_s": med,
            "all_s": {k: [round(x, 2) for x in v] for k, v in times.items()},
            "fetch_over_scp": round(med["fetch"] / med["scp"], 2),
+           "load_avg_1min": [round(x, 1) for x in loadavg],
            "date": time.strftime("%Y-%m-%d", time.gmtime())}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "fetch.json").write_text(json.dumps(res, indent=2) + "\n")
     print(f"medians of {a.runs}: fetch --all {med['fetch']} s, again (nothing sent) "
-          f"{med['fetch_warm']} s, scp {med['scp']} s; fetch / scp {res['fetch_over_scp']}")
+          f"{med['fetch_warm']} s, scp {med['scp']} s; fetch / scp {res['fetch_over_scp']}" +
+          (f"; over paramiko {med['fetch_paramiko']} s" if a.paramiko else "") +
+          f"; load average {min(loadavg):.1f}-{max(loadavg):.1f}")
 
 
 if __name__ == "__main__":

@@ -11,8 +11,10 @@ jump hop, and hostkeys.secure() checks their keys.
 from __future__ import annotations
 
 import errno
+import fcntl
 import getpass
 import logging
+import os
 import select
 import selectors
 import shutil
@@ -282,39 +284,8 @@ class LocalConnection:
                on_err: Callable[[bytes], None], *, root: bool = False,
                timeout: float | None = None, silence: float | None = None) -> int | None:
         """SshConnection.stream in a local bash."""
-        command = as_root(self, command) if root else command
-        p = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            feeding = _feed(data, p.stdin.write, p.stdin.close)
-            sel = selectors.DefaultSelector()
-            sel.register(p.stdout, selectors.EVENT_READ, on_out)
-            sel.register(p.stderr, selectors.EVENT_READ, on_err)
-            deadline = None if timeout is None else time.monotonic() + timeout
-            open_ = 2
-            while open_:
-                wait = [w for w in (silence, deadline and deadline - time.monotonic())
-                        if w is not None]
-                ready = sel.select(timeout=max(0, min(wait)) if wait else None)
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise invoke.exceptions.CommandTimedOut(None, timeout)
-                if not ready:
-                    return None
-                for key, _ in ready:
-                    chunk = key.fileobj.read1(65536)
-                    if not chunk:
-                        sel.unregister(key.fileobj)
-                        open_ -= 1
-                    else:
-                        key.data(chunk)
-            feeding.done()
-            return p.wait()
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-            p.stdout.close()
-            p.stderr.close()
+        return popen_stream(["bash", "-c", as_root(self, command) if root else command], data,
+                            on_out, on_err, timeout=timeout, silence=silence)
 
     def run_input(self, command: str, data: str, timeout: float = 600, *,
                   root: bool = False) -> "Ran":
@@ -325,6 +296,56 @@ class LocalConnection:
 
     def close(self) -> None:
         pass
+
+
+def popen_stream(argv: list[str], data, on_out: Callable[[bytes], None],
+                 on_err: Callable[[bytes], None], *, timeout: float | None = None,
+                 silence: float | None = None, pipe_size: int = 0) -> int | None:
+    """Connector.stream's contract for a local process (a local bash, OpenSSH's ssh): `data`
+    on its stdin, stdout and stderr chunks handed over as they come, the exit status or None
+    after `silence` seconds without a byte. pipe_size: a larger stdout pipe (F_SETPIPE_SZ), so
+    a fast writer rarely waits on the reader."""
+    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    try:
+        if pipe_size:
+            try:
+                fcntl.fcntl(p.stdout.fileno(), fcntl.F_SETPIPE_SZ, pipe_size)
+            except OSError:
+                pass  # over /proc/sys/fs/pipe-max-size: the default pipe still works
+        read = max(pipe_size, 65536)
+        feeding = _feed(data, p.stdin.write, p.stdin.close)
+        sel = selectors.DefaultSelector()
+        sel.register(p.stdout, selectors.EVENT_READ, on_out)
+        sel.register(p.stderr, selectors.EVENT_READ, on_err)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        open_ = 2
+        while open_:
+            wait = [w for w in (silence, deadline and deadline - time.monotonic())
+                    if w is not None]
+            ready = sel.select(timeout=max(0, min(wait)) if wait else None)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise invoke.exceptions.CommandTimedOut(None, timeout)
+            if not ready:
+                return None
+            for key, _ in ready:
+                chunk = os.read(key.fd, read)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    open_ -= 1
+                else:
+                    key.data(chunk)
+        feeding.done()
+        return p.wait()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        for f in (p.stdin, p.stdout, p.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
 
 
 def _jump(inv: Inventory, spec: str, accept_new: bool) -> Connection:

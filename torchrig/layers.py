@@ -12,13 +12,13 @@ from __future__ import annotations
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # what every part uses: errors, settings and the inventory, quoting, host keys, the
-    # connections (SSH and local) and the fleet session,
+    # connections (SSH and local; OpenSSH's ssh for a bulk stream) and the fleet session,
     # templates and the scripts that run on a host (onhost/), the redactor, the terminal
     # sanitiser, torchrun's command line, a job's names and layout, shipped files (and this
     # table)
     ("base", ("__init__", "layers", "errors", "resources", "terminal", "localfiles", "settings",
               "secrets", "render", "torchrun", "job", "progress", "forward", "inventory",
-              "quoting", "hostkeys", "connections", "onhost", "session")),
+              "quoting", "hostkeys", "connections", "openssh", "onhost", "session")),
     # what a host is: each fact's command and its pure parser
     ("facts", ("facts",)),
     # what may change on a host: the change types, the managed files, the planners' view of

@@ -280,3 +280,30 @@ def test_a_partial_file_of_another_version_is_not_appended_to(node):
     os.utime(job / "ckpt_00000010.pt", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     res, _ = run(inv, out, all=True)  # a new mtime: a new partial file, not appended to
     assert res.files[0].transferred == st.st_size and part.exists()
+
+
+def test_bytes_over_ssh_and_back_to_paramiko_when_ssh_cannot_connect(node, monkeypatch, tmp_path):
+    """The carrier as an SSH host gets it (openssh.carrier), `ssh` a stand-in on PATH: first a
+    local bash (the bytes come through it, hashed and checked), then one that cannot connect
+    (exit 255, nothing sent): the file still arrives, over the connection's own stream."""
+    from torchrig import openssh
+    inv, job, out = node
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    ssh = bin_ / "ssh"
+    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+    target = openssh.Target("n1", 22, "root", (), "ssh-ed25519", "K")
+    monkeypatch.setattr(openssh, "carrier", lambda cxn: (openssh.Carrier(target), None))
+    ssh.write_text(f'#!/bin/bash\necho x >> {tmp_path}/calls\nexec bash -c "${{@: -1}}"\n')
+    ssh.chmod(0o755)
+    res, log = run(inv, out / "a", all=True)
+    assert [f.name for f in res.files] == ["ckpt_00000010.pt", "ckpt_00000020.pt", "ckpt_00000030.pt"]
+    assert (tmp_path / "calls").read_text().count("x") == 3
+    assert not [m for m in log if "paramiko" in m or "ssh" in m], log
+    assert (out / "a/ckpt_00000020.pt").read_bytes() == (job / "ckpt_00000020.pt").read_bytes()
+    ssh.write_text("#!/bin/bash\necho 'Host key verification failed.' >&2\nexit 255\n")
+    res, log = run(inv, out / "b", all=True)
+    assert [f.transferred for f in res.files] == [f.size for f in res.files]
+    assert (out / "b/ckpt_00000020.pt").read_bytes() == (job / "ckpt_00000020.pt").read_bytes()
+    assert [m for m in log if "ssh" in m] == [f"n1: {f.name}: ssh could not connect (Host key verification failed.); "
+                   "carried over paramiko instead" for f in res.files], log

@@ -146,6 +146,9 @@ class _NoFleet:
     def __exit__(self, *a):
         return False
 
+    def preconnect(self):
+        pass
+
 
 # ---- fetch: the node's file names, torch's error text ---------------------------------------
 

@@ -47,13 +47,14 @@ def fetch(c, inventory=None, host=None, job=None, step=None, to=None, all_=False
     """Copy a job's newest loadable checkpoint (or --step N, or --all) from the node that holds
     it: load-checked on the node, resumed after drops, SHA-256 verified, MANIFEST.json beside it."""
     from pathlib import Path
-    from torchrig.fetch.run import FetchOptions, fetch as run_fetch
     if step is not None and all_:
         raise Exit("error: --step and --all: choose one", code=1)
-    o = FetchOptions(job="", to=Path(), step=None if step is None else _number("step", step, 0),
-                     all=all_,
-                     bwlimit=0 if bwlimit is None else _number("bwlimit", bwlimit, 1) * 1024)
+    step = None if step is None else _number("step", step, 0)
+    bwlimit = 0 if bwlimit is None else _number("bwlimit", bwlimit, 1) * 1024
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
+        fleet.preconnect()  # the handshakes overlap fetch's imports
+        from torchrig.fetch.run import FetchOptions, fetch as run_fetch
+        o = FetchOptions(job="", to=Path(), step=step, all=all_, bwlimit=bwlimit)
         o.job = job or _latest_job(fleet)
         o.to = Path(to or f"checkpoints/{o.job}")
         res = run_fetch(fleet, o, log=_log)

@@ -28,7 +28,8 @@ from ..inventory import Host
 from ..job import check_job_name
 from ..localfiles import fsync_dir, write_atomic
 from ..onhost import HERE as ONHOST, script
-from ..connections import ConnectionLost
+from .. import openssh
+from ..connections import ConnectionLost, as_root
 from ..quoting import sh
 from ..settings import job_folder
 from ..session import CannotConnect, Fleet, describe_error
@@ -242,6 +243,7 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
     part = to / plan.part_name(name, digest or plan.partial_key(size, c["mtime"]))
     fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     said: dict = {"ident": c["ident"]} if c.get("ident") else {}
+    over: openssh.Carrier | None = None  # ssh carrying the bytes, when it can
     try:
         try:  # two fetches appending to one partial file would garble it
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -252,7 +254,7 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
         os.ftruncate(fd, offset)
         h = _sha256_file(part, offset)
         os.lseek(fd, offset, os.SEEK_SET)
-        drops = 0
+        drops, decided = 0, False
         # --all asks at least once (a complete partial file still needs the node's hash)
         while offset < size or (pipelined and "sha256" not in said):
             err = bytearray()
@@ -278,12 +280,30 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
             start, rc, why = offset, None, ""
             try:
                 cxn = fleet.conn(host)
-                rc = cxn.stream(_command(host, request["op"]), _stdin(request), write,
-                                err.extend, root=True, silence=SILENCE)
-                alive = cxn.is_connected and not cxn.lost
+                if not decided:  # once per file
+                    over, not_over = openssh.carrier(cxn)
+                    if not_over:
+                        log(f"{host.name}: {name}: carried over paramiko, not ssh ({not_over})")
+                    decided = True
+                if over is not None:  # the same command, root as paramiko does it
+                    rc = over.stream(as_root(cxn, _command(host, request["op"])),
+                                     _stdin(request), write, err.extend, silence=SILENCE)
+                    alive = rc not in (None, openssh.SSH_FAILED)
+                else:
+                    rc = cxn.stream(_command(host, request["op"]), _stdin(request), write,
+                                    err.extend, root=True, silence=SILENCE)
+                    alive = cxn.is_connected and not cxn.lost
             except DROPS as e:
                 alive, why = False, describe_error(e) or type(e).__name__  # the host is named already
             told, message = plan.node_says(bytes(err))
+            if over is not None and offset > start:
+                over.carried_bytes = True
+            if over is not None and rc == openssh.SSH_FAILED and not over.carried_bytes:
+                log(f"{host.name}: {name}: ssh could not connect ({message[-200:] or 'exit 255'});"
+                    " carried over paramiko instead")
+                over.close()
+                over = None
+                continue
             said.update(told)
             outcome = plan.after_read(rc, alive, start, offset, size)
             if outcome == "done" and (not pipelined or "sha256" in said or rc == 3):
@@ -309,6 +329,8 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
         os.fsync(fd)
     finally:
         os.close(fd)
+        if over is not None:
+            over.close()
     if pipelined:
         c = {**c, "sha256": said["sha256"], "ident": said["ident"]}
     got.sha256, got.checked = c["sha256"], checked(c, host.settings.service_user)
