@@ -56,6 +56,7 @@ class LaunchOptions:
     early_fail_window: int = DEFAULTS.early_fail_window  # see LaunchDefaults; 0: off
     data: str | None = None            # a dataset (`torchrig data.push`) every node must hold
     data_verify: str = "quick"         # quick: sizes and the push's records; full: re-hash
+    min_nodes: int | None = None       # an elastic job's MIN (service.launch sets it)
 
 
 MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -130,7 +131,7 @@ def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
                exit_barrier_timeout=o.exit_barrier_timeout, module=o.module is not None,
                support=staged.support if staged else "",
                python=staged.python if staged else None,
-               early_fail_s=o.early_fail_window, data=o.data)
+               early_fail_s=o.early_fail_window, data=o.data, min_nodes=o.min_nodes)
 
 
 @dataclass
@@ -295,7 +296,8 @@ def start_script(job: Job, exclusive: bool, firewall: bool = False) -> str:
     return script("launch/start.sh", **_common(job.name), busy_units=Shell(BUSY_UNITS),
                   firewall=int(firewall), table=Shell(sh(*TABLE)), firewall_unit=UNIT,
                   unit_file=unit_path(job.name), marker=launch_marker(job),
-                  unit_re=rf"torchrig-{JOB_RE.pattern}\.service", exclusive=int(exclusive))
+                  unit_re=rf"torchrig-{JOB_RE.pattern}\.service", exclusive=int(exclusive),
+                  enable=int(job.min_nodes is not None))
 
 
 def _start(fleet: Fleet, h: Host, job: Job) -> None:
