@@ -186,11 +186,10 @@ class Checkpointer:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+        # The data position is the global step: the order is defined over global batches
+        # (data.GlobalOrder), so it holds at any world size.
         pos.step = int(state["step"])
-        data = state.get("data", {})
-        pos.epoch = int(data.get("epoch", state.get("epoch", 0)))
-        pos.step_in_epoch = int(data.get("step_in_epoch", 0))
-        pos.epoch, pos.step_in_epoch = pos.resume_point()
+        pos.epoch, pos.step_in_epoch = divmod(pos.step, pos.steps_per_epoch)
         rngs = state.get("rng") or []
         if len(rngs) == ctx.world_size:
             restore_rng(rngs[ctx.rank], ctx.device)
@@ -231,9 +230,9 @@ class Checkpointer:
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "step": self.position.step,
             "epoch": ep,
-            "data": {"epoch": ep, "step_in_epoch": sie, "sampler_seed": cfg.seed,
-                     "world_size": ctx.world_size, "batch_size": cfg.batch_size,
-                     "grad_accum": cfg.grad_accum},
+            "data": {"step": self.position.step, "epoch": ep, "step_in_epoch": sie,
+                     "sampler_seed": cfg.seed, "world_size": ctx.world_size,
+                     "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum},
             "rng": rngs,
             "config": {k: (v if v is None or isinstance(v, (bool, int, float)) else str(v))
                        for k, v in dataclasses.asdict(cfg).items()},

@@ -14,6 +14,7 @@ import torch
 
 from config import TrainConfig
 from data import DataError, TokenData
+from global_batch import BatchError, grad_accum_for
 
 DATA_ENV = "TORCHRIG_DATA"  # what `torchrig launch --data NAME` sets: the dataset's folder
 
@@ -71,7 +72,23 @@ def parse_args(argv=None) -> TrainConfig:
         parser.error("--find-batch-size on CPU needs --mem-budget-gb")
     if cfg.min_lr_ratio > 1:
         parser.error("--min-lr-ratio must be <= 1")
+    if cfg.global_batch is not None:
+        if cfg.grad_accum != 1:
+            parser.error("--global-batch derives the micro-batches per step from the world size: "
+                         "drop --grad-accum")
+        try:
+            cfg = dataclasses.replace(cfg, grad_accum=grad_accum_for(
+                cfg.global_batch, cfg.batch_size, world_size_from_env()))
+        except BatchError as e:
+            print_error(str(e))
+            raise SystemExit(2) from None
     return cfg
+
+
+def world_size_from_env(env=os.environ) -> int:
+    """The world size this start runs at: torchrun's WORLD_SIZE, 1 without torchrun (as
+    runtime.setup_distributed reads it)."""
+    return int(env["WORLD_SIZE"]) if "RANK" in env and "WORLD_SIZE" in env else 1
 
 
 def check_data(cfg: TrainConfig):

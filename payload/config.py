@@ -86,6 +86,11 @@ class TrainConfig:
     # batch and schedule
     batch_size: int = _batch(8, "per-GPU micro-batch (samples)", pos_int)
     grad_accum: int = _batch(1, "micro-batches per optimizer step", pos_int)
+    global_batch: int | None = _batch(
+        None, "samples per optimizer step over all ranks, the same at every world size: the "
+              "micro-batches per step are derived from it at every (re)start (global batch = "
+              "--batch-size x world size x micro-batches); instead of --grad-accum", pos_int,
+        metavar="G")
     lr: float | None = _batch(
         None, "peak learning rate for a global batch of --lr-ref-batch, scaled linearly with "
               "the real global batch (default: preset's: tiny 1e-2, small 3e-3, gpt2 1e-4)",
@@ -133,6 +138,9 @@ class TrainConfig:
         None, "testing: behave as if SIGTERM arrived during step S (checkpoint, exit 0); unlike "
               "--max-steps the LR schedule is unchanged", pos_int, metavar="S")
     dump_param_hash: bool = _output(False, "every rank prints a hash of its parameters at the end")
+    dump_samples: str | None = _output(
+        None, "testing: every rank appends the sample ids it trains on, a line per step, to "
+              "DIR/samples.rank<R>", metavar="DIR")
     # batch-size search
     find_batch_size: bool = _search(False, "find the largest per-GPU batch that fits, print "
                                            "batch_size=N, exit")

@@ -1,9 +1,14 @@
 """Data: a token folder (token_format.py: train.bin, val.bin, meta.json), a synthetic task with
 learnable structure, or a byte-level text file, in batches.
 
-A run's data is a source (open_source): `samples` windows in all, `rank_samples` of them this
-rank's per epoch, `vocab_size` (None: the preset's), and batches(epoch, step_in_epoch, step),
-the micro-batches from a position on, grad_accum of them per optimizer step."""
+The order is defined over global batches (GlobalOrder): the samples of global step k are a fixed
+set that depends on (seed, k) alone (k's epoch is k // steps_per_epoch), split among the ranks
+and micro-steps. A run resumed at another world size (with the same --global-batch) trains step
+k on exactly the samples the uninterrupted run would have used: the data position is the step.
+
+A run's data is a source (open_source): `samples` windows in all, `steps_per_epoch`, `vocab_size`
+(None: the preset's), rank_ids(step) (this rank's micro-batches of a step, as sample ids) and
+batches(step), the micro-batches from a step on, grad_accum of them per optimizer step."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import itertools
 import os
 
 import torch
-from torch.utils.data import Dataset, DistributedSampler
+from torch.utils.data import Dataset
 
 from token_format import META, SPLITS, DataError, count_tokens, read_meta
 
@@ -63,19 +68,21 @@ class ByteFileDataset(Dataset):
         return chunk[:-1], chunk[1:]
 
 
+def stack_batch(dataset, ids, pin: bool = False):
+    """(x, y): the samples `ids` of a map-style dataset, stacked. pin: in page-locked memory,
+    so that the copy to the GPU is asynchronous."""
+    items = [dataset[i] for i in ids]
+    x, y = torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
+    return (x.pin_memory(), y.pin_memory()) if pin else (x, y)
+
+
 def iterate_batches(dataset, indices, batch_size: int, skip_batches: int = 0, pin: bool = False):
-    """Yield (x, y) batches of the given per-rank indices, skipping the first skip_batches.
-    pin: in page-locked memory, so that the copy to the GPU is asynchronous."""
-    nb = len(indices) // batch_size
-    for b in range(skip_batches, nb):
-        items = [dataset[i] for i in indices[b * batch_size : (b + 1) * batch_size]]
-        x, y = torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
-        yield (x.pin_memory(), y.pin_memory()) if pin else (x, y)
+    """Yield (x, y) batches of the given indices, skipping the first skip_batches."""
+    for b in range(skip_batches, len(indices) // batch_size):
+        yield stack_batch(dataset, indices[b * batch_size : (b + 1) * batch_size], pin)
 
 
-# ---- a token folder ---------------------------------------------------------------------------
-
-TORCH_DTYPES = {"uint16": torch.uint16, "uint32": torch.uint32}
+# ---- the order over global batches -------------------------------------------------------------
 
 
 def window_seed(*key) -> int:
@@ -83,6 +90,61 @@ def window_seed(*key) -> int:
     no two keys share a stream (seed * K + rank would, for some pair of runs)."""
     digest = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
+
+
+def rank_share(ids, rank: int, world_size: int, micro_batch: int) -> list:
+    """This rank's micro-batches of a global batch's ids: micro-step m takes the slice
+    m * world_size + rank of micro_batch ids (the ids are the step's; who trains on which
+    follows the world size)."""
+    per = micro_batch * world_size
+    return [ids[m * per + rank * micro_batch : m * per + (rank + 1) * micro_batch]
+            for m in range(len(ids) // per)]
+
+
+class GlobalOrder:
+    """Which samples each global step trains on: global_batch ids per step, a function of the
+    seed and the step alone. `steps_per_epoch` global batches make an epoch (0: the data
+    holds less than one)."""
+
+    def __init__(self, samples: int, global_batch: int, seed: int):
+        self.samples, self.global_batch, self.seed = samples, global_batch, seed
+        self.steps_per_epoch = samples // global_batch
+
+    def step_ids(self, step: int) -> list[int]:
+        raise NotImplementedError
+
+
+class ShuffledOrder(GlobalOrder):
+    """A map-style data set: each epoch a permutation of every sample drawn from (seed, epoch);
+    step k is the (k mod steps_per_epoch)-th slice of global_batch of it (the rest dropped)."""
+
+    _perm: tuple = (None, None)  # (epoch, its permutation): the one the run is in
+
+    def step_ids(self, step: int) -> list[int]:
+        epoch, j = divmod(step, self.steps_per_epoch)
+        if self._perm[0] != epoch:
+            g = torch.Generator().manual_seed(window_seed("order", self.seed, epoch))
+            self._perm = (epoch, torch.randperm(self.samples, generator=g))
+        return self._perm[1][j * self.global_batch:(j + 1) * self.global_batch].tolist()
+
+
+class WindowOrder(GlobalOrder):
+    """A token folder: step k is global_batch window offsets into train.bin drawn from (seed, k)
+    (`span` tokens each, anywhere in its `tokens`); an epoch is as many windows as train.bin
+    holds without overlap."""
+
+    def __init__(self, tokens: int, span: int, global_batch: int, seed: int):
+        super().__init__((tokens - 1) // (span - 1), global_batch, seed)
+        self.starts = tokens - span + 1
+
+    def step_ids(self, step: int) -> list[int]:
+        g = torch.Generator().manual_seed(window_seed("train", self.seed, step))
+        return torch.randint(0, self.starts, (self.global_batch,), generator=g).tolist()
+
+
+# ---- a token folder ---------------------------------------------------------------------------
+
+TORCH_DTYPES = {"uint16": torch.uint16, "uint32": torch.uint32}
 
 
 class TokenData:
@@ -105,7 +167,13 @@ class TokenData:
         from a generator seeded by (split, *key): the same key, the same windows."""
         data, span = self.tokens[split], self.seq_len + 1
         g = torch.Generator().manual_seed(window_seed(split, *key))
-        starts = torch.randint(0, len(data) - span + 1, (count,), generator=g).tolist()
+        return self.read(split, torch.randint(0, len(data) - span + 1, (count,),
+                                              generator=g).tolist())
+
+    def read(self, split: str, starts) -> torch.Tensor:
+        """The windows of seq_len+1 tokens at offsets `starts` (int64, checked against the
+        vocabulary)."""
+        data, span = self.tokens[split], self.seq_len + 1
         w = torch.stack([data[s:s + span].to(torch.int64) for s in starts])
         top = int(w.max())
         if top >= self.vocab_size:
@@ -116,30 +184,54 @@ class TokenData:
 
     def batch(self, split: str, count: int, *key, pin: bool = False):
         """(x, y): inputs and next-token targets of windows(split, count, *key)."""
-        w = self.windows(split, count, *key)
-        x, y = w[:, :-1].contiguous(), w[:, 1:].contiguous()
-        return (x.pin_memory(), y.pin_memory()) if pin else (x, y)
+        return split_xy(self.windows(split, count, *key), pin)
 
 
-class TokenStream:
-    """This rank's training batches from a token folder: micro-batch m of step s holds
-    batch_size windows drawn from (seed, rank, s, m). Ranks draw different windows, and a run
-    resumed at step s draws what the uninterrupted run drew from there: the position is the
-    step alone. An epoch is as many windows as train.bin holds without overlap."""
+def split_xy(w: torch.Tensor, pin: bool = False):
+    """(x, y) of windows of seq_len+1 tokens: the inputs and the next-token targets."""
+    x, y = w[:, :-1].contiguous(), w[:, 1:].contiguous()
+    return (x.pin_memory(), y.pin_memory()) if pin else (x, y)
+
+
+class Source:
+    """This rank's training batches of an order over global batches (GlobalOrder): the micro-batches
+    of global step s are rank_share() of the step's ids."""
+
+    vocab_size = None  # the preset's
+
+    def __init__(self, order: GlobalOrder, rank: int, world_size: int, batch_size: int,
+                 pin: bool = False):
+        self.order, self.rank, self.world_size = order, rank, world_size
+        self.batch_size, self.pin = batch_size, pin
+        self.samples, self.steps_per_epoch = order.samples, order.steps_per_epoch
+
+    def rank_ids(self, step: int) -> list[list[int]]:
+        """This rank's micro-batches of global step `step`, as sample ids."""
+        return rank_share(self.order.step_ids(step), self.rank, self.world_size, self.batch_size)
+
+    def batches(self, step: int):
+        """The micro-batches (x, y) from global step `step` on."""
+        for s in itertools.count(step):
+            for ids in self.rank_ids(s):
+                yield self.load(ids)
+
+    def load(self, ids):
+        raise NotImplementedError
+
+
+class TokenStream(Source):
+    """A token folder's batches: windows at the offsets WindowOrder draws. Evaluation draws
+    this rank's own val.bin windows."""
 
     def __init__(self, data: TokenData, seed: int, rank: int, world_size: int, batch_size: int,
                  grad_accum: int, pin: bool = False):
-        self.data, self.seed, self.rank = data, seed, rank
-        self.batch_size, self.grad_accum, self.pin = batch_size, grad_accum, pin
-        self.vocab_size = data.vocab_size
-        self.samples = (len(data.tokens["train"]) - 1) // data.seq_len
-        self.rank_samples = self.samples // world_size
+        order = WindowOrder(len(data.tokens["train"]), data.seq_len + 1,
+                            batch_size * grad_accum * world_size, seed)
+        super().__init__(order, rank, world_size, batch_size, pin)
+        self.data, self.seed, self.vocab_size = data, seed, data.vocab_size
 
-    def batches(self, epoch: int, step_in_epoch: int, step: int):
-        for s in itertools.count(step):
-            for m in range(self.grad_accum):
-                yield self.data.batch("train", self.batch_size, self.seed, self.rank, s, m,
-                                      pin=self.pin)
+    def load(self, ids):
+        return split_xy(self.data.read("train", ids), self.pin)
 
     def eval_batches(self, n: int):
         """The n evaluation batches of this rank: the same val.bin windows at every
@@ -148,24 +240,17 @@ class TokenStream:
             yield self.data.batch("val", self.batch_size, self.seed, self.rank, b, pin=self.pin)
 
 
-class SampledDataset:
-    """A map-style dataset split across ranks by DistributedSampler: each epoch a new order
-    (seed, epoch), this rank's share in batches."""
-
-    vocab_size = None  # the preset's
+class SampledDataset(Source):
+    """A map-style dataset in the order ShuffledOrder draws: each epoch a new permutation."""
 
     def __init__(self, dataset, seed: int, rank: int, world_size: int, batch_size: int,
                  grad_accum: int, pin: bool = False):
-        self.dataset, self.batch_size, self.grad_accum, self.pin = (dataset, batch_size,
-                                                                    grad_accum, pin)
-        self.sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank,
-                                          shuffle=True, seed=seed, drop_last=True)
-        self.samples, self.rank_samples = len(dataset), len(self.sampler)
+        super().__init__(ShuffledOrder(len(dataset), batch_size * grad_accum * world_size, seed),
+                         rank, world_size, batch_size, pin)
+        self.dataset = dataset
 
-    def batches(self, epoch: int, step_in_epoch: int, step: int):
-        self.sampler.set_epoch(epoch)
-        return iterate_batches(self.dataset, list(iter(self.sampler)), self.batch_size,
-                               skip_batches=step_in_epoch * self.grad_accum, pin=self.pin)
+    def load(self, ids):
+        return stack_batch(self.dataset, ids, self.pin)
 
 
 def open_source(cfg, rank: int, world_size: int, pin: bool = False,

@@ -12,6 +12,7 @@ A line is a kind word, then key=value fields, then optional free text (the note)
     eval step=300 val_loss=1.4567 windows=640 tokens=655360
     done step=300 loss=1.2345 ckpt=/ckpt/ckpt_00000300.pt
     signal SIGTERM received: stopping after step 41
+    world step=200 world_size=2 nodes=1 global_batch=32 micro_batch=4 grad_accum=4 from=4
 
 Kinds in KEYED (step, batch_size) have no kind word: the kind is the first field's key. A value
 with a space, a quote, a backslash or a control character, or an empty one, is written as a
@@ -42,6 +43,9 @@ KINDS = {
     "eval": "rank 0, on a token folder: step, val_loss (mean per token over every rank's "
             "val.bin windows), windows, tokens of an evaluation",
     "signal": "rank 0: a stop was requested (note: which, and the step)",
+    "world": "rank 0, at every (re)start: step (the global step the run starts from), "
+             "world_size, nodes, global_batch, micro_batch, grad_accum; from= the world size "
+             "of the checkpoint resumed from, only when it differs",
     "done": "rank 0, last: step, loss, ckpt",
     "param_hash": "every rank, --dump-param-hash: rank, step, sha256",
     "batch_size": "rank 0, --find-batch-size: the batch size found",
@@ -177,6 +181,34 @@ def done(step, all_ranks: bool = False, file=None, **fields) -> str:
     """The run's last line: done step=N and the fields given (loss=...), as step() writes them."""
     fields = {k: _number(v) for k, v in _ordered("step", int(step), fields).items()}
     return write("done", fields, all_ranks=all_ranks, file=file)
+
+
+WORLD_FIELDS = ("step", "world_size", "nodes", "global_batch", "micro_batch", "grad_accum")
+
+
+def world(step, world_size, nodes, global_batch, micro_batch, grad_accum, previous=None,
+          file=None) -> str:
+    """The line every (re)start prints (rank 0): the global step it starts from and the world
+    it runs in; previous: the world size of the checkpoint resumed from, written as from=N
+    only when it differs from world_size (a resize)."""
+    fields = dict(zip(WORLD_FIELDS, map(int, (step, world_size, nodes, global_batch,
+                                             micro_batch, grad_accum))))
+    if previous is not None and int(previous) != int(world_size):
+        fields["from"] = int(previous)
+    return write("world", fields, file=file)
+
+
+def parse_world(text: str):
+    """A world line's numbers {step, world_size, nodes, global_batch, micro_batch, grad_accum
+    and from when given} as ints, or None when `text` is no complete world line."""
+    p = parse(text, ("world",))
+    if p is None:
+        return None
+    keys = WORLD_FIELDS + (("from",) if "from" in p.fields else ())
+    got = [p.fields.get(k, "") for k in keys]
+    if not all(map(_DIGITS.match, got)):
+        return None
+    return dict(zip(keys, map(int, got)))
 
 
 def start(file=None, **fields) -> str:

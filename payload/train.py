@@ -19,6 +19,7 @@ Without torchrun it runs as one process (world size 1, no process group).
 Stable, machine-readable output (progress.py's lines; rank 0 unless noted):
     start rank=R local_rank=L host=H device=D device_name=NAME world_size=W backend=B pid=P (every rank)
     config preset=... params=... global_batch=... lr=... precision=... ... (lr BASE x GLOBAL/REF)
+    world step=K world_size=N nodes=M global_batch=G micro_batch=B grad_accum=A [from=P]  (every start)
     resume step=S epoch=E ckpt=PATH
     WARNING: skipping unreadable checkpoint PATH: REASON
     step=40 loss=2.3456 lr=3.00e-04 tok/s=12345 samples/s=12.3 mfu=41.2% alloc=1.23GiB reserved=1.50GiB epoch=0
@@ -113,8 +114,8 @@ class Plan:
     peak_lr: float  # --lr scaled from --lr-ref-batch to the global batch
 
     @classmethod
-    def of(cls, cfg: TrainConfig, world_size: int, rank_samples: int) -> Plan:
-        steps_per_epoch = rank_samples // cfg.batch_size // cfg.grad_accum
+    def of(cls, cfg: TrainConfig, world_size: int, steps_per_epoch: int) -> Plan:
+        """steps_per_epoch: the data's global batches (data.GlobalOrder)."""
         global_batch = cfg.batch_size * cfg.grad_accum * world_size
         epochs = cfg.epochs if cfg.epochs is not None else (None if cfg.max_steps else 1)
         total = int(min(cfg.max_steps or float("inf"),
@@ -160,9 +161,9 @@ class Trainer:
         # One process has nothing to all-reduce: DDP would only add its bucket hooks, and under
         # --compile its graph splitter cuts the model into a graph per bucket.
         self.use_ddp = ctx.world_size > 1
-        # The data, this rank's share of it, and the batch and schedule that follow.
+        # The data in global batches, and the batch and schedule that follow.
         self.data = open_source(cfg, ctx.rank, ctx.world_size, dev.type == "cuda", tokens)
-        self.plan = Plan.of(cfg, ctx.world_size, self.data.rank_samples)
+        self.plan = Plan.of(cfg, ctx.world_size, self.data.steps_per_epoch)
         # evaluation on val.bin: token folders only
         self.evals = cfg.eval_batches if tokens is not None else 0
         self.val_loss: float | None = None
@@ -208,7 +209,7 @@ class Trainer:
         cfg, pos, plan = self.cfg, self.pos, self.plan
         self.model.train()
         while pos.step < plan.total_steps and self.stopped_by is None:
-            batches = self.data.batches(pos.epoch, pos.step_in_epoch, pos.step)
+            batches = self.data.batches(pos.step)
             while pos.step_in_epoch < plan.steps_per_epoch and pos.step < plan.total_steps:
                 self.profiler.before_step(pos.step)
                 t0 = time.perf_counter()
@@ -234,6 +235,8 @@ class Trainer:
         """One optimizer step at the schedule's learning rate: (loss tensor, lr)."""
         cfg, pos, plan = self.cfg, self.pos, self.plan
         micro = [next(batches) for _ in range(cfg.grad_accum)]
+        if cfg.dump_samples:
+            self.dump_samples(pos.step)
         lr = lr_at(pos.step, plan.peak_lr, plan.warmup, plan.total_steps, cfg.min_lr_ratio)
         for g in self.opt.param_groups:
             g["lr"] = lr
@@ -242,6 +245,16 @@ class Trainer:
         pos.step += 1
         pos.step_in_epoch += 1
         return loss_t, lr
+
+    def dump_samples(self, step: int):
+        """--dump-samples: the ids of this rank's samples of global step `step` (0-based: the
+        data's index; its step line says step+1), a line appended to DIR/samples.rank<R>."""
+        ids = [i for micro in self.data.rank_ids(step) for i in micro]
+        os.makedirs(self.cfg.dump_samples, exist_ok=True)
+        path = os.path.join(self.cfg.dump_samples, f"samples.rank{self.ctx.rank}")
+        with open(path, "a") as f:
+            f.write(f"step={step} world_size={self.ctx.world_size} rank={self.ctx.rank} "
+                    f"ids={','.join(map(str, ids))}\n")
 
     def eval_due(self, step: int) -> bool:
         """Whether --eval-every asks for an evaluation after `step` (the last step always

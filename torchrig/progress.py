@@ -27,6 +27,7 @@ format_line = protocol.format_line
 parse = protocol.parse
 start_ranks = protocol.start_ranks
 is_progress = protocol.is_progress
+parse_world = protocol.parse_world
 
 
 def run_summary(lines) -> dict | None:

@@ -161,17 +161,21 @@ def test_uint32_ids_are_read_as_they_were_written(tmp_path):
 def test_ranks_and_steps_draw_different_windows_and_resume_draws_the_same(tmp_path):
     td = data.TokenData(str(make_folder(tmp_path / "d", range(20_000), range(2000), 20_000)), 32)
 
-    def stream(rank, from_step, n):
-        it = data.TokenStream(td, seed=7, rank=rank, world_size=2, batch_size=4,
-                              grad_accum=2).batches(0, 0, from_step)
+    def stream(rank, from_step, n, world_size=2, grad_accum=2):
+        it = data.TokenStream(td, seed=7, rank=rank, world_size=world_size, batch_size=4,
+                              grad_accum=grad_accum).batches(from_step)
         return [next(it)[0] for _ in range(n)]
 
     r0, r1 = stream(0, 0, 10), stream(1, 0, 10)
     assert all(not torch.equal(a, b) for a, b in zip(r0, r1))  # ranks differ
     assert len({tuple(x[:, 0].tolist()) for x in r0}) == 10  # so do micro-batches and steps
     assert all(torch.equal(a, b) for a, b in zip(r0[6:], stream(0, 3, 4)))  # step 3 on: the same
+    # the same global batch (16) on one rank: step 3 trains on the two ranks' windows
+    one = torch.cat(stream(0, 3, 4, world_size=1, grad_accum=4))
+    two = torch.cat(r0[6:8] + r1[6:8])
+    assert sorted(map(tuple, one.tolist())) == sorted(map(tuple, two.tolist()))
     s = data.TokenStream(td, 7, 0, 2, 4, 2)
-    assert s.samples == 19_999 // 32 and s.rank_samples == s.samples // 2
+    assert s.samples == 19_999 // 32 and s.steps_per_epoch == s.samples // 16
     first, again = list(s.eval_batches(3)), list(s.eval_batches(3))
     assert all(torch.equal(a[0], b[0]) for a, b in zip(first, again))  # the same val windows
 

@@ -550,14 +550,15 @@ def test_cli_validation(argv, needle, capsys):
 # TrainConfig field, in this order (--help's), each with its default.
 FLAGS = {
     "--preset": "tiny", "--seq-len": None, "--data": None, "--synthetic-samples": 8192,
-    "--dropout": 0.0, "--batch-size": 8, "--grad-accum": 1, "--lr": None, "--lr-ref-batch": 32,
+    "--dropout": 0.0, "--batch-size": 8, "--grad-accum": 1, "--global-batch": None, "--lr": None,
+    "--lr-ref-batch": 32,
     "--min-lr-ratio": 0.1, "--warmup-steps": None, "--weight-decay": 0.1, "--clip": 1.0,
     "--max-steps": None, "--epochs": None, "--seed": 1337, "--device": "auto",
     "--precision": "auto", "--compile": False, "--deterministic": False, "--init-timeout": 600.0,
     "--eval-every": 0, "--eval-batches": 20, "--ckpt-dir": None, "--ckpt-every": 0, "--keep": 3,
     "--no-resume": False, "--log-every": 10,
     "--out-json": None, "--tensorboard": None, "--profile-steps": None, "--profile-dir": None,
-    "--stop-after": None, "--dump-param-hash": False, "--find-batch-size": False,
+    "--stop-after": None, "--dump-param-hash": False, "--dump-samples": None, "--find-batch-size": False,
     "--mem-budget-gb": None, "--max-batch-size": 4096,
 }
 
@@ -578,12 +579,12 @@ def test_the_command_line_is_the_config():
 
 def test_plan_and_position():
     cfg = cli.parse_args(["--device", "cpu", "--batch-size", "4", "--grad-accum", "2"])
-    plan = train.Plan.of(cfg, world_size=2, rank_samples=100)  # 25 micro-batches of 4: 12 steps
+    plan = train.Plan.of(cfg, world_size=2, steps_per_epoch=12)
     assert (plan.global_batch, plan.tokens_per_step, plan.steps_per_epoch) == (16, 16 * 64, 12)
     assert (plan.total_steps, plan.warmup, plan.peak_lr) == (12, 1, 1e-2 * 16 / 32)
-    assert train.Plan.of(dataclasses.replace(cfg, max_steps=1000), 2, 100).total_steps == 1000
-    assert train.Plan.of(dataclasses.replace(cfg, max_steps=1000, epochs=2), 2, 100).total_steps == 24
-    assert train.Plan.of(cfg, 2, 7).steps_per_epoch == 0  # less than one global batch
+    assert train.Plan.of(dataclasses.replace(cfg, max_steps=1000), 2, 12).total_steps == 1000
+    assert train.Plan.of(dataclasses.replace(cfg, max_steps=1000, epochs=2), 2, 12).total_steps == 24
+    assert train.Plan.of(cfg, 2, 0).steps_per_epoch == 0  # less than one global batch
     pos = train.Position(steps_per_epoch=12, step=12, epoch=0, step_in_epoch=12)
     assert pos.resume_point() == (1, 0) and train.Position(12, 5, 0, 5).resume_point() == (0, 5)
 

@@ -3,6 +3,7 @@ and demo read back, and the module stays importable without torch."""
 
 from __future__ import annotations
 
+import io
 import random
 import subprocess
 import sys
@@ -211,3 +212,19 @@ def test_the_writer_works_from_a_plain_script_with_the_payload_on_its_path(tmp_p
                        timeout=60, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["step=3 loss=0.25", "done step=3"]
+
+
+def test_world_line_format_is_the_published_contract():
+    """The launch side's status and logs read this exact text: a change here breaks them."""
+    line = progress.protocol.world(12, 2, 1, 32, 4, 4, previous=4, file=io.StringIO())
+    assert line == "world step=12 world_size=2 nodes=1 global_batch=32 micro_batch=4 grad_accum=4 from=4"
+    assert progress.parse_world(line) == {"step": 12, "world_size": 2, "nodes": 1,
+                                          "global_batch": 32, "micro_batch": 4, "grad_accum": 4,
+                                          "from": 4}
+    same = progress.protocol.world(0, 4, 2, 32, 4, 2, previous=4, file=io.StringIO())
+    assert same == "world step=0 world_size=4 nodes=2 global_batch=32 micro_batch=4 grad_accum=2"
+    assert "from" not in progress.parse_world("[default0]: " + same)
+    assert progress.parse_world("world step=1 world_size=2") is None  # incomplete
+    assert progress.parse_world(same.replace("nodes=2", "nodes=x")) is None
+    assert progress.parse_world("step=3 loss=1") is None
+    assert not progress.is_progress(same)
