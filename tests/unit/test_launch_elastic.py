@@ -5,6 +5,7 @@ and what `status` says about such a job."""
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import pytest
 
@@ -128,3 +129,78 @@ def test_status_wording(args, expected):
 
 def test_the_stated_bound_adds_up():
     assert elastic.loss_bound_s(3) == 20 + 5 + 40 + 10 + 60
+
+
+def test_a_global_batch_that_does_not_divide_at_some_world_size_is_refused():
+    elastic.check_global_batch(["--global-batch", "96"], [4, 6])  # 8 x 4 x 3 and 8 x 6 x 2
+    with pytest.raises(TorchrigError, match=r"^nothing started: at a world size of 6 ranks "
+                                            r"\(of 4, 6\): --global-batch 32 is not a multiple"):
+        elastic.check_global_batch(["--preset", "tiny", "--global-batch=32"], [4, 6])
+    with pytest.raises(TorchrigError, match=r"world size of 6 .*--batch-size 2 x world size 6"):
+        elastic.check_global_batch(["--global-batch", "16", "--batch-size", "2"], [4, 6])
+    elastic.check_global_batch(["--global-batch", "x"], [4, 6])  # the payload's own refusal
+    elastic.check_global_batch([], [4, 6])
+
+
+def test_the_payload_micro_batch_default_is_the_payloads():
+    import re
+    text = (PAYLOAD / "config.py").read_text()
+    assert re.search(r"batch_size: int = _batch\((\d+),", text).group(1) == str(
+        elastic.PAYLOAD_MICRO_BATCH)
+
+
+def test_launch_checks_the_batch_at_every_world_size_from_the_inventory():
+    from types import SimpleNamespace as NS
+    from torchrig.launch.run import check_batch
+    hosts = [NS(name=f"gpu{i}", gpus=2, settings=NS(accelerator="cuda")) for i in range(3)]
+    o = LaunchOptions(job="j", args="--global-batch 32", min_nodes=2)
+    with pytest.raises(TorchrigError, match=r"world size of 6 ranks \(of 4, 6\)"):
+        check_batch(hosts, o)
+    check_batch(hosts, LaunchOptions(job="j", args="--global-batch 96", min_nodes=2))
+    check_batch(hosts[:2], LaunchOptions(job="j", args="--global-batch 32"))  # 4 ranks only
+    check_batch(hosts, LaunchOptions(job="j", args="--global-batch 32", min_nodes=2,
+                                     module="pkg.train"))  # not the payload: its own business
+
+
+def test_status_reads_the_span_from_the_unit_and_the_newest_world_line_of_rank_0():
+    from types import SimpleNamespace as NS
+    from torchrig import progress
+    from torchrig.facts import job_state
+    j = job(3, min_nodes=2)
+    desc = re.search(r"^Description=(.*)$", plan.render_unit(j, j.nodes[0]), re.M).group(1)
+    assert elastic.span_of(desc) == (2, 3)
+    assert elastic.span_of(re.search(r"^Description=(.*)$", plan.render_unit(job(3), job(3).nodes[0]),
+                                     re.M).group(1)) is None
+    w3 = "world step=40 world_size=6 nodes=3 global_batch=96 micro_batch=8 grad_accum=2"
+    w2 = "world step=50 world_size=4 nodes=2 global_batch=96 micro_batch=8 grad_accum=3 from=6"
+    files = {"/l/r_1/attempt_1/0/stdout.log": {"first_line": "start rank=0 local_rank=0",
+                                               "text": f"start rank=0 local_rank=0\n{w3}\nstep=41 loss=1\n{w2}\nstep=51 loss=1\n"},
+             "/l/r_1/attempt_1/1/stdout.log": {"first_line": "start rank=1 local_rank=1",
+                                               "text": "start rank=1 local_rank=1\n"}}
+    assert job_state.world_line(files) == w2
+    assert job_state.world_line({"/l/x/attempt_0/0/stdout.log": {
+        "first_line": "start rank=2 local_rank=0", "text": w3}}) is None  # not rank 0
+
+    def node(state, world=None):
+        return NS(ok=True, value={"unit": {"ActiveState": state, "Description": desc},
+                                  "world": world})
+    down = NS(ok=False, value=None)
+    got = elastic.summary([node("active", w2), node("active"), down], progress.parse_world)
+    assert got == {"span": "2:3", "state": "running on 2 of 3 nodes (min 2)", "world": w2}
+    got = elastic.summary([node("active", w3), node("active", w2), node("active")],
+                          progress.parse_world)
+    assert got["state"] == "waiting for a node to rejoin: 3 of 3 nodes up (min 2), training on 2"
+    got = elastic.summary([node("failed", w2), down, down], progress.parse_world)
+    assert got["state"] == "below MIN: ended (1 of 3 nodes reachable, min 2)"
+    plain = NS(ok=True, value={"unit": {"ActiveState": "active", "Description": "torchrig job x"}})
+    assert elastic.summary([plain], progress.parse_world) is None
+
+
+def test_logs_failures_says_a_job_ended_below_min_and_names_the_lost_nodes():
+    from types import SimpleNamespace as NS
+    from torchrig.logs import diagnose
+    gave_up = NS(host="gpu1", log=NS(rdzv_timed_out=True))
+    assert diagnose.below_min([gave_up], ["gpu1", "gpu4", "gpu5"]) == (
+        "job ended below MIN: fewer nodes than its minimum (--nodes MIN) were left within the "
+        "rendezvous timeout; gpu1 gave up; lost (unreachable): gpu4, gpu5")
+    assert diagnose.below_min([NS(host="gpu1", log=NS(rdzv_timed_out=False))], ["gpu1"]) is None

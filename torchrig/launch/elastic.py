@@ -73,6 +73,39 @@ def loss_bound_s(nodes: int, start_s: int = 60) -> int:
             + LAST_CALL_S + start_s)
 
 
+SPAN_RE = re.compile(r", elastic ([0-9]+):([0-9]+)\)$")
+
+
+def description(lo: int, hi: int) -> str:
+    """What the unit's Description= adds for an elastic job (status reads it back: span_of)."""
+    return f", elastic {lo}:{hi}"
+
+
+def span_of(unit_description: str) -> tuple[int, int] | None:
+    m = SPAN_RE.search(unit_description or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def summary(nodes: list, world_of=None) -> dict | None:
+    """status' line about an elastic job from its nodes' states (Outcome results: .ok and
+    .value, job_state.state's dict): {"span", "state", "world"}; None for another job.
+    world_of: the world line's parser (progress.parse_world)."""
+    got = [r.value for r in nodes if r.ok and isinstance(r.value, dict)]
+    span = next((s for s in (span_of(d["unit"].get("Description", "")) for d in got) if s), None)
+    if span is None:
+        return None
+    up = sum(1 for d in got if d["unit"].get("ActiveState") in ("active", "activating", "reloading"))
+    failed = any(d["unit"].get("ActiveState") == "failed" for d in got)
+    worlds = [(w["step"], line, w) for line, w in
+              ((d.get("world"), world_of(d["world"]) if d.get("world") and world_of else None)
+               for d in got) if w]
+    world = max(worlds, key=lambda x: x[0]) if worlds else None
+    return {"span": f"{span[0]}:{span[1]}",
+            "state": describe(span[0], span[1], up, len(got), world and world[2]["nodes"],
+                              failed),
+            "world": world and world[1]}
+
+
 def describe(lo: int, hi: int, up: int, reachable: int, world_nodes: int | None,
              failed: bool) -> str:
     """What an elastic job does, for `status`. up: its nodes whose unit runs; reachable: its
@@ -92,3 +125,37 @@ def describe(lo: int, hi: int, up: int, reachable: int, world_nodes: int | None,
                 f"{world_nodes}")
     return (f"waiting for a node to rejoin: {up} of {hi} nodes up (min {lo}), "
             f"training on {world_nodes}")
+
+
+def flag_value(args: list[str], name: str) -> str | None:
+    """The last value of `--name V` / `--name=V` in a script's arguments (None: not given)."""
+    got = None
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            got = args[i + 1]
+        elif a.startswith(name + "="):
+            got = a.split("=", 1)[1]
+    return got
+
+
+# payload/config.py's --batch-size default (that module needs torch; a unit test keeps the two equal)
+PAYLOAD_MICRO_BATCH = 8
+
+
+def check_global_batch(args: list[str], world_sizes: list[int],
+                       default_micro: int = PAYLOAD_MICRO_BATCH) -> None:
+    """The example payload's --global-batch must divide at every world size the job may run
+    at (an elastic job's MIN..MAX nodes): refused before anything starts, with the payload's
+    own words (payload/global_batch.py). Arguments the payload would refuse are left to it."""
+    g, b = flag_value(args, "--global-batch"), flag_value(args, "--batch-size")
+    if g is None or not g.isdigit() or (b is not None and not b.isdigit()):
+        return
+    from ..resources import payload_module
+    gb = payload_module("global_batch")
+    micro = int(b) if b is not None else default_micro
+    for w in world_sizes:
+        try:
+            gb.grad_accum_for(int(g), micro, w)
+        except gb.BatchError as e:
+            raise TorchrigError(f"nothing started: at a world size of {w} ranks (of "
+                                f"{', '.join(map(str, world_sizes))}): {e}") from None

@@ -198,6 +198,8 @@ def data_line(job: Job) -> str:
 def render_unit(job: Job, n: Node) -> str:
     return managed.JOB_UNIT.render(marker=launch_marker(job), data=data_line(job),
                                    firewall=n.firewall, elastic=job.min_nodes is not None,
+                                   elastic_span="" if job.min_nodes is None
+                                   else elastic.description(job.min_nodes, job.nnodes),
                                    store_lost=elastic.STORE_LOST,
                                    restart_sec=elastic.RESTART_SEC,
                                    stop_record=stop_record(JOBS_DIR, job.name),
