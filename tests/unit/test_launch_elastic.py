@@ -69,6 +69,7 @@ def test_elastic_torchrun_arguments_and_unit():
     env = plan.node_env(j, j.nodes[2])
     assert env["TORCHRIG_RDZV_CANDIDATES"] == "10.0.0.1:29412,10.0.0.2:29412,10.0.0.3:29412"
     assert env["TORCHRIG_RDZV_LOST_EXIT"] == str(elastic.STORE_LOST)
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"  # a rejoin: a store per round
     unit = plan.render_unit(j, j.nodes[2])
     assert f"RestartForceExitStatus={elastic.STORE_LOST}" in unit
     assert "ConditionPathExists=!/etc/torchrig/jobs/exp1.stopped" in unit

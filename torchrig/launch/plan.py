@@ -155,6 +155,10 @@ def node_env(job: Job, n: Node) -> dict[str, str]:
                                                              job.rdzv_port)
         env["TORCHRIG_RDZV_TURN_S"] = str(elastic.CANDIDATE_TURN_S)
         env["TORCHRIG_RDZV_LOST_EXIT"] = str(elastic.STORE_LOST)
+        # torch shares one workers' store made at the first rendezvous; a node that joins
+        # later then waits for an address that rank 0 never publishes again (a deadlock):
+        # a store per round instead, made by that round's rank 0
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     if job.data:  # checked on every node before the launch (datasets.run.check)
         env["TORCHRIG_DATA"] = dataset_path(n.data_dir, job.data)
     if job.support:
