@@ -2,6 +2,10 @@
 step, the `keep` newest kept, the newest loadable one found on resume and shipped to every rank,
 and the Checkpointer that saves a run's state into them and restores it.
 
+Every node keeps a copy: each node's local rank 0 writes the same checkpoint into its own
+node's --ckpt-dir, and a resume takes the newest step any node holds, so a run that lost a
+node (its folder with it) resumes on the survivors from the newest checkpoint.
+
 A checkpoint is a dict loadable with torch.load(weights_only=True): model, optimizer, scaler,
 step, epoch, data (the data position), rng (every rank's RNG state), config, model_config,
 world_size, torch_version. torchrig reads the names (CKPT_RE, TMP_PREFIX) to fetch them.
@@ -14,13 +18,14 @@ import dataclasses
 import os
 import random
 import re
+import socket
 import time
 
 import torch
 import torch.distributed as dist
 
 from config import TrainConfig
-from runtime import DistCtx, all_reduce_scalar, barrier, emit, log, seed_everything
+from runtime import DistCtx, all_reduce_int, barrier, emit, log, seed_everything
 from token_format import DataError
 
 # --------------------------------------------------------------------------------------
@@ -68,7 +73,9 @@ def fsync_dir(path: str):
 def atomic_save(obj, path: str):
     """torch.save to a temp file in the same directory, flush+fsync, os.replace, fsync the dir."""
     d = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(d, f"{TMP_PREFIX}{os.path.basename(path)}.{os.getpid()}")
+    # host and pid: nodes that share the folder (NFS) each write their own temp file
+    tmp = os.path.join(d, f"{TMP_PREFIX}{os.path.basename(path)}.{socket.gethostname()}."
+                          f"{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
             torch.save(obj, f)
@@ -164,6 +171,7 @@ class Checkpointer:
         self.last_step: int | None = None  # of the newest checkpoint written or resumed from
         self.last_path: str | None = None  # its path (rank 0's knowledge)
         self.resumed_from: str | None = None
+        self.resumed_world_size: int | None = None  # the world size that wrote it
 
     def due(self, step: int) -> bool:
         """Whether --ckpt-every asks for a checkpoint after `step`."""
@@ -197,6 +205,7 @@ class Checkpointer:
             seed_everything(cfg.seed + ctx.rank + pos.step)
         self.last_step, self.last_path = pos.step, path
         self.resumed_from = path
+        self.resumed_world_size = state.get("world_size")
         emit(ctx, "resume", {"step": pos.step, "epoch": pos.epoch, "ckpt": path})
         return path
 
@@ -211,18 +220,18 @@ class Checkpointer:
         self.last_step = step
 
     def content(self) -> dict | None:
-        """The checkpoint's content on rank 0 (None elsewhere); collective: every rank's RNG
-        state is gathered."""
+        """The checkpoint's content on each node's local rank 0, the writers (None elsewhere);
+        collective: every rank's RNG state is gathered to every rank. The model and optimizer
+        are each writer's own: DDP keeps them the same on every rank."""
         cfg, ctx = self.cfg, self.ctx
         ep, sie = self.position.resume_point()
         rng = capture_rng(ctx.device)
         if ctx.initialized:
-            gathered = [None] * ctx.world_size if ctx.is_main else None
-            dist.gather_object(rng, gathered, dst=0)
-            rngs = gathered
+            rngs = [None] * ctx.world_size
+            dist.all_gather_object(rngs, rng)
         else:
             rngs = [rng]
-        if not ctx.is_main:
+        if ctx.local_rank != 0:
             return None
         return {
             "model": self.model.state_dict(),
@@ -242,37 +251,43 @@ class Checkpointer:
         }
 
     def load_latest(self):
-        """(path, state) every rank resumes from, or (None, None). Rank 0 picks the newest
-        loadable checkpoint (skipping unreadable ones with a warning); every rank loads that one,
-        and when a rank cannot (the folder is not shared between nodes) rank 0 ships its copy."""
+        """(path, state) every rank resumes from, or (None, None). Each node's local rank 0
+        finds its folder's newest loadable checkpoint (skipping unreadable ones with a warning);
+        the newest step any node holds wins; every rank loads it from its own node's folder,
+        and when a rank cannot (its node has an older one, or none: a node lost and replaced,
+        a folder wiped) the lowest rank that has it ships its copy."""
         ctx = self.ctx
-        if ctx.is_main:
+        path, state = None, None
+        if ctx.local_rank == 0:
             os.makedirs(self.dir, exist_ok=True)
             cleanup_temp_files(self.dir)
-            path, state = find_latest_checkpoint(self.dir, warn=lambda m: log(ctx, m))
-        else:
-            path, state = None, None
-        if ctx.initialized:
-            box = [os.path.basename(path) if path else None]
-            dist.broadcast_object_list(box, src=0)
-            chosen = box[0]
-            if chosen and not ctx.is_main:
-                path = os.path.join(self.dir, chosen)
-                state, _ = try_load(path)
-            have = all_reduce_scalar(ctx, 1.0 if (chosen is None or state is not None) else 0.0, "min")
-            if have < 1:  # checkpoint dir not shared between nodes: ship rank 0's copy
-                box = [state if ctx.is_main else None]
-                dist.broadcast_object_list(box, src=0)
-                state = box[0]
+            path, state = find_latest_checkpoint(self.dir,
+                                                 warn=lambda m: log(ctx, m, all_ranks=True))
+        if not ctx.initialized:
+            return path, state
+        newest = all_reduce_int(ctx, int(state["step"]) if state is not None else -1, "max")
+        if newest < 0:
+            return None, None
+        path = os.path.join(self.dir, ckpt_name(newest))
+        if state is None or int(state["step"]) != newest:
+            state, _ = try_load(path) if os.path.exists(path) else (None, None)
+        have = state is not None and int(state["step"]) == newest
+        src = all_reduce_int(ctx, ctx.rank if have else ctx.world_size, "min")
+        if all_reduce_int(ctx, 0 if have else 1, "max"):
+            box = [state if ctx.rank == src else None]
+            dist.broadcast_object_list(box, src=src)
+            state = state if have else box[0]
         return path, state
 
     def write(self, step: int, state: dict | None) -> str | None:
-        """Rank 0 writes `state` (None on the other ranks) and logs it; every rank then waits."""
+        """Each node's local rank 0 writes `state` (None on the other ranks) into its node's
+        folder; rank 0 logs it; every rank then waits."""
         path = None
-        if self.ctx.is_main:
+        if state is not None:
             t0 = time.perf_counter()
             path = save_checkpoint(self.dir, step, state, self.keep)
-            emit(self.ctx, "ckpt", {"step": step, "path": path,
-                                    "write_s": f"{time.perf_counter() - t0:.2f}"})
-        barrier(self.ctx)  # other ranks wait while rank 0 writes
+            if self.ctx.is_main:
+                emit(self.ctx, "ckpt", {"step": step, "path": path,
+                                        "write_s": f"{time.perf_counter() - t0:.2f}"})
+        barrier(self.ctx)  # other ranks wait while the writers write
         return path

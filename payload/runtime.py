@@ -95,14 +95,30 @@ def barrier(ctx: DistCtx):
             dist.barrier()
 
 
+def _all_reduce(ctx: DistCtx, value, dtype, op: str):
+    t = torch.tensor([value], dtype=dtype, device=ctx.device)
+    dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+                           "min": dist.ReduceOp.MIN}[op])
+    return t.item()
+
+
 def all_reduce_scalar(ctx: DistCtx, value: float, op: str = "sum") -> float:
     if not ctx.initialized:
         return float(value)
-    t = torch.tensor([float(value)], dtype=torch.float64 if ctx.backend == "gloo" else torch.float32,
-                     device=ctx.device)
-    dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
-                           "min": dist.ReduceOp.MIN}[op])
-    return float(t.item())
+    return float(_all_reduce(ctx, float(value), torch.float64 if ctx.backend == "gloo"
+                             else torch.float32, op))
+
+
+def all_reduce_int(ctx: DistCtx, value: int, op: str = "max") -> int:
+    """An integer all-reduced exactly (int64: a step number past float32's 2**24 stays exact)."""
+    if not ctx.initialized:
+        return int(value)
+    return int(_all_reduce(ctx, int(value), torch.int64, op))
+
+
+def count_nodes(ctx: DistCtx) -> int:
+    """The nodes the ranks run on: torchrun starts local rank 0 once on each. Collective."""
+    return all_reduce_int(ctx, 1 if ctx.local_rank == 0 else 0, "sum")
 
 
 # Ranks agree on stopping at "check" steps: an all-reduce whose result the host waits for, which

@@ -49,6 +49,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import progress
 from batch_search import find_batch_size
 from checkpoint import Checkpointer
 from cli import parse_args, print_error
@@ -57,7 +58,7 @@ from data import DataError, TokenData, open_source, open_tokens
 from model import build_model, device_peak_flops, flops_per_token
 from optim import (autocast_ctx, enable_tf32, lr_at, make_optimizer, make_scaler, resolve_precision,
                    scaled_lr)
-from runtime import (DistCtx, StopAgreement, all_reduce_scalar, emit, exit_now,
+from runtime import (DistCtx, StopAgreement, all_reduce_scalar, count_nodes, emit, exit_now,
                      finish_distributed, install_signal_handlers, log, param_hash, seed_everything,
                      set_deterministic, setup_distributed, write_json_atomic)
 from step_metrics import StepMetrics, StepProfiler
@@ -188,6 +189,7 @@ class Trainer:
                      f"batch ({self.plan.global_batch} samples)")
             return 2
         resumed = self.ckpt.resume()
+        self.log_world()
         if pos.step >= self.plan.total_steps:  # e.g. restarted after the final checkpoint
             emit(ctx, "done", {"step": pos.step, "ckpt": resumed},
                  "(nothing to train: the checkpoint is at or past the last step)")
@@ -294,6 +296,15 @@ class Trainer:
         if check:
             self.stop.interval_took(*self.metrics.close_interval())
         return stop_all
+
+    def log_world(self):
+        """The world line of this (re)start: the step it starts from, the world it runs in and
+        the world size of the checkpoint it resumed from (from=, when that differs)."""
+        cfg, plan = self.cfg, self.plan
+        nodes = count_nodes(self.ctx)
+        if self.ctx.is_main:
+            progress.world(self.pos.step, self.ctx.world_size, nodes, plan.global_batch,
+                           cfg.batch_size, cfg.grad_accum, previous=self.ckpt.resumed_world_size)
 
     def log_config(self):
         cfg, plan, m = self.cfg, self.plan, self.metrics

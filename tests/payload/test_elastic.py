@@ -3,6 +3,11 @@ a data order defined over global batches, checkpoints on every node, and the wor
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +20,7 @@ sys.path.insert(0, str(PAYLOAD))
 import cli  # noqa: E402
 import data  # noqa: E402
 import global_batch as gb  # noqa: E402
+import progress  # noqa: E402
 import train  # noqa: E402
 
 # ---- the global batch -------------------------------------------------------------------------
@@ -120,3 +126,111 @@ def test_the_schedule_continues_by_step_at_any_world_size(monkeypatch):
                                   cfg.batch_size, cfg.grad_accum)
         plans.append(train.Plan.of(cfg, w, src.steps_per_epoch))
     assert plans[0] == plans[1] and plans[0].global_batch == 16 and plans[0].total_steps == 31
+
+
+# ---- a run across world sizes: 4 ranks -> 2 ranks (node 0 lost) -> 4 ranks -----------------------
+# torchrun on the CPU (gloo), as the launch runs it. A "node" is one torchrun agent with its own
+# --ckpt-dir; two agents on this machine make a 2-node world (static rendezvous, node 0 hosting
+# the store), so the loss of node 0 and its folder is real to the run.
+
+RUN = ["--device", "cpu", "--deterministic", "--seq-len", 16, "--batch-size", 2,
+       "--global-batch", 16, "--synthetic-samples", 80, "--max-steps", 12, "--log-every", 1,
+       "--ckpt-every", 4, "--keep", 2]
+STEP_LOSS = re.compile(r"^step=(\d+) loss=(\S+)", re.M)
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHRIG_DATA")}
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def _agent(args, nproc, node_rank=None, nnodes=1, port=None):
+    """One torchrun agent of train.py: standalone, or node `node_rank` of `nnodes`."""
+    where = (["--standalone"] if node_rank is None else
+             ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--master-addr",
+              "127.0.0.1", "--master-port", str(port)])
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *where,
+                             "--nproc-per-node", str(nproc), str(PAYLOAD / "train.py"),
+                             *map(str, RUN), *map(str, args)],
+                            cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _run(*agents):
+    """Wait for the agents; node 0's output (rank 0's lines). An agent left running (its peer
+    never came) is ended with its workers (its own process group)."""
+    try:
+        outs = [a.communicate(timeout=240)[0] for a in agents]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                os.killpg(a.pid, signal.SIGKILL)
+                a.wait()
+    for a, out in zip(agents, outs):
+        assert a.returncode == 0, out[-4000:]
+    return outs[0]
+
+
+def _two_nodes(tmp, args):
+    port = _free_port()
+    return _run(*(_agent([*args, "--ckpt-dir", tmp / f"node{n}"], 2, n, 2, port)
+                  for n in (0, 1)))
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _consumed(folder):
+    """{global step: (world size, sorted sample ids of every rank)} from --dump-samples."""
+    got = {}
+    for f in sorted(folder.glob("samples.rank*")):
+        for line in f.read_text().splitlines():
+            fields = dict(kv.split("=", 1) for kv in line.split())
+            world, ids = got.setdefault(int(fields["step"]), (int(fields["world_size"]), []))
+            assert world == int(fields["world_size"]), f"step {fields['step']} trained twice"
+            ids.extend(map(int, fields["ids"].split(",")))
+    return {k: (w, sorted(ids)) for k, (w, ids) in got.items()}
+
+
+def test_a_run_resized_4_2_4_trains_every_step_on_the_same_samples(tmp_path):
+    ref = _run(_agent(["--dump-samples", tmp_path / "ref", "--ckpt-dir", tmp_path / "ref"], 4))
+    el = tmp_path / "el"
+    dump = ["--dump-samples", el / "samples"]
+    first = _two_nodes(el, [*dump, "--stop-after", 5])
+    shutil.rmtree(el / "node0")  # node 0 is lost, and its checkpoints with it
+    second = _run(_agent([*dump, "--stop-after", 9, "--ckpt-dir", el / "node1"], 2))
+    third = _two_nodes(el, dump)  # node 0 is back, with an empty folder
+
+    want, got = _consumed(tmp_path / "ref"), _consumed(el / "samples")
+    assert sorted(want) == sorted(got) == list(range(12))
+    for k in range(12):
+        assert got[k][1] == want[k][1] and len(set(want[k][1])) == 16, f"step {k}"
+    assert [got[k][0] for k in range(12)] == [4] * 5 + [2] * 4 + [4] * 3
+    # the world lines say what changed; the global batch is the same
+    assert progress.parse_world(_line(first, "world")) == dict(
+        step=0, world_size=4, nodes=2, global_batch=16, micro_batch=2, grad_accum=2)
+    assert _line(second, "world") == ("world step=5 world_size=2 nodes=1 global_batch=16 "
+                                      "micro_batch=2 grad_accum=4 from=4")
+    assert _line(third, "world") == ("world step=9 world_size=4 nodes=2 global_batch=16 "
+                                     "micro_batch=2 grad_accum=2 from=2")
+    assert "resume step=9 " in third  # node 1's newest, shipped to node 0's ranks
+    assert _line(ref, "done").startswith("done step=12 ") and _line(third, "done").startswith(
+        "done step=12 ")
+    # the same run: the loss of every step as the uninterrupted run's, up to summation order
+    losses = {int(s): float(v) for out in (first, second, third)
+              for s, v in STEP_LOSS.findall(out)}
+    ref_losses = {int(s): float(v) for s, v in STEP_LOSS.findall(ref)}
+    assert sorted(losses) == sorted(ref_losses) == list(range(1, 13))
+    assert all(losses[s] == pytest.approx(ref_losses[s], rel=1e-3) for s in losses), (
+        losses, ref_losses)
+    # every node keeps a copy
+    assert (el / "node0" / "ckpt_00000012.pt").exists()
+    assert (el / "node1" / "ckpt_00000012.pt").exists()
+
+
+def _line(out, kind):
+    return next(ln for ln in out.splitlines() if progress.parse(ln, (kind,)))

@@ -319,3 +319,37 @@ def test_a_journal_the_node_cut_is_said_on_the_page_and_its_request_is_capped():
     assert f"{host}: the journal was cut on the node: 7 line(s)" in html.page(rep, "")
     req = gather.request("torchrig-j1.service", "/u", "/m", "/v")["run"]["journal"]
     assert (req["max_line"], req["max_bytes"]) == (gather.JOURNAL_MAX_LINE, gather.JOURNAL_MAX_BYTES)
+
+
+def _elastic() -> dict:
+    """An elastic job: 4 ranks on gpu1+gpu2, gpu1 lost at step 5 (2 ranks on gpu2), back at
+    step 9. Rank 0 prints the world lines on whichever node it runs."""
+    from _report_data import reply
+    t = T0
+    w = "world step={} world_size={} nodes={} global_batch=16 micro_batch=2 grad_accum={}"
+    gpu1 = [(t + 1, "Started torchrig-j1.service - torchrig job j1"),
+            (t + 2, "[default0]:" + w.format(0, 4, 2, 2)),
+            (t + 3, "[default0]:step=5 loss=2.5 epoch=0"),
+            (t + 30, "[default0]:" + w.format(9, 4, 2, 2) + " from=2"),
+            (t + 31, "[default0]:world step=x world_size=4"),  # not a whole world line: left out
+            (t + 32, "[default0]:done step=12 loss=1.5 ckpt=/c/ckpt_00000012.pt")]
+    gpu2 = [(t + 1, "Started torchrig-j1.service - torchrig job j1"),
+            (t + 10, "[default0]:" + w.format(5, 2, 1, 4) + " from=4")]
+    return {"nodes": [("gpu1", reply(gpu1)), ("gpu2", reply(gpu2))], "bandwidth": {}}
+
+
+def test_world_size_over_time():
+    rep = data.build("j1", "torchrig-j1.service", _elastic(), T0 + 100)
+    assert [(r["t"] - T0, r["step"], r["world_size"], r.get("from")) for r in rep.world] == \
+        [(2, 0, 4, None), (10, 5, 2, 4), (30, 9, 4, 2)]
+    assert rep.world[1]["grad_accum"] == 4 and rep.world[1]["global_batch"] == 16
+    fig = next(f for f in html.figures(rep) if f["id"] == "world")
+    assert fig["data"][0]["y"] == [4, 2, 4] and fig["data"][0]["line"] == {"shape": "hv"}
+    assert fig["layout"]["xaxis"]["type"] == "date"
+    assert "from step 5: 1 node(s), global batch 16 = 2 x 2 x 4" in fig["data"][0]["text"]
+    page = html.page(rep, "/*PLOTLYJS*/")
+    assert "4 (step 0) -&gt; 2 (step 5) -&gt; 4 (step 9); global batch 16" in page
+    assert re.search(r'<div class="plot" id="world" data-points="3">', page)
+    assert "world" not in {f["id"] for f in html.figures(build())}  # no world lines: no figure
+    go = pytest.importorskip("plotly.graph_objects")
+    go.Figure({"data": fig["data"], "layout": fig["layout"]})  # raises on a bad property

@@ -1,7 +1,7 @@
 """`torchrig report --job J`: one self-contained HTML page for a job (loss and tokens/s over
 steps, GPU utilisation and memory per GPU over time on every node, starts, restarts and
-failures on the time axis, verify's busbw sweeps). gather.py is the edge (one probe round trip
-per node); data.py and html.py are pure."""
+failures on the time axis, an elastic job's world size over time, verify's busbw sweeps).
+gather.py is the edge (one probe round trip per node); data.py and html.py are pure."""
 
 from __future__ import annotations
 

@@ -9,6 +9,8 @@ sampler files): values are parsed defensively (a bad or non-finite number is ski
 - events: the unit's start and end (systemd's lines), torchrun's worker-group restarts and
   every worker that failed on its own (not sent a closing signal), from the agent's lines
   (logs/agent.py) with the cause logs/diagnose.py gives it;
+- world: rank 0's world lines (one at every (re)start: the step, the world size, the nodes,
+  the global batch), with their time: the world size over time of an elastic job;
 - what was run: the script and its arguments (the unit's ExecStart), the world size and
   backend (the ranks' start lines), torch's and the driver's versions per node;
 - restarts per node: facts/job_state.restarts(), the number `status` shows."""
@@ -63,6 +65,7 @@ class JobReport:
     unreadable: dict[str, str] = field(default_factory=dict)  # host -> why it could not be read
     cut: dict[str, str] = field(default_factory=dict)  # host -> what the probe's caps cut
     steps: list[dict] = field(default_factory=list)  # {"t", "attempt", "rank", "step", "loss", "tok/s", ...}
+    world: list[dict] = field(default_factory=list)  # {"t", "step", "world_size", "nodes", ...}
     events: list[Event] = field(default_factory=list)
     failures: list[diagnose.Failure] = field(default_factory=list)
     bandwidth: dict[str, dict] = field(default_factory=dict)
@@ -192,6 +195,14 @@ def progress(lines: list[tuple[float, str]]) -> list[dict]:
     return out
 
 
+def world(lines: list[tuple[float, str]]) -> list[dict]:
+    """The world lines (rank 0 prints one at every (re)start, on whichever node it runs) as
+    numbers with their time: {"t", "step", "world_size", "nodes", "global_batch", "micro_batch",
+    "grad_accum", and "from" after a resize}."""
+    return [{"t": t, **w} for t, msg in lines
+            if _RANK.match(msg) and (w := protocol.parse_world(msg)) is not None]
+
+
 def events(nj: diagnose.NodeJournal, lines: list[tuple[float, str]], unit: str) -> list[Event]:
     """A node's events: systemd's start and end lines and the agent's restart lines at their
     journal time; each worker that failed on its own at the time its agent saw it."""
@@ -238,11 +249,12 @@ def _first_line(res: dict | None) -> str | None:
 
 
 def node(host: str, node_rank: int, reply: dict, unit: str) -> tuple[Node | None, list, list, str | None]:
-    """(Node, its progress rows, its events, why it is left out) from one probe reply."""
+    """(Node, its progress rows and world lines, its events, why it is left out) from one probe
+    reply."""
     run = reply["run"]
     props = systemd.parse_show(run["unit"]["out"], [unit])[unit]
     if props.get("LoadState", "not-found") == "not-found":
-        return None, [], [], "no such job on this host"
+        return None, ([], []), [], "no such job on this host"
     lines = journal_lines(run["journal"]["out"])
     year, _, off = run["clock"]["out"].strip().partition(" ")
     nj = diagnose.node_from(host, node_rank, {"journal": "\n".join(m for _, m in lines),
@@ -259,7 +271,7 @@ def node(host: str, node_rank: int, reply: dict, unit: str) -> tuple[Node | None
     n.script, n.args = script_and_args(exec_argv(props.get("ExecStart", ""))) or (None, [])
     n.started = started(lines)
     n.versions = {k: v for k in ("torch", "driver") if (v := _first_line(run.get(k)))}
-    return n, progress(lines), evs, None
+    return n, (progress(lines), world(lines)), evs, None
 
 
 def build(job: str, unit: str, gathered: dict, now: float) -> JobReport:
@@ -270,7 +282,7 @@ def build(job: str, unit: str, gathered: dict, now: float) -> JobReport:
         if isinstance(reply, str):
             rep.unreadable[host] = reply
             continue
-        n, rows, evs, why = node(host, len(rep.nodes), reply, unit)
+        n, (rows, worlds), evs, why = node(host, len(rep.nodes), reply, unit)
         if n is None:
             rep.missing[host] = why
             continue
@@ -278,8 +290,10 @@ def build(job: str, unit: str, gathered: dict, now: float) -> JobReport:
         if n.cut:
             rep.cut[host] = n.cut
         rep.steps += rows
+        rep.world += worlds
         rep.events += evs
     rep.steps.sort(key=lambda r: r["t"])
+    rep.world.sort(key=lambda r: r["t"])
     rep.events.sort(key=lambda e: e.t)
     rep.failures = diagnose.failures([n.journal for n in rep.nodes], unit)
     hosts = {n.host for n in rep.nodes}

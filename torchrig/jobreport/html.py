@@ -97,6 +97,17 @@ def figures(rep: JobReport) -> list[dict]:
             figs.append({"id": fid, "title": f"{title} per GPU", "data": traces,
                          "layout": _layout(f"{title} per GPU, every node", time_x, yaxis,
                                            shapes=_event_lines(rep))})
+    if rep.world:
+        w = rep.world
+        figs.append({"id": "world", "title": "World size over time", "data": [_scatter(
+            "world size", [_when(r["t"]) for r in w], [r["world_size"] for r in w],
+            line={"shape": "hv"}, hoverinfo="x+y+text",
+            text=[f"from step {r['step']}: {r['nodes']} node(s), global batch "
+                  f"{r['global_batch']} = {r['micro_batch']} x {r['world_size']} x "
+                  f"{r['grad_accum']}" for r in w])],
+            "layout": _layout("World size over time (a point at every (re)start)", time_x,
+                              {"title": {"text": "ranks"}, "rangemode": "tozero"},
+                              shapes=_event_lines(rep))})
     if rep.events:
         traces = []
         for kind, (symbol, color) in KIND_STYLE.items():
@@ -132,6 +143,14 @@ def figures(rep: JobReport) -> list[dict]:
     return figs
 
 
+def world_sizes(rep: JobReport) -> str:
+    """The world lines in words: each (re)start's world size and step, and the global batch
+    (the same throughout, unless the job was relaunched with another)."""
+    sizes = " -> ".join(f"{r['world_size']} (step {r['step']})" for r in rep.world)
+    batches = " / ".join(dict.fromkeys(str(r["global_batch"]) for r in rep.world))
+    return f"{sizes}; global batch {batches}"
+
+
 def points(fig: dict) -> int:
     return sum(len(t["x"]) for t in fig["data"])
 
@@ -158,6 +177,7 @@ def page(rep: JobReport, js: str) -> str:
             ("script", "?" if run["script"] is None else " ".join([run["script"], *run["args"]])),
             ("nodes", ", ".join(f"{n.host} ({n.state})" for n in rep.nodes)),
             ("world size", f"{run['world_size'] or '?'} rank(s), backend {run['backend'] or '?'}"),
+            *([("world sizes", world_sizes(rep))] if rep.world else []),
             ("versions", f"torch {run['torch']}; driver {run['driver']}"),
             ("steps", _fmt(s["steps"], ".0f")),
             ("loss", f"{_fmt(s['first_loss'], '.4f')} -> {_fmt(s['last_loss'], '.4f')}"),
