@@ -8,9 +8,10 @@ BIN     := $(VENV)/bin
 INVOKE  := $(BIN)/invoke
 # Operator-side tools the testbed and tests use (systemd-nspawn, debootstrap, ssh-keygen,
 # dpkg-deb/apt-ftparchive for the stand-in repo, gpg to sign it, ip for the bridge; chromium,
-# headless, renders `invoke report`'s page in its test).
-APT_PKGS := systemd-container debootstrap openssh-client apt-utils dpkg-dev gpg iproute2 procps python3-venv chromium
-APT_TOOLS := systemd-nspawn debootstrap ssh-keygen apt-ftparchive dpkg-deb gpg ip pgrep chromium
+# headless, renders `invoke report`'s page in its test; ipmitool is what `power` runs, and
+# openipmi's ipmi_sim the BMC its test talks to).
+APT_PKGS := systemd-container debootstrap openssh-client apt-utils dpkg-dev gpg iproute2 procps python3-venv chromium ipmitool openipmi
+APT_TOOLS := systemd-nspawn debootstrap ssh-keygen apt-ftparchive dpkg-deb gpg ip pgrep chromium ipmitool ipmi_sim
 
 .PHONY: deps venv test unit integration golden demo bench clean
 
@@ -32,7 +33,7 @@ $(BIN)/activate: pyproject.toml
 venv: $(BIN)/activate
 
 unit: venv
-	$(BIN)/python -m pytest -q tests/unit tests/payload
+	$(BIN)/python -m pytest -q -n auto tests/unit tests/payload
 
 integration: deps venv
 	$(BIN)/python -m pytest -q tests/integration
@@ -41,9 +42,13 @@ integration: deps venv
 golden: venv
 	TORCHRIG_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/unit/test_golden.py
 
-# Unit tests first (fast, no root), then integration tests on a testbed they bring up and down.
+# Unit tests first (fast, no root; spread over the cores: pytest-xdist), then integration tests
+# on a testbed they bring up and down (one process: they share session testbeds). Both always
+# run; the target fails if either did.
 test: deps venv
-	$(BIN)/python -m pytest -q -ra tests/unit tests/payload tests/integration
+	$(BIN)/python -m pytest -q -ra -n auto tests/unit tests/payload; u=$$?; \
+	$(BIN)/python -m pytest -q -ra tests/integration; i=$$?; \
+	exit $$(( u || i ))
 
 demo: deps venv
 	$(INVOKE) demo

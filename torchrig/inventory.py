@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from .errors import TorchrigError
 from .settings import Settings, check_names, describe, settings_for
@@ -51,6 +52,60 @@ class GroupSpec(_Strict):
     vars: dict[str, Any] = Field(default_factory=dict)
 
 
+# What may follow ipmitool's -H/-U or go into a URL: no spaces, quotes or control characters,
+# and no leading '-' (it would read as an option).
+BMC_WORD = r"^[A-Za-z0-9_.:@\[\]%+=/~-]{1,253}$"
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class Bmc(_Strict):
+    """A host's baseboard management controller (`torchrig power`): reached from the
+    operator's machine, never from the host. The password is a secret: inline (masked in every
+    output) or, better, `password_env`, the name of an environment variable on the operator's
+    machine, read only when a power task runs."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    address: str
+    protocol: Literal["ipmi", "redfish"] = "ipmi"
+    user: str
+    password: str | None = Field(default=None, min_length=1)
+    password_env: str | None = Field(default=None, pattern=ENV_NAME)
+    port: int | None = Field(default=None, ge=1, le=65535)
+    # ipmi only: the IPMI 2.0 cipher suite (ipmitool -C); unset: ipmitool's choice (it asks)
+    cipher_suite: int | None = Field(default=None, ge=0, le=17)
+    # redfish only: http is for a lab; tls_verify false (or a CA bundle's path) for a BMC's
+    # self-signed certificate; system: the ComputerSystem id where the BMC has several
+    scheme: Literal["https", "http"] | None = None
+    tls_verify: bool | str | None = None
+    system: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:-]{1,128}$")
+
+    @field_validator("address", "user")
+    @classmethod
+    def _plain_word(cls, v: str) -> str:
+        if not re.fullmatch(BMC_WORD, v) or v.startswith("-"):
+            raise ValueError(f"expected a host name, IP address or user name without spaces, "
+                             f"quotes or control characters, not starting with '-'; got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Bmc:
+        if (self.password is None) == (self.password_env is None):
+            raise ValueError("give exactly one of password (in this file, masked in every "
+                             "output) or password_env (the name of an environment variable "
+                             "on this machine that holds it)")
+        other = {"ipmi": ("scheme", "tls_verify", "system"), "redfish": ("cipher_suite",)}
+        wrong = [f for f in other[self.protocol] if getattr(self, f) is not None]
+        if wrong:
+            raise ValueError(f"{', '.join(wrong)} is not a setting of protocol {self.protocol}; "
+                             "remove it, or set the protocol it belongs to")
+        return self
+
+    def secret(self) -> str | None:
+        """The password, if known here (password_env unset on this machine: None)."""
+        return self.password if self.password is not None else os.environ.get(self.password_env)
+
+
 class HostSpec(_Strict):
     name: str = Field(pattern=NAME_RE)
     connection: Literal["ssh", "local"] = "ssh"
@@ -62,6 +117,7 @@ class HostSpec(_Strict):
     gpus: int | None = Field(default=None, ge=0)
     groups: list[str] = Field(default_factory=list)
     vars: dict[str, Any] = Field(default_factory=dict)
+    bmc: Bmc | None = None
 
     @field_validator("address")
     @classmethod
@@ -128,6 +184,7 @@ class Host(BaseModel):
     gpus: int | None
     groups: tuple[str, ...]
     settings: Settings = Field(default_factory=Settings)
+    bmc: Bmc | None = None
 
     @property
     def is_local(self) -> bool:
@@ -387,6 +444,7 @@ def _resolve(spec: InventorySpec, base: Path, path: str) -> Inventory:
             gpus=h.gpus,
             groups=tuple(h.groups),
             settings=_settings(h.name, merged, path),
+            bmc=h.bmc,
         ))
     clash = sorted(set(spec.groups) & seen)
     if clash:

@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # one domain each, each a task's library: provision, verify, logs, metrics, exec, the
     # testbed, status's trend, datasets (data.push/pull/ls/rm)
     ("domains", ("provision", "verify", "logs", "metrics", "execute", "testbed", "trend",
-                 "datasets")),
+                 "datasets", "power")),
     # a job: launch, status and stop use verify's version gate and logs' diagnosis
     ("jobs", ("launch",)),
     # what reads jobs and verify's records back: fetch, the job report, the terminal tables

@@ -69,12 +69,15 @@ class Redactor:
     def for_hosts(cls, hosts: Iterable[Any]) -> Redactor:
         """Every secret the hosts' settings hold; a name in any host's secret_env is secret in
         every host's env (a job's env is the same on all its nodes)."""
+        hosts = list(hosts)
         settings = [h.settings for h in hosts]
         names = {k for s in settings for k in s.secret_env}
         values: list[str] = []
         for s in settings:
             values += _secrets_in(s.model_dump())
             values += [v for k, v in s.job_env.items() if k in names]
+        # a BMC's password (inline, or read from the operator's environment)
+        values += [b.secret() for h in hosts if (b := getattr(h, "bmc", None)) is not None]
         return cls(values)
 
     def text(self, s: str) -> str:

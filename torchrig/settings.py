@@ -98,6 +98,14 @@ class Settings(BaseModel):
     apt_lock_timeout: int = _var(600, "provision", "seconds to wait for another apt", ge=0)
     min_free_gb: float = _var(20, "provision", "free disk (GB) required before installing", ge=0)
     reboot_timeout: int = _var(600, "provision", "seconds to wait for a host to come back", ge=30)
+    dcgm: bool = _var(False, "provision, verify", "install NVIDIA's DCGM (datacenter-gpu-manager "
+                      "from the CUDA repository) and run its host engine, for `verify --diag N` "
+                      "and `health --diag N`")
+    # NVIDIA's packages carry epoch 1 ("datacenter-gpu-manager=1:3.3.x" in public Dockerfiles);
+    # 3.3.9 is the 3.x release NVIDIA's gpu-operator moved to (its PR #1122). DCGM 4 is split
+    # into datacenter-gpu-manager-4-* packages per CUDA major: a different name, not a version.
+    dcgm_version: str = _var("1:3.3.9", "provision", "datacenter-gpu-manager package version "
+                             "(var dcgm)")
     nccl_tests: bool = _var(True, "provision, verify", "build nccl-tests (verify runs all_reduce_perf)")
     nccl_tests_version: str = _var("v2.16.4", "provision", "nccl-tests git tag")
     nccl_tests_source: str = _var("https://github.com/NVIDIA/nccl-tests", "provision",

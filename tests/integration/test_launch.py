@@ -50,6 +50,25 @@ def test_launch_opens_one_ssh_connection_per_node(testbed):
     assert {h: ssh_logins(h) - before[h] for h in nodes} == {h: 1 for h in nodes}
 
 
+def test_launch_refuses_an_unhealthy_node_and_skip_unhealthy_leaves_it_out(testbed):
+    """gpu4's GPU 0 failed a row remap (the stand-in nvidia-smi's injected health)."""
+    sh(testbed, "gpu4", """printf %s '{"0": {"remap_failure": true}}' > /etc/torchrig-testbed/health.json""")
+    try:
+        r = launch(testbed, "t-unhealthy", "--script", "env_check.py", "--nproc-per-node", "2")
+        assert r.returncode == 1
+        assert ("error: nothing started: unhealthy node(s): gpu4: memory: GPU 0: row remapping "
+                "failed") in r.stderr and "--skip-unhealthy" in r.stderr
+        assert "No files found" in sh(testbed, "gpu1", "systemctl cat torchrig-t-unhealthy 2>&1 || true")
+        r = launch(testbed, "t-unhealthy", "--script", "env_check.py", "--nproc-per-node", "2",
+                   "--skip-unhealthy")
+        assert r.returncode == 0, r.stderr
+        assert "left out unhealthy node(s) gpu4: gpu4: memory: GPU 0" in r.stderr
+        assert "started on gpu1 (1 node(s) x 2 process(es))" in r.stdout
+    finally:
+        sh(testbed, "gpu4", "rm -f /etc/torchrig-testbed/health.json")
+        stop(testbed, "t-unhealthy", hosts="gpu1")
+
+
 BASIC_ARGS = "--max-steps 30 --log-every 5 --ckpt-every 10"
 
 

@@ -123,3 +123,23 @@ def test_compute_node_powered_off_fails_the_job_in_bounded_time_and_is_named(slu
         machines.start("gpu4")
         machines.wait_ssh(ip_of(c.inv, "gpu4"), timeout=120)
         wait_slurm_idle(c, timeout=180)
+
+
+def test_an_unhealthy_node_is_drained_with_the_reason_and_health_resume_resumes_it(slurm_cluster):
+    """gpu4's GPU 0 failed a row remap: launch refuses and drains it; `health --resume`
+    refuses while it is unhealthy, resumes it once fixed."""
+    c = slurm_cluster
+    sh(c.inv, "gpu4", """printf %s '{"0": {"remap_failure": true}}' > /etc/torchrig-testbed/health.json""")
+    try:
+        r = slurm_launch(c, "t-sl-unhealthy", "--script", "env_check.py")
+        assert r.returncode == 1 and "unhealthy node(s): gpu4: memory: GPU 0: row remapping failed" in r.stderr
+        assert "drained Slurm node gpu4" in r.stderr
+        reason = c.run("sinfo -h -R -o '%n|%E'", check=False)
+        assert "gpu4|torchrig health: memory: GPU 0: row remapping failed" in reason, reason
+        r = invoke("health", "-i", str(c.inv), "--resume", "gpu4")
+        assert r.returncode == 1 and "--resume gpu4: its health is still FAIL" in r.stderr
+    finally:
+        sh(c.inv, "gpu4", "rm -f /etc/torchrig-testbed/health.json")
+    r = invoke("health", "-i", str(c.inv), "--resume", "gpu4")
+    assert r.returncode == 0 and "resumed Slurm node gpu4" in r.stderr, r.stderr
+    wait_slurm_idle(c)

@@ -3,10 +3,11 @@ gpu3: 4 GPUs across two sockets, gpu4: a second V100S pair)."""
 
 import json
 import re
+import shlex
 
 import pytest
 
-from conftest import invoke, ip_of, sh
+from conftest import invoke, ip_of, provision, sh, steps_of, write_inventory
 
 # gpu4 is not verified here, but provisioning it with gpu3 (one parallel run) saves the launch
 # tests a reboot cycle of their own in a full run
@@ -161,3 +162,66 @@ def test_a_fresh_fleet_downloaded_each_wheel_once(testbed, fleet):
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
     assert {client for client, _ in served} <= {ip_of(testbed, h) for h in hosts}
     assert len({client for client, _ in served}) == 1, served   # one host downloaded
+
+
+def _inject(inv, name, kmsg="", health=None):
+    """Testbed faults on `name`: kernel lines for the stand-in dmesg, GPU states for the
+    stand-in nvidia-smi (torchrig/testbed/profiles/README.md)."""
+    sh(inv, name, f"printf %s {shlex.quote(kmsg)} > /etc/torchrig-testbed/kmsg && "
+                  f"printf %s {shlex.quote(json.dumps(health or {}))} > /etc/torchrig-testbed/health.json")
+
+
+def test_health_names_each_injected_fault_and_verify_fails_on_them(testbed):
+    """gpu1: 2x V100S (buses 0000:3b:00 and 0000:5e:00) joined by NV2."""
+    r = invoke("health", "-i", str(testbed), "-H", "gpu1", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    old = "2020-01-01T00:00:00,000000+00:00 NVRM: Xid (PCI:0000:3b:00): 13, pid=9, Graphics Exception\n"
+    new = sh(testbed, "gpu1", "date -u +%Y-%m-%dT%H:%M:%S,000000+00:00", sudo=False).strip()
+    _inject(testbed, "gpu1", old + new + " NVRM: Xid (PCI:0000:5e:00): 79, pid=0, GPU has fallen off the bus.\n",
+            {"0": {"remap_pending": True, "links_down": [1], "throttle_reasons": 0x40}})
+    try:
+        r = invoke("health", "-i", str(testbed), "-H", "gpu1", "--json")
+        assert r.returncode == 1 and "error: health FAIL" in r.stderr
+        got = checks(host(json.loads(r.stdout), "gpu1"))
+        assert got["xid"]["status"] == "FAIL"
+        assert "GPU 1 (0000:5e:00): Xid 79 (GPU has fallen off the bus)" in got["xid"]["detail"]
+        assert "power-cycle" in got["xid"]["detail"] and "GPU 0 (0000:3b:00): Xid 13" in got["xid"]["detail"]
+        assert got["memory"]["status"] == "FAIL" and "nvidia-smi -r -i 0" in got["memory"]["detail"]
+        assert got["nvlink"]["status"] == "FAIL" and "GPU 0: 1 of the 2 NVLinks" in got["nvlink"]["detail"]
+        assert got["clocks"]["status"] == "WARN" and "hardware thermal slowdown" in got["clocks"]["detail"]
+        # --since: only what came after (the old application Xid is left out)
+        r = invoke("health", "-i", str(testbed), "-H", "gpu1", "--json", "--since", "2021-01-01T00:00")
+        assert "Xid 13" not in checks(host(json.loads(r.stdout), "gpu1"))["xid"]["detail"]
+        # verify's own probe (the login user) sees the same and fails
+        r, data = verify(testbed, "gpu1")
+        got = checks(host(data, "gpu1"))
+        assert r.returncode == 1 and got["xid"]["status"] == "FAIL" and got["nvlink"]["status"] == "FAIL"
+    finally:
+        sh(testbed, "gpu1", "rm -f /etc/torchrig-testbed/kmsg /etc/torchrig-testbed/health.json")
+    r = invoke("health", "-i", str(testbed), "-H", "gpu1")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_dcgm_installed_by_provision_and_its_diag_read_by_verify_and_health(testbed, inventory_doc,
+                                                                             tmp_path):
+    """var dcgm: provision installs the (stand-in) datacenter-gpu-manager from the testbed's
+    CUDA repository, pinned and held, and starts its host engine; `--diag N` reads dcgmi's
+    per-test results."""
+    inventory_doc["vars"]["dcgm"] = True
+    inv = write_inventory(tmp_path, inventory_doc)
+    r, data = provision(inv, "gpu1", "--yes")
+    assert r.returncode == 0, r.stdout + r.stderr
+    _, st = steps_of(data, "gpu1")
+    assert "install NVIDIA DCGM 1:3.3.9: datacenter-gpu-manager=1:3.3.9" in st["dcgm"]["changes"]
+    assert "hold" in sh(inv, "gpu1", "apt-mark showhold datacenter-gpu-manager && echo hold")
+    r, data = verify(inv, "gpu1", "--diag", "1")
+    diag = checks(host(data, "gpu1"))["dcgm-diag"]
+    assert r.returncode == 0 and diag["status"] == "PASS", diag
+    _inject(inv, "gpu1", health={"1": {"remap_pending": True}})
+    try:
+        r = invoke("health", "-i", str(inv), "-H", "gpu1", "--json", "--diag", "2")
+        diag = checks(host(json.loads(r.stdout), "gpu1"))["dcgm-diag"]
+        assert r.returncode == 1 and diag["status"] == "FAIL"
+        assert "GPU Memory GPU 1: FAIL (GPU 1 has uncorrectable memory errors" in diag["detail"]
+    finally:
+        sh(inv, "gpu1", "rm -f /etc/torchrig-testbed/kmsg /etc/torchrig-testbed/health.json")

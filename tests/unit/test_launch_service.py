@@ -29,6 +29,9 @@ def _fleet(*names, backend="systemd", slurm_section=None):
 def calls(monkeypatch):
     """Every backend call the services make, by name, with the hosts it was given."""
     seen = []
+    from torchrig.launch import health_gate
+    monkeypatch.setattr(health_gate, "gate", lambda fleet, hosts, skip, log: hosts)
+    monkeypatch.setattr(health_gate, "gate_slurm", lambda fleet, hosts, skip, log: hosts)
     monkeypatch.setattr(run, "launch", lambda fleet, hosts, o, log: seen.append(
         ("systemd", [h.name for h in hosts])) or "systemd-launched")
     monkeypatch.setattr(slurm, "launch", lambda fleet, hosts, o, n, p, t, log: seen.append(

@@ -279,9 +279,10 @@ def launched(monkeypatch, tmp_path):
     from torchrig.launch import service
     seen = {}
 
-    def fake(fleet, o, nodes=None, backend=None, partition=None, time_limit=None, log=print):
+    def fake(fleet, o, nodes=None, backend=None, partition=None, time_limit=None, log=print,
+             skip_unhealthy=False):
         seen.update(o=o, nodes=nodes, backend=backend, partition=partition, time=time_limit,
-                    hosts=[h.name for h in fleet.hosts])
+                    hosts=[h.name for h in fleet.hosts], skip_unhealthy=skip_unhealthy)
         raise TorchrigError("stopped before any host")
     monkeypatch.setattr(service, "launch", fake)
     inv = _file(tmp_path, "hosts:\n  - {name: gpu1, connection: local}\n"
@@ -297,7 +298,8 @@ def launched(monkeypatch, tmp_path):
 def test_the_tasks_options_reach_service_launch_merged(launched, tmp_path, capsys):
     p = _file(tmp_path, FULL.replace("module: gpt2.train\n", "script: train.py\n"), "jobs/j.yml")
     code, seen = launched("--spec", str(p), "--nodes", "1", "--env", "SEED=8", "--env",
-                          "EXTRA=1", "--max-restarts", "4", "-j", "gpt2-b", "--dry-run")
+                          "EXTRA=1", "--max-restarts", "4", "-j", "gpt2-b", "--dry-run",
+                          "--skip-unhealthy")
     assert code == 1 and capsys.readouterr().err.strip() == "error: stopped before any host"
     o = seen["o"]
     assert (o.job, o.script, o.module, o.nproc, o.max_restarts, o.start_timeout, o.rdzv_timeout,
@@ -310,6 +312,7 @@ def test_the_tasks_options_reach_service_launch_merged(launched, tmp_path, capsy
         str(tmp_path / "jobs" / "proj"), "requirements.txt", True, ["DATA_URL"])
     assert (seen["nodes"], seen["backend"], seen["partition"], seen["time"]) == (
         "1", "slurm", "gpu", "2:00:00")  # N or MIN:MAX, parsed by service.launch
+    assert seen["skip_unhealthy"] is True
 
 
 def test_without_a_spec_the_task_is_launchs_defaults(launched):

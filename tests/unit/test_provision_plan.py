@@ -93,7 +93,7 @@ def test_converged_host_plans_nothing():
         assert {s.name: describe(s.plan(done)) for s in on} == {s.name: [] for s in on}
         rep = make_plan(done)
         assert {st.name: st.status for st in rep.steps} == {
-            "preflight": "ok", **{s.name: "ok" for s in on}, "nccl-tests": "skipped",
+            "preflight": "ok", **{s.name: "ok" for s in on}, "nccl-tests": "skipped", "dcgm": "skipped",
             **{n: "skipped" for n in ("slurm-packages", "munge", "slurm-config")}}
 
 
@@ -139,7 +139,7 @@ def test_every_planner_reads_only_requested_facts(table):
     fact a planner reads goes through the accessors, which raise for one not requested."""
     facts = {"fresh": fresh(), "converged": converged(), "drifted": _drifted()}[table]
     for vars_, lspci in (({}, None), ({"cuda_repo_url": "https://u:p@mirror.internal/cuda",
-                                       "nccl_tests": True}, H100)):
+                                       "nccl_tests": True, "dcgm": True}, H100)):
         f = dict(copy.deepcopy(facts), **({"lspci": lspci} if lspci else {}))
         c = tb_ctx(f, **vars_)
         plan = {s.name: describe(s.plan(c)) for s in steps.STEPS}
@@ -150,6 +150,22 @@ def test_every_planner_reads_only_requested_facts(table):
                 "remove /etc/apt/sources.list.d/cuda-debian12-x86_64.list"] or vars_
             assert all(plan[n] for n in ("driver", "driver-services", "cuda-toolkit", "nccl",
                                          "python-venv", "service-user")), plan
+
+
+def test_dcgm_only_when_asked_pinned_held_and_its_host_engine_running():
+    dcgm = next(s for s in steps.STEPS if s.name == "dcgm")
+    assert dcgm.enabled(ctx(fresh())) == "disabled (var dcgm: false)"
+    c = ctx(fresh(), dcgm=True)
+    assert dcgm.enabled(c) is None
+    assert describe(dcgm.plan(c)) == [
+        "install NVIDIA DCGM 1:3.3.9: datacenter-gpu-manager=1:3.3.9",
+        "hold datacenter-gpu-manager (no upgrade behind provision's back)",
+        "enable and start nvidia-dcgm.service"]
+    assert steps._pinned(c)["datacenter-gpu-manager"] == "1:3.3.9"  # cuda-repo checks it is listed
+    done = ctx(fresh(packages={"datacenter-gpu-manager": "1:3.3.9"}, held=["datacenter-gpu-manager"],
+                     units={"nvidia-dcgm.service": {"enabled": "enabled", "active": "active"}}),
+               dcgm=True)
+    assert dcgm.plan(done) == []
 
 
 def test_a_fact_not_requested_is_an_error_not_a_default():
@@ -488,7 +504,9 @@ def test_plan_walk_runs_each_planner_once_and_carries_its_fingerprint(monkeypatc
     plan = engine.build_plan(ctx(facts))
     assert plan.fingerprint == fingerprint(facts) and plan.changes_anything
     # nccl-tests is on by default: every planner once, but the Slurm ones (no slurm: section)
-    assert len(calls) == len([s for s in steps.STEPS if not s.name.startswith(("slurm", "munge"))])
+    # and DCGM's (off by default)
+    assert len(calls) == len([s for s in steps.STEPS
+                              if not s.name.startswith(("slurm", "munge", "dcgm"))])
     reasons = {sp.step.name: sp.reason for sp in plan.steps}
     assert reasons["nccl-tests"] == "needs the driver loaded (now: not-installed); a reboot may be needed"
     assert [s.name for s in steps.STEPS if s.upload(ctx(fresh(), nccl_tests_source="/x.tgz").s)] \

@@ -140,13 +140,17 @@ def _started_reply(req):
                               "files": {"r_1/attempt_0/0/stdout.log": {"text": ""}}}}}
 
 
-def test_launch_of_two_nodes_with_nothing_to_push_is_six_round_trips_per_node(tmp_path, monkeypatch):
-    """Per node: the version gate (with the busy check), the push's probe (the release is
-    there: HAVE), its switch, the job's files, the start, one check that the workers run."""
+def test_launch_of_two_nodes_with_nothing_to_push_is_seven_round_trips_per_node(tmp_path, monkeypatch):
+    """Per node: the health gate (root's probe: the kernel log), the version gate (with the
+    busy check), the push's probe (the release is there: HAVE), its switch, the job's files,
+    the start, one check that the workers run."""
     import json
 
     def answer(host, command, data):
         req = probe_request(data)
+        if req and "health_xml" in req.get("run", {}):
+            return 0, json.dumps({"run": {k: {"rc": 0, "out": "", "err": ""} for k in req["run"]},
+                                  "host": {"hostname": "n", "euid": 0}}), ""
         if req and "smi_query" in req.get("run", {}):
             return 0, json.dumps(_gate_reply(req)), ""
         if req and "logs" in req.get("tree", {}):
@@ -159,4 +163,4 @@ def test_launch_of_two_nodes_with_nothing_to_push_is_six_round_trips_per_node(tm
         got = service.launch(fleet, run.LaunchOptions(job="j1", nproc="1", early_fail_window=0),
                              nodes=2, log=lambda *a, **k: None)
     assert got.started
-    assert per_host(calls) == {"a": 6, "b": 6}
+    assert per_host(calls) == {"a": 7, "b": 7}

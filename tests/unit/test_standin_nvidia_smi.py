@@ -62,6 +62,7 @@ class Box:
             "TORCHRIG_STANDIN_MODULE_FILE": str(self.module),
             "TORCHRIG_STANDIN_PERSISTENCE_FILE": str(self.persistence),
             "TORCHRIG_STANDIN_FAULT_FILE": str(self.fault),
+            "TORCHRIG_STANDIN_HEALTH_FILE": str(self.root / "health.json"),
             "TORCHRIG_STANDIN_TIMESTAMP": "",
         })
         return env
@@ -457,3 +458,76 @@ def test_verify_reads_each_box_right_from_the_standins_output(tmp_path, name):
         assert v.advice == []
     topo_detail = next(c.detail for c in v.checks if c.name == "topology")
     assert topo_detail.startswith("1 GPU," if count == 1 else f"{count} GPUs,")
+
+
+# --------------------------------------------------------------- health ----
+
+def _health(b: Box) -> dict:
+    from torchrig.verify import health
+    got = {k: dict(zip(("rc", "out", "err"), (r.returncode, r.stdout, r.stderr)))
+           for k, r in (("health_xml", b.run("-q", "-x")), ("nvlink_status", b.run("nvlink", "-s")),
+                        ("nvlink_errors", b.run("nvlink", "-e")))}
+    got["kernel_journal"] = {"rc": 0, "out": "", "err": ""}
+    got["kernel_dmesg"] = {"rc": 0, "out": "", "err": ""}  # the testbed's stand-in dmesg
+    return {c.name: c for c in health.checks(got, b.run("topo", "-m").stdout)}
+
+
+@pytest.mark.parametrize("profile", sorted(EXPECTED))
+def test_every_profile_is_healthy_by_default_for_the_products_parsers(tmp_path, profile):
+    got = _health(make_box(tmp_path, profile=profile))
+    assert {c.status for c in got.values()} == {"PASS"}, got
+    if profile == "h100-nvswitch-8":
+        assert got["nvlink"].detail.startswith("144 links up")  # 8 GPUs x NV18
+
+
+def test_injected_health_faults_are_what_the_product_reads(box):
+    (box.root / "health.json").write_text(json.dumps({"1": {
+        "remap_failure": True, "links_down": [0], "nvlink_replays": 7, "pcie_replays": 3,
+        "throttle_reasons": 0x80}}))
+    got = _health(box)
+    assert got["memory"].status == "FAIL" and "GPU 1: row remapping failed" in got["memory"].detail
+    assert got["nvlink"].status == "FAIL" and "GPU 1: 1 of the 2 NVLinks" in got["nvlink"].detail
+    assert "link 0 replay errors 7" in got["nvlink"].detail
+    assert got["pcie-link"].status == "WARN" and got["clocks"].status == "WARN"
+    assert "power brake" in got["clocks"].detail
+
+
+def test_xml_needs_q(box):
+    assert box.run("-x").returncode == 2
+
+
+# ---------------------------------------------------------------- dcgmi ----
+
+DCGMI = SCRIPT.with_name("dcgmi")
+
+
+def _dcgm(b: Box, *args, engine=True):
+    env = b.env()
+    env["TORCHRIG_STANDIN_DCGM_FILE"] = str(b.root / "dcgm")
+    if engine:
+        (b.root / "dcgm").write_text("")
+    r = subprocess.run([sys.executable, str(DCGMI), *args], env=env, capture_output=True,
+                       text=True, timeout=30)
+    return {"rc": r.returncode, "out": r.stdout, "err": r.stderr}
+
+
+@pytest.mark.parametrize("level,tests", [("1", 9), ("3", 9 + 5 * 2)])
+def test_dcgmi_diag_passes_on_a_healthy_box(box, level, tests):
+    from torchrig.facts import dcgm_diag
+    from torchrig.verify import health
+    r = _dcgm(box, "diag", "-r", level, "-j")
+    assert r["rc"] == 0 and len(dcgm_diag.parse(r["out"])) == tests
+    assert health.diag_check({"dcgm_diag": r}).status == "PASS"
+
+
+def test_dcgmi_diag_fails_the_memory_tests_of_an_injected_fault(box):
+    from torchrig.verify import health
+    (box.root / "health.json").write_text(json.dumps({"1": {"remap_pending": True}}))
+    c = health.diag_check({"dcgm_diag": _dcgm(box, "diag", "-r", "2", "-j")})
+    assert c.status == "FAIL" and "GPU Memory GPU 1: FAIL (GPU 1 has uncorrectable memory" in c.detail
+
+
+def test_dcgmi_without_its_host_engine_is_not_run(box):
+    from torchrig.verify import health
+    c = health.diag_check({"dcgm_diag": _dcgm(box, "diag", "-r", "1", "-j", engine=False)})
+    assert c.status == "NOT RUN" and "host engine" in c.detail.lower()

@@ -116,7 +116,9 @@ def test_launch_error_line_quoting_the_journal_is_sanitised(monkeypatch):
     def failed(*a, **k):
         raise TorchrigError(f"job j did not start on every node: gpu1: unit failed (exit-code): "
                             f"{HOSTILE} | Traceback")
+    from torchrig.launch import health_gate
     monkeypatch.setattr(launch_run, "launch", failed)
+    monkeypatch.setattr(health_gate, "gate", lambda fleet, hosts, *a, **k: hosts)
     monkeypatch.setattr(cli_launch, "_fleet", lambda *a, **k: _NoFleet())
     with pytest.raises(Exit) as e:
         cli_launch.launch(Context(), job="j")

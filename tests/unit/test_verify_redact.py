@@ -33,7 +33,7 @@ def test_verify_service_keeps_the_sweeps_only_with_bandwidth_and_redacts(monkeyp
 
     bw = {"scope": "gpu1", "hosts": ["gpu1"], "check": Check("busbw", "FAIL", "token hunter2-tok"),
           "result": None}
-    monkeypatch.setattr(run, "verify", lambda fleet, hosts, bandwidth: VerifyReport(
+    monkeypatch.setattr(run, "verify", lambda fleet, hosts, bandwidth, diag=None: VerifyReport(
         bandwidth=[bw] if bandwidth else []))
     saved = []
     monkeypatch.setattr(store, "save", lambda bandwidth, addresses: saved.append(

@@ -60,6 +60,8 @@ from .logs import logs
                     "TORCHRIG_DATA (the payload's --data default)",
             "data_verify": "quick (sizes and the push's records; the default) or full (every "
                            "file re-hashed on every node)",
+            "skip_unhealthy": "leave out a node whose GPU health is FAIL (`torchrig health`) "
+                              "instead of refusing to start",
             "spec": "a job file (YAML; docs/jobs.md, jobs/example.yml) giving these flags' "
                     "values; a flag given on the command line wins (--env: per key)"})
 def launch(c, inventory=None, host=None, nodes=None, nproc_per_node=None, script=None,
@@ -67,7 +69,7 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node=None, script
            start_timeout=None, rdzv_timeout=None, exit_barrier_timeout=None,
            backend=None, partition=None, time=None, workdir=None, module=None,
            requirements=None, allow_torch_change=False, spec=None, accept_new_host_keys=False,
-           early_fail_window=None, data=None, data_verify=None):
+           early_fail_window=None, data=None, data_verify=None, skip_unhealthy=False):
     """Run a torchrun DDP job under systemd (or Slurm) on the nodes: everywhere or nowhere."""
     from torchrig.launch import service, spec as job_spec
     given = {k: v for k, v in locals().items() if k in job_spec.FLAGS}  # None: not given
@@ -81,7 +83,7 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node=None, script
     where = [opts.pop(k) for k in job_spec.SERVICE_KEYS]  # nodes, backend, partition, time
     o = LaunchOptions(dry_run=dry_run, **opts)
     with _fleet(c, inventory, host, accept_new_host_keys) as fleet:
-        res = service.launch(fleet, o, *where, log=_log)
+        res = service.launch(fleet, o, *where, log=_log, skip_unhealthy=skip_unhealthy)
     if isinstance(res, SlurmLaunched):
         return _slurm_started(c, res, inventory, follow, accept_new_host_keys)
     if dry_run:

@@ -11,18 +11,20 @@ from __future__ import annotations
 from invoke import Collection
 
 from .data import data
+from .health import health
 from .hosts import exec_, hosts, init
 from .job_outputs import fetch, job_report
 from .jobs import jobs
 from .launch import launch, stop
 from .logs import logs
+from .power import power
 from .provision import provision
 from .status import metrics, status, tensorboard
 from .testbed import demo, testbed
 from .verify import verify
 
-ns = Collection(init, hosts, exec_, provision, verify, launch, logs, status, job_report, stop,
-                jobs, metrics, tensorboard, fetch, data, demo, testbed)
+ns = Collection(init, hosts, exec_, provision, verify, health, launch, logs, status, job_report,
+                stop, jobs, metrics, tensorboard, fetch, data, power, demo, testbed)
 ns.configure({
     "torchrig": {
         "inventory": None,  # a config file's torchrig.inventory (see common._inventory_path)

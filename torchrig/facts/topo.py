@@ -310,6 +310,24 @@ def _is_switched(topo: Topo) -> bool:
     return n >= 3 and min(c for c in counts if c is not None) * (n - 1) > MAX_NVLINKS_PER_GPU
 
 
+def promised_nvlinks(topo: Topo) -> dict[int, int]:
+    """{GPU index: NVLinks the matrix promises it}: behind NVSwitches every pair shows all of
+    a GPU's links (NV18), so the most of any pair; else the sum over its peers (NV2 + NV1 ...).
+    GPUs with no NVLink peer are left out."""
+    pairs = topo.gpu_pair_links()
+    switched = _is_switched(topo)
+    out: dict[int, int] = {}
+    for (a, b), link in pairs.items():
+        n = nvlink_count(link)
+        if not n:
+            continue
+        for g in (a, b):
+            i = int(g[3:]) if g[3:].isdigit() else None
+            if i is not None:
+                out[i] = max(out.get(i, 0), n) if switched else out.get(i, 0) + n
+    return out
+
+
 def classify(topo: Topo, nvswitch_hint: bool | None = None) -> str:
     """One of ``CLASSES``: single, nvswitch, nvlink, pcie-switch, cpu, unknown.
 

@@ -7,7 +7,7 @@ import json
 import os
 import re
 
-from . import dpkg, python_env, smi_query, topo
+from . import dpkg, health_facts, python_env, smi_query, topo
 
 PACKAGES = ["nvidia-open", "cuda-drivers", "libnccl2", "cuda-toolkit-*"]
 CUDA_VERSION_FILE = "/usr/local/cuda/version.json"
@@ -26,9 +26,12 @@ TORCH_RUNTIME = ("import json, torch\n"
                  "print(json.dumps(d))\n")
 
 
-def probe_request(venv: str, torch_runtime: bool, peer: dict | None) -> dict:
+def probe_request(venv: str, torch_runtime: bool, peer: dict | None, health: bool = False,
+                  diag: int | None = None) -> dict:
+    """health: GPU health's commands too (health_facts), with `dcgmi diag -r diag` if asked."""
     py = os.path.join(venv, "bin", "python")
-    run = {"smi_query": smi_query.command(), "topo": topo.COMMAND,
+    run = {**(health_facts.probe_run(diag) if health else {}),
+           "smi_query": smi_query.command(), "topo": topo.COMMAND,
            "fabricmanager": ["systemctl", "is-active", "nvidia-fabricmanager.service"],
            "dpkg-query": dpkg.query_argv(PACKAGES), "nvcc": [NVCC, "--version"]}
     if torch_runtime:  # -I: nothing imported from the cwd; a missing venv answers 127
@@ -88,4 +91,7 @@ def facts(venv: str, peer: dict | None, raw: dict) -> dict:
         out["torch_runtime"] = torch_runtime(run["torch_runtime"])
     if peer:
         out["network"] = network(peer, raw.get("connect", {}))
+    if "health_xml" in run:
+        out["health"] = health_facts.facts(run)
+        out["euid"] = raw["host"].get("euid")
     return out

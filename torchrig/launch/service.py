@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ..errors import TorchrigError
 from ..inventory import Host
 from ..session import Fleet, Outcome
-from . import elastic, run, slurm
+from . import elastic, health_gate, run, slurm
 
 BACKENDS = ("systemd", "slurm")
 
@@ -29,10 +29,11 @@ def first_nodes(hosts: list[Host], nodes: int | str | None) -> list[Host]:
 
 def launch(fleet: Fleet, o: run.LaunchOptions, nodes: int | str | None = None,
            backend: str | None = None, partition: str | None = None,
-           time_limit: str | None = None, log=print) -> run.Launched | slurm.SlurmLaunched:
+           time_limit: str | None = None, log=print,
+           skip_unhealthy: bool = False) -> run.Launched | slurm.SlurmLaunched:
     """Start the job on its backend. A systemd job narrows the fleet's selection to its nodes
     (what a Ctrl-C of a following task names); Slurm picks its nodes among the selected
-    compute hosts (SlurmLaunched.slurm.nodes)."""
+    compute hosts (SlurmLaunched.slurm.nodes). Unhealthy nodes are refused or left out first."""
     chosen = backend or (fleet.hosts[0].settings.backend if fleet.hosts else "systemd")
     if chosen not in BACKENDS:
         raise TorchrigError(f"--backend {backend!r}: systemd or slurm")
@@ -46,12 +47,17 @@ def launch(fleet: Fleet, o: run.LaunchOptions, nodes: int | str | None = None,
             raise TorchrigError("--dry-run with --backend slurm: not supported (nothing is "
                                 "written on the nodes but the job's folders; the batch script "
                                 "goes to sbatch)")
-        return slurm.launch(fleet, fleet.hosts, o, nodes, partition, time_limit, log=log)
+        slurm.check_slurm_options(partition, time_limit)  # a bad flag before a node is touched
+        hosts = health_gate.gate_slurm(fleet, fleet.hosts, skip_unhealthy, log)
+        return slurm.launch(fleet, hosts, o, nodes, partition, time_limit, log=log)
     if partition is not None or time_limit is not None:
         raise TorchrigError("--partition and --time are Slurm's: add --backend slurm")
-    fleet.hosts = first_nodes(fleet.hosts, nodes)
+    first = first_nodes(fleet.hosts, nodes)  # a wrong count is refused before a node is touched
     if elastic.is_elastic(span):
         o.min_nodes = span[0]
+    run.check_batch(first, o)  # so is a global batch that does not divide
+    fleet.hosts = (first_nodes(health_gate.gate(fleet, fleet.hosts, True, log), nodes)
+                   if skip_unhealthy else health_gate.gate(fleet, first, False, log))
     return run.launch(fleet, fleet.hosts, o, log=log)
 
 

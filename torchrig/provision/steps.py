@@ -172,6 +172,8 @@ def _pinned(c: Ctx) -> dict[str, str]:
         pins[s.fabricmanager_pkg] = s.driver_deb
     if node_exporter_skip(c) is None:
         pins[NODE_EXPORTER] = s.node_exporter_version
+    if s.dcgm:
+        pins[DCGM_PKG] = s.dcgm_version
     return pins | _slurm_pins(c)
 
 
@@ -180,7 +182,8 @@ def _all_pins(s: Settings) -> dict[str, str]:
     the host's Slurm roles), with its version: what cuda_repo reads."""
     pins = {p: s.driver_deb for p in (*DRIVER_PACKAGE.values(), s.fabricmanager_pkg)}
     pins.update({s.cuda_pkg: s.cuda_package_version, "libnccl2": s.nccl_version,
-                 "libnccl-dev": s.nccl_version, NODE_EXPORTER: s.node_exporter_version})
+                 "libnccl-dev": s.nccl_version, NODE_EXPORTER: s.node_exporter_version,
+                 DCGM_PKG: s.dcgm_version})
     return pins | _slurm_versions(s)
 
 
@@ -638,6 +641,19 @@ class Step:
     reads: Callable[[Settings], dict] = lambda s: {}       # what `plan` reads: see reads()
 
 
+DCGM_PKG = "datacenter-gpu-manager"  # NVIDIA's DCGM 3.x package in the CUDA repository
+DCGM_UNIT = "nvidia-dcgm.service"    # its host engine (nv-hostengine), which dcgmi talks to
+
+
+def dcgm(c: Ctx) -> list[Change]:
+    """var dcgm: DCGM pinned and held, its host engine enabled and running."""
+    out = _install(c, {DCGM_PKG: c.s.dcgm_version}, f"NVIDIA DCGM {c.s.dcgm_version}")
+    unit = c.facts.unit(DCGM_UNIT)
+    if out or unit.get("enabled") != "enabled" or unit.get("active") != "active":
+        out.append(Cmd(f"enable and start {DCGM_UNIT}", "systemctl enable --now " + sh(DCGM_UNIT)))
+    return out
+
+
 def nccl_tests_upload(s: Settings) -> Upload | None:
     if is_tarball(s.nccl_tests_source):
         return Upload(s.nccl_tests_source, NCCL_TARBALL, "nccl_tests_source")
@@ -666,6 +682,9 @@ STEPS = [
     Step("cuda-toolkit", cuda_toolkit,
          reads=lambda s: {**_installs(s, s.cuda_pkg, family="cuda"), **managed_files(managed.CUDA_ENV)}),
     Step("nccl", nccl, reads=lambda s: _installs(s, "libnccl2", "libnccl-dev", family="nccl")),
+    Step("dcgm", dcgm, needs_driver=True,
+         enabled=lambda c: None if c.s.dcgm else "disabled (var dcgm: false)",
+         reads=lambda s: {**_installs(s, DCGM_PKG), "units": [DCGM_UNIT]}),
     Step("python-venv", python_venv, reads=lambda s: reads(venv=s.venv)),
     Step("nccl-tests", nccl_tests, needs_driver=True, upload=nccl_tests_upload,
          enabled=lambda c: None if c.s.nccl_tests else "disabled (var nccl_tests: false)",

@@ -55,19 +55,30 @@ ExecStart=/bin/sh -c 'mkdir -p /run/nvidia-standin && cp /usr/share/nvidia-stand
 WantedBy=sysinit.target
 """
 
-PERSISTENCED_UNIT = """[Unit]
-Description=NVIDIA Persistence Daemon (torchrig testbed stand-in)
+def _standin_unit(description: str, start: str, stop: str) -> str:
+    """A stand-in service: a oneshot that records it runs (a file under /run/nvidia-standin)."""
+    return f"""[Unit]
+Description={description}
 After=nvidia-standin-module.service
 
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart=/bin/sh -c 'test -f /run/nvidia-standin/module-version && touch /run/nvidia-standin/persistence'
-ExecStop=/bin/rm -f /run/nvidia-standin/persistence
+ExecStart=/bin/sh -c '{start}'
+ExecStop={stop}
 
 [Install]
 WantedBy=multi-user.target
 """
+
+
+DCGM_UNIT = _standin_unit("NVIDIA DCGM host engine (torchrig testbed stand-in)",
+                          "mkdir -p /run/nvidia-standin && touch /run/nvidia-standin/dcgm",
+                          "/bin/rm -f /run/nvidia-standin/dcgm")
+PERSISTENCED_UNIT = _standin_unit(
+    "NVIDIA Persistence Daemon (torchrig testbed stand-in)",
+    "test -f /run/nvidia-standin/module-version && touch /run/nvidia-standin/persistence",
+    "/bin/rm -f /run/nvidia-standin/persistence")
 
 FABRICMANAGER_UNIT = """[Unit]
 Description=NVIDIA fabric manager service (torchrig testbed stand-in)
@@ -157,6 +168,10 @@ def packages(keyring: bytes) -> list[Deb]:
                 "/usr/share/nvidia-standin/fabricmanager-version": (v + "\n", 0o644),
                 "/lib/systemd/system/nvidia-fabricmanager.service": (FABRICMANAGER_UNIT, 0o644),
             }))
+    debs.append(Deb(
+        "datacenter-gpu-manager", DEFAULTS.dcgm_version, "NVIDIA DCGM (testbed stand-in dcgmi)",
+        files={"/usr/bin/dcgmi": ((STANDINS / "dcgmi").read_text(), 0o755),
+               "/lib/systemd/system/nvidia-dcgm.service": (DCGM_UNIT, 0o644)}))
     return debs + _cuda_nccl_keyring(keyring)
 
 

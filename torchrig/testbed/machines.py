@@ -116,6 +116,26 @@ def install_profile(name: str, profile: str) -> None:
     lspci = root / "usr/local/bin/lspci"
     lspci.write_text(lspci_standin(gpu_profiles.load(profile)))
     lspci.chmod(0o755)
+    dmesg = root / "usr/local/bin/dmesg"
+    dmesg.write_text(DMESG_STANDIN)
+    dmesg.chmod(0o755)
+
+
+# A container has no kernel log of its own (journalctl -k finds nothing, dmesg shows the
+# machine's): the simulated GPUs' kernel messages come from this stand-in, first on PATH
+# like lspci's. Tests append "2026-12-03T14:00:00,000000+00:00 NVRM: Xid (...)" lines
+# (dmesg --time-format iso's form) to KMSG.
+KMSG = "/etc/torchrig-testbed/kmsg"
+DMESG_STANDIN = f"""#!/bin/sh
+# torchrig TESTBED STAND-IN for `dmesg` (not util-linux): the simulated GPUs' kernel messages,
+# injected into {KMSG} by tests. --time-format iso prints them as stored, else with a
+# seconds-since-boot stamp as plain dmesg does.
+[ -f {KMSG} ] || exit 0
+case " $* " in
+  *" --time-format iso "*|*" --time-format=iso "*) cat {KMSG} ;;
+  *) sed 's/^[^ ]* /[    1.000000] /' {KMSG} ;;
+esac
+"""
 
 
 # PCI identity of the simulated GPUs, by marketing name: (chip, device id).

@@ -54,6 +54,17 @@ def overall(statuses: list[str]) -> str:
 
 def host_verdict(host: str, facts: dict, expected_gpus: int | None, accelerator: str) -> HostVerdict:
     v = HostVerdict(host)
+    failure, gpus = gpu_checks(v, facts, expected_gpus)
+    _topology(v, facts, gpus, failure is not None)
+    _stack(v, facts, gpus, accelerator, expected_gpus)
+    _network(v, facts)
+    return v
+
+
+def gpu_checks(v: HostVerdict, facts: dict, expected_gpus: int | None):
+    """The GPUs' own checks from `nvidia-smi --query-gpu` (driver, count, ECC now,
+    persistence, PCIe width), added to v (verify's and health's tables share them); returns
+    (nvidia-smi's failure or None, the GPUs)."""
     add = v.checks.append
     smi = facts.get("smi_query", {})
     failure = smi_query.detect_failure((smi.get("out", "") + smi.get("err", "")), smi.get("rc"))
@@ -93,11 +104,7 @@ def host_verdict(host: str, facts: dict, expected_gpus: int | None, accelerator:
                       f"GPU {g.index} x{g.pcie_width_current}/x{g.pcie_width_max}" for g in narrow)
                   + " (reseat the card or check risers)" if narrow else
                   f"gen{gpus[0].pcie_gen_max} x{gpus[0].pcie_width_max}"))
-
-    _topology(v, facts, gpus, failure is not None)
-    _stack(v, facts, gpus, accelerator, expected_gpus)
-    _network(v, facts)
-    return v
+    return failure, gpus
 
 
 def _gpus(n: int) -> str:

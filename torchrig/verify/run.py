@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 
 from .. import torchrun
 from ..errors import TorchrigError
-from ..facts import nccl_tests, probe, verify_facts
+from ..facts import health_facts, nccl_tests, probe, verify_facts
 from ..inventory import Host, Inventory
 from ..onhost import script
 from ..quoting import sh, with_env
 from ..resources import PAYLOAD
 from ..session import CannotConnect, Fleet
 from ..settings import procs_per_node
-from . import evaluate
+from . import evaluate, health
 from .evaluate import HostVerdict
 
 BENCH = PAYLOAD / "allreduce_bench.py"
@@ -39,12 +39,15 @@ def host_opts(inv: Inventory, h: Host) -> HostOpts:
 
 
 def gather(fleet: Fleet, h: Host, opts: HostOpts, peer: dict | None, torch_runtime: bool,
-           also: dict | None = None) -> tuple[dict, dict]:
+           also: dict | None = None, diag: int | None = None) -> tuple[dict, dict]:
     """One probe round trip as the login user; the raw output is parsed here. `also`: more
-    commands for the same probe (launch's list of the node's jobs), their raw results back."""
-    req = verify_facts.probe_request(opts.venv, torch_runtime, peer)
+    commands for the same probe (launch's list of the node's jobs), their raw results back.
+    verify proper (torch_runtime) gathers GPU health's facts too, and DCGM's diag if asked."""
+    req = verify_facts.probe_request(opts.venv, torch_runtime, peer, health=torch_runtime,
+                                     diag=diag)
     req["run"].update(also or {})
-    r = fleet.run(h, probe.COMMAND, timeout=180, data=probe.stdin(req))
+    r = fleet.run(h, probe.COMMAND, timeout=180 + (health_facts.DIAG_TIMEOUT[diag] if diag else 0),
+                  data=probe.stdin(req))
     raw = probe.reply(r.exited, r.stdout, r.stderr)
     return verify_facts.facts(opts.venv, peer, raw), {k: raw["run"][k] for k in also or {}}
 
@@ -108,9 +111,10 @@ class VerifyReport:
 
 
 def verify(fleet: Fleet, hosts: list[Host], *, bandwidth: bool = False, full: bool = True,
-           also: dict | None = None) -> VerifyReport:
-    """full=False is launch's fast gate: versions from package metadata, no torch import.
-    also: {name: argv} run in the same probe; their raw results in VerifyReport.also."""
+           also: dict | None = None, diag: int | None = None) -> VerifyReport:
+    """full=False is launch's fast gate: versions from package metadata, no torch import, no
+    health. also: {name: argv} run in the same probe; their raw results in VerifyReport.also.
+    diag: `dcgmi diag -r N` on every host (full only)."""
     inv = fleet.inv
     opts = {h.name: host_opts(inv, h) for h in hosts}
     first = hosts[0]
@@ -119,7 +123,8 @@ def verify(fleet: Fleet, hosts: list[Host], *, bandwidth: bool = False, full: bo
     listener = _listen(fleet, first, opts[first.name].rdzv_port) if peer and full else None
     try:
         results = fleet.fan_out(lambda h: gather(
-            fleet, h, opts[h.name], peer if h is not first else None, full, also), hosts)
+            fleet, h, opts[h.name], peer if h is not first else None, full, also,
+            diag if full else None), hosts)
     finally:
         if listener:
             _stop_unit(fleet, first, listener)
@@ -129,7 +134,11 @@ def verify(fleet: Fleet, hosts: list[Host], *, bandwidth: bool = False, full: bo
             rep.unreachable[h.name] = r.error
             continue
         facts, rep.also[h.name] = r.value
-        rep.hosts.append(evaluate.host_verdict(h.name, facts, h.gpus, opts[h.name].accelerator))
+        v = evaluate.host_verdict(h.name, facts, h.gpus, opts[h.name].accelerator)
+        if "health" in facts:
+            v.checks += health.checks(facts["health"], facts["topo"].get("out"),
+                                      as_root=facts.get("euid") == 0)
+        rep.hosts.append(v)
     rep.gate = evaluate.version_gate(rep.hosts)
     if full and getattr(inv, "slurm", None) is not None:
         from .slurm_checks import cluster_checks

@@ -10,8 +10,9 @@ from ..session import Fleet
 from . import run, store
 
 
-def verify(fleet: Fleet, bandwidth: bool = False, red: Redactor | None = None) -> run.VerifyReport:
-    rep = run.verify(fleet, fleet.hosts, bandwidth=bandwidth)
+def verify(fleet: Fleet, bandwidth: bool = False, red: Redactor | None = None,
+           diag: int | None = None) -> run.VerifyReport:
+    rep = run.verify(fleet, fleet.hosts, bandwidth=bandwidth, diag=diag)
     if bandwidth:
         store.save(rep.bandwidth, {h.name: h.address for h in fleet.hosts})
     rep.redact(red or Redactor())

@@ -1,0 +1,29 @@
+"""GPU health's facts: the commands the probe runs for them (one round trip, beside verify's)
+and the raw results kept for verify/health.py, which parses and judges them."""
+
+from __future__ import annotations
+
+from . import nvlink, smi_xml, xid
+
+# name in the probe's reply -> argv. The kernel log since boot can be long: the probe's caps
+# (probe_host.MAX_BYTES) bound it, and the parser keeps only the Xid lines.
+RUN = {"health_xml": smi_xml.COMMAND, "nvlink_status": nvlink.STATUS,
+       "nvlink_errors": nvlink.ERRORS, "kernel_journal": xid.JOURNAL, "kernel_dmesg": xid.DMESG}
+DIAG_LEVELS = (1, 2, 3)
+DIAG_TIMEOUT = {1: 300, 2: 900, 3: 3600}  # dcgmi diag -r 3 takes ~10 min on an 8-GPU node
+
+
+def diag_command(level: int) -> dict:
+    return {"argv": ["dcgmi", "diag", "-r", str(level), "-j"], "timeout": DIAG_TIMEOUT[level]}
+
+
+def probe_run(diag: int | None = None) -> dict:
+    run = dict(RUN)
+    if diag:
+        run["dcgm_diag"] = diag_command(diag)
+    return run
+
+
+def facts(run: dict) -> dict:
+    """The raw results of probe_run()'s commands, as the probe returned them."""
+    return {k: run[k] for k in (*RUN, "dcgm_diag") if k in run}
