@@ -18,6 +18,13 @@ window ends). 0 or unset: plain torchrun. Should torch's agent lack the hooks us
 (SimpleElasticAgent's _start_workers/_monitor_workers and _remaining_restarts), the rule is
 left out with one log line and torchrun restarts as usual.
 
+An elastic job's endpoint (torchrig/launch/elastic.py): with TORCHRIG_RDZV_CANDIDATES (the
+job's nodes' host:port in launch order) this node joins the first other candidate whose store
+answers; when none answers within its turn (TORCHRIG_RDZV_TURN_S times its place in the
+list), it hosts the store itself. When torchrun then fails and the store it used no longer
+answers (the node hosting it is gone), it exits TORCHRIG_RDZV_LOST_EXIT, which its unit
+restarts: the survivors meet again at the next candidate.
+
 Run as `python -m torchrig_torchrun <torchrun arguments>` from the payload release. Standard
 library and torch only."""
 import os
@@ -145,6 +152,49 @@ def agent_class(agent_cls, exit_barrier_timeout=None, early_fail_s: float = 0.0)
     return Agent
 
 
+def answers(endpoint: str, timeout: float = 2.0) -> bool:
+    """Whether something listens at host:port (a rendezvous store)."""
+    import socket
+    host, _, port = endpoint.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def pick_endpoint(candidates: list, me: str, turn_s: float, probe=answers,
+                  clock=time.monotonic, sleep=time.sleep) -> tuple:
+    """(endpoint, is_host): the first other candidate that answers; else, once this node's
+    turn (turn_s per place before it in the list) has passed, this node's own endpoint, as
+    the store's host."""
+    place = candidates.index(me) if me in candidates else len(candidates)
+    deadline = clock() + turn_s * place
+    while True:
+        for c in candidates:
+            if c != me and probe(c):
+                return c, False
+        if clock() >= deadline:
+            return me, True
+        sleep(1.0)
+
+
+def with_endpoint(argv: list, endpoint: str, is_host: bool) -> list:
+    """torchrun's arguments with --rdzv-endpoint and --rdzv-conf's is_host replaced."""
+    out = list(argv)
+    for i, a in enumerate(out[:-1]):
+        if a == "--rdzv-endpoint":
+            out[i + 1] = endpoint
+        elif a == "--rdzv-conf":
+            conf = [kv for kv in out[i + 1].split(",") if not kv.startswith("is_host=")]
+            out[i + 1] = ",".join([f"is_host={'true' if is_host else 'false'}"] + conf)
+    return out
+
+
+def arg_of(argv: list, flag: str):
+    return next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag), None)
+
+
 def _seconds(name: str):
     v = os.environ.get(name)
     if not v:
@@ -162,4 +212,23 @@ if __name__ == "__main__":
     barrier, early_s = _seconds("TORCHRIG_EXIT_BARRIER_TIMEOUT"), _seconds("TORCHRIG_EARLY_FAIL_S")
     if barrier is not None or (early_s or 0) > 0:
         api.LocalElasticAgent = agent_class(api.LocalElasticAgent, barrier, early_s or 0.0)
-    sys.exit(main())
+    cands = [c for c in os.environ.get("TORCHRIG_RDZV_CANDIDATES", "").split(",") if c]
+    if not cands:
+        sys.exit(main())
+    port = cands[0].rpartition(":")[2]
+    me = f"{arg_of(sys.argv, '--local-addr')}:{port}"
+    endpoint, is_host = pick_endpoint(cands, me, _seconds("TORCHRIG_RDZV_TURN_S") or 0.0)
+    _log("torchrig: rendezvous at %s (%s)", endpoint, "hosting it" if is_host else "joining")
+    sys.argv = with_endpoint(sys.argv, endpoint, is_host)
+    try:
+        sys.exit(main())
+    except Exception as e:
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
+        lost = int(os.environ.get("TORCHRIG_RDZV_LOST_EXIT") or 0)
+        if lost and not is_host and not isinstance(e, (ChildFailedError, RendezvousClosedError)) \
+                and not answers(endpoint):
+            _log("torchrig: the rendezvous store at %s is gone (%s: %s); exiting %s so that "
+                 "the unit starts again at the next endpoint", endpoint, type(e).__name__, e, lost)
+            sys.exit(lost)
+        raise

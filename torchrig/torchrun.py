@@ -8,10 +8,11 @@ STANDALONE = ("--standalone",)  # one node: a local rendezvous, no port
 RUN_ID_ENV = "PET_RDZV_ID"
 
 
-def rendezvous(nnodes: int, endpoint: str, is_host: bool, local_addr: str,
-               join_timeout: int | None = None) -> list[str]:
+def rendezvous(nnodes: int | str, endpoint: str, is_host: bool, local_addr: str,
+               join_timeout: int | None = None, conf_extra: dict | None = None) -> list[str]:
     """--standalone for one node; else c10d on `endpoint` (host:port of the first node), the
-    run id in the environment (RUN_ID_ENV)."""
+    run id in the environment (RUN_ID_ENV). nnodes: N, or "MIN:MAX" (an elastic job, whose
+    further c10d settings come in `conf_extra`)."""
     if nnodes == 1:
         return list(STANDALONE)
     # torchrun decides who hosts the c10d store by resolving its own hostname, which on
@@ -19,6 +20,7 @@ def rendezvous(nnodes: int, endpoint: str, is_host: bool, local_addr: str,
     conf = f"is_host={'true' if is_host else 'false'}"
     if join_timeout is not None:
         conf += f",join_timeout={join_timeout}"
+    conf += "".join(f",{k}={v}" for k, v in (conf_extra or {}).items())
     return ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
             "--rdzv-conf", conf,
             "--local-addr", local_addr]  # what the peers dial (the inventory address)

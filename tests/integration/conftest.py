@@ -45,8 +45,8 @@ if platform.system() != "Linux" or os.geteuid() != 0:
     pytest.skip("integration tests need Linux and root (systemd-nspawn, mounts, netns)",
                 allow_module_level=True)
 
-N_HOSTS = 4
-PROFILES = "v100s-nvlink-2,gpu2=h100-nvswitch-8,gpu3=pcie-sys-4"  # gpu4: a second V100S pair
+N_HOSTS = 5  # gpu5: a third V100S pair (the elastic job)
+PROFILES = "v100s-nvlink-2,gpu2=h100-nvswitch-8,gpu3=pcie-sys-4"  # gpu4, gpu5: V100S pairs too
 NODES = "gpu1,gpu4"  # the two V100S pairs the launch tests train on
 WORKER = "'^/opt/torchrig/venv/bin/python[0-9.]* -u train.py'"  # pgrep -f: a job's rank process
 
@@ -56,7 +56,7 @@ WORKER = "'^/opt/torchrig/venv/bin/python[0-9.]* -u train.py'"  # pgrep -f: a jo
 # provisioned; the testbed's down/up before the file that wants a fresh host again; Slurm last.
 FILE_ORDER = [
     "test_provision.py", "test_verify.py", "test_ssh.py", "test_fetch.py", "test_launch.py",
-    "test_user_project.py", "test_data.py",
+    "test_user_project.py", "test_data.py", "test_elastic.py",
     "test_logs_hostile_files.py", "test_launch_hardening.py", "test_launch_failures.py",
     "test_jobs_listing.py", "test_metrics_node_exporter.py", "test_tensorboard_service.py", "test_error_messages.py",
     "test_probe_caps.py", "test_testbed_hosts.py", "test_secrets_on_hosts.py", "test_power.py",

@@ -72,9 +72,17 @@ ROWS = [
     ("save-plan-applies-nothing", ["provision", "-i", "{inv}", "--save-plan", "p.json"], HOST,
      r"--save-plan saves a plan without applying it: add --dry-run"),
     ("nodes-word", ["launch", "-i", "{inv}", "--nodes", "two"], TWO,
-     r"--nodes 'two': expected a whole number >= 1"),
+     r"--nodes 'two': expected N or MIN:MAX, whole numbers with 1 <= MIN <= MAX \(e\.g\. 2 or 2:3\)$"),
     ("nodes-negative", ["launch", "-i", "{inv}", "--nodes=-1", "--dry-run"], TWO,
-     r"--nodes '-1': expected a whole number >= 1"),
+     r"--nodes '-1': expected N or MIN:MAX"),
+    ("nodes-min-above-max", ["launch", "-i", "{inv}", "--nodes", "3:2"], TWO,
+     r"--nodes '3:2': expected N or MIN:MAX"),
+    # an elastic job of the payload whose global batch cannot be the same at 2 and 4 ranks:
+    # refused before any (here unreachable) host is touched
+    ("global-batch-elastic", ["launch", "-i", "{inv}", "--nodes", "1:2", "--nproc-per-node",
+                              "2", "--args", "--global-batch 16"], TWO,
+     r"nothing started: at a world size of 4 ranks \(of 2, 4\): --global-batch 16 is not a "
+     r"multiple of --batch-size 8 x world size 4"),
     ("int-default-flag", ["launch", "-i", "{inv}", "--max-restarts", "x"], HOST,
      r"--max-restarts 'x': expected a whole number >= 0"),
     ("since-overflow", ["logs", "-i", "{inv}", "--job", "j", "--since", "1e999"], HOST,

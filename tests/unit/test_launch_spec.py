@@ -163,9 +163,9 @@ def test_an_unknown_key_names_the_closest_known_one(tmp_path):
 
 
 @pytest.mark.parametrize("text,expected", [
-    ("nodes: two\n", "key 'nodes': expected an integer, got 'two'"),
-    ("nodes: 0\n", "key 'nodes': expected >= 1, got 0"),
-    ("nodes: true\n", "key 'nodes': expected an integer, got True"),
+    ("nodes: two\n", "key 'nodes': expected N or MIN:MAX, whole numbers with 1 <= MIN <= MAX (e.g. 2 or 2:3)"),
+    ("nodes: 0\n", "key 'nodes': expected N or MIN:MAX, whole numbers with 1 <= MIN <= MAX (e.g. 2 or 2:3)"),
+    ("nodes: true\n", "key 'nodes': expected N or MIN:MAX, whole numbers with 1 <= MIN <= MAX (e.g. 2 or 2:3)"),
     ("max_restarts: -1\n", "key 'max_restarts': expected >= 0, got -1"),
     ("rdzv_timeout: '300'\n", "key 'rdzv_timeout': expected an integer, got '300'"),
     ("allow_torch_change: 'yes'\n", "key 'allow_torch_change': expected true or false, got 'yes'"),
@@ -311,7 +311,7 @@ def test_the_tasks_options_reach_service_launch_merged(launched, tmp_path, capsy
     assert (o.workdir, o.requirements, o.allow_torch_change, o.secret_env) == (
         str(tmp_path / "jobs" / "proj"), "requirements.txt", True, ["DATA_URL"])
     assert (seen["nodes"], seen["backend"], seen["partition"], seen["time"]) == (
-        1, "slurm", "gpu", "2:00:00")
+        "1", "slurm", "gpu", "2:00:00")  # N or MIN:MAX, parsed by service.launch
     assert seen["skip_unhealthy"] is True
 
 
@@ -330,7 +330,8 @@ def test_a_bad_number_flag_is_still_named_with_a_spec(launched, tmp_path, capsys
     p = _file(tmp_path, "nodes: 2\n")
     code, seen = launched("--spec", str(p), "--nodes", "two")
     assert code == 1 and not seen
-    assert capsys.readouterr().err.strip() == "error: --nodes 'two': expected a whole number >= 1"
+    assert capsys.readouterr().err.strip() == ("error: --nodes 'two': expected N or MIN:MAX, "
+                                                 "whole numbers with 1 <= MIN <= MAX (e.g. 2 or 2:3)")
 
 
 def test_the_job_file_in_the_docs_validates(tmp_path):

@@ -31,7 +31,7 @@ VALUES = {
                         "table": Shell("inet torchrig"), "firewall_unit": "torchrig.firewall.service",
                         "unit_file": "/etc/systemd/system/torchrig-exp1.service",
                         "marker": "# launch feedc0ffee", "unit_re": r"torchrig-[a-z]+\.service",
-                        "exclusive": 0},
+                        "exclusive": 0, "enable": 1},
     "launch/undo.sh": {**JOB, "marker": "# launch x", "unit_file": "/etc/u.service",
                        "remove": Shell("rm -f /etc/u.service && systemctl daemon-reload")},
     "launch/stop.sh": {"unit": "torchrig-exp1.service", "sampler": "torchrig-gpumon-exp1.service",

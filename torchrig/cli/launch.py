@@ -12,7 +12,9 @@ from .logs import logs
 
 
 @fleet_task(iterable=["env"],
-      help={"nodes": "use the first N selected hosts (the first one hosts the rendezvous)",
+      help={"nodes": "use the first N selected hosts (the first one hosts the rendezvous); "
+                     "MIN:MAX: an elastic job on the first MAX, training on as long as MIN "
+                     "are up and taken back by a node that returns (docs/jobs.md)",
             "nproc_per_node": "processes per node: a number, or 'gpu' = one per GPU "
                               "(2 on hosts with var accelerator: cpu)",
             "script": "the training script: a path inside --workdir, else inside torchrig's "
@@ -75,7 +77,7 @@ def launch(c, inventory=None, host=None, nodes=None, nproc_per_node=None, script
     from torchrig.launch.slurm import SlurmLaunched
     given.update({k: _number(k, given[k], m) for k, m in (
         ("max_restarts", 0), ("start_timeout", 1), ("rdzv_timeout", 1),
-        ("exit_barrier_timeout", 1), ("nodes", 1), ("early_fail_window", 0)) if given[k] is not None})
+        ("exit_barrier_timeout", 1), ("early_fail_window", 0)) if given[k] is not None})
     loaded = None if spec is None else job_spec.load(spec)
     opts = job_spec.merge(loaded, given, str(spec))  # the flags given over the file
     where = [opts.pop(k) for k in job_spec.SERVICE_KEYS]  # nodes, backend, partition, time

@@ -32,6 +32,7 @@ def _status(fleet, job, json_, watch):
         sj, diag, res, trend = rnd.slurm, rnd.diagnosis, rnd.nodes, rnd.trend
         if json_:
             print(json.dumps({"job": job, "nodes": res.as_dict(), **diag,
+                              **({"elastic": rnd.elastic} if rnd.elastic else {}),
                               **({"slurm": sj.as_dict()} if sj else {}),
                               **({"trend": trend.as_dict()} if trend is not None else {})}, indent=2),
                   flush=True)  # each --watch round as it comes, also through a pipe
@@ -41,6 +42,10 @@ def _status(fleet, job, json_, watch):
                 _say(f"slurm job {d['job_id']}: {d['state']} on {','.join(d['nodes'])}"
                      + (f" ({d['reason']})" if d["reason"] not in ("", "None") else ""))
             tables.status_table(job, res, trend)
+            if rnd.elastic:  # (_say: the world line is the job's text)
+                e = rnd.elastic
+                _say(f"elastic job ({e['span']} nodes): {e['state']}"
+                     + (f"; latest world line: {e['world']}" if e["world"] else ""))
             for r in res:
                 if r.ok and r.value.get("journal_cut"):
                     print(f"warning: {r.host}: {r.value['journal_cut']}")

@@ -16,7 +16,7 @@ from . import systemd
 _metrics = payload_module("metrics")  # the one definition of a node's restarts
 
 UNIT_PROPS = ["ActiveState", "SubState", "Result", "NRestarts", "ActiveEnterTimestampMonotonic",
-              "InactiveEnterTimestampMonotonic", "ExecMainStatus", "LoadState"]
+              "InactiveEnterTimestampMonotonic", "ExecMainStatus", "LoadState", "Description"]
 GPU_QUERY = ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total",
              "--format=csv,noheader,nounits"]
 
@@ -199,6 +199,19 @@ def progress(files: dict) -> str | None:
     return found
 
 
+def world_line(files: dict) -> str | None:
+    """rank 0's latest world line (payload/progress.py: every (re)start prints one) in the
+    newest attempt that has one on this node; None where rank 0 never ran here."""
+    found = None
+    for path in sorted(files, key=lambda p: p.split("/")[-2]):
+        got = files[path]
+        ranks = protocol.start_ranks(got.get("first_line", "")) if got else None
+        if got and ranks and ranks[0] == 0:
+            lines = [ln for ln in got["text"].splitlines() if protocol.parse_world(ln)]
+            found = lines[-1] if lines else found
+    return found
+
+
 # characters of a script's last line a node's state keeps: status shows fewer (SHOWN_LINE in
 # launch/status.py), cut after the redactor ran, so no secret is cut in two before it is masked
 LAST_LINE_MAX = 4096
@@ -284,6 +297,7 @@ def state(unit: str, raw: dict, window_s: int) -> dict:
     return {"unit": props, "uptime_s": uptime(props, clock["monotonic"]),
             "ended_at": None, "ran_s": None, **ended(props, clock["time"], clock["monotonic"]),
             "attempt": attempt, "torchrun_starts": starts, **_shown_progress(logs["files"]),
+            "world": world_line(logs["files"]),
             "restarts": restarts(props, attempt),
             "gpus": gpus(raw["run"]["gpus"]),
             "util_samples": util_samples(util, raw["host"]["time"], window_s)}

@@ -57,6 +57,9 @@ def job_logs(fleet: Fleet, job: str, printer: Printer, follow: bool = False,
     journals = diagnose.fetch(fleet, hosts, unit_name(job), ident=journal_ident(job, sj))
     found = diagnose.failures(journals, unit_name(job), res.errors)
     text = diagnose.report(found) or failure_report(res.errors)
+    ended = diagnose.below_min(journals, [h.name for h in hosts])
+    if ended:
+        text = ended + ("\n" + text if text else "")
     lost = lost_nodes(fleet, journals, sj)
     if lost:  # a powered-off node leaves no agent line: say which it was
         text = (f"slurm job {sj.job_id} {sj.as_dict()['state']}: node(s) "

@@ -8,14 +8,16 @@ import shlex
 from dataclasses import dataclass, field
 
 from .. import torchrun
+from . import elastic
 from ..changes import managed
 from ..changes.model import FileChange
 from ..errors import TorchrigError
 from ..render import env_quote, systemd_path, systemd_quote
 from ..secrets import MASK, is_secret, redact_text, url_credentials
-from ..job import DEFAULTS, MEM_FILE, SAMPLER, STOP_GRACE_S, UTIL_FILE, job_folder, unit_name
+from ..job import (DEFAULTS, MEM_FILE, SAMPLER, STOP_GRACE_S, UTIL_FILE, job_folder, stop_record,
+                   unit_name)
 from ..datasets.manifest import dataset_path
-from ..settings import ENV_NAME
+from ..settings import ENV_NAME, JOBS_DIR
 
 def check_env_key(key: str, where: str) -> str:
     if not isinstance(key, str) or not ENV_NAME.fullmatch(key):
@@ -84,10 +86,17 @@ class Job:
     # whose workers all fail within it of their spawn is not restarted (0: torchrun's restarts)
     early_fail_s: int = DEFAULTS.early_fail_window
     data: str | None = None          # the dataset (`launch --data`): <data_dir>/<data> on each node
+    # an elastic job (`--nodes MIN:MAX`): MIN, its nodes being MAX; None: every node, always
+    min_nodes: int | None = None
 
     @property
     def nnodes(self) -> int:
         return len(self.nodes)
+
+    @property
+    def nnodes_arg(self) -> int | str:
+        """torchrun's --nnodes: N, or MIN:MAX for an elastic job."""
+        return self.nnodes if self.min_nodes is None else f"{self.min_nodes}:{self.nnodes}"
 
     @property
     def rdzv_host(self) -> Node:
@@ -99,9 +108,11 @@ def torchrun_argv(job: Job, n: Node, endpoint: str | None = None,
     """Node n's torchrun command line. endpoint/is_host: given where the rendezvous host is
     known only when the job runs (Slurm's allocation), else the job's first node."""
     first = job.rdzv_host
-    rdzv = torchrun.rendezvous(job.nnodes, endpoint or f"{first.address}:{job.rdzv_port}",
+    rdzv = torchrun.rendezvous(job.nnodes_arg, endpoint or f"{first.address}:{job.rdzv_port}",
                                n is first if is_host is None else is_host, n.address,
-                               join_timeout=job.rdzv_timeout)
+                               join_timeout=job.rdzv_timeout,
+                               conf_extra=None if job.min_nodes is None
+                               else elastic.rdzv_conf())
     return torchrun.command(n.venv, rdzv, n.nproc, torchrun.BOUNDED_TORCHRUN,
                             python=job.python) + [
         "--max-restarts", str(job.max_restarts), "--log-dir", job_folder(n.log_dir, job.name),
@@ -139,6 +150,15 @@ def node_env(job: Job, n: Node) -> dict[str, str]:
         "TORCHRIG_CKPT_DIR": job_folder(n.checkpoint_dir, job.name),
         "TORCHRIG_DATA_DIR": n.data_dir,
     }
+    if job.min_nodes is not None:  # the wrapper picks the endpoint that answers (elastic.py)
+        env["TORCHRIG_RDZV_CANDIDATES"] = elastic.candidates([m.address for m in job.nodes],
+                                                             job.rdzv_port)
+        env["TORCHRIG_RDZV_TURN_S"] = str(elastic.CANDIDATE_TURN_S)
+        env["TORCHRIG_RDZV_LOST_EXIT"] = str(elastic.STORE_LOST)
+        # torch shares one workers' store made at the first rendezvous; a node that joins
+        # later then waits for an address that rank 0 never publishes again (a deadlock):
+        # a store per round instead, made by that round's rank 0
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     if job.data:  # checked on every node before the launch (datasets.run.check)
         env["TORCHRIG_DATA"] = dataset_path(n.data_dir, job.data)
     if job.support:
@@ -181,7 +201,12 @@ def data_line(job: Job) -> str:
 
 def render_unit(job: Job, n: Node) -> str:
     return managed.JOB_UNIT.render(marker=launch_marker(job), data=data_line(job),
-                                   firewall=n.firewall,
+                                   firewall=n.firewall, elastic=job.min_nodes is not None,
+                                   elastic_span="" if job.min_nodes is None
+                                   else elastic.description(job.min_nodes, job.nnodes),
+                                   store_lost=elastic.STORE_LOST,
+                                   restart_sec=elastic.RESTART_SEC,
+                                   stop_record=stop_record(JOBS_DIR, job.name),
                   job=job.name, host=n.host, node_rank=n.node_rank, nnodes=job.nnodes,
                   user=n.user, workdir=systemd_path(job.release), env_file=env_path(job.name),
                   run_id_file=managed.JOB_RUN_ID.path(job.name),

@@ -23,7 +23,7 @@ from ..job import (DEFAULTS, JOB_RE, RUNNING_STATES, check_job_name, gpumon_name
 from .plan import (Job, Node, check_env_key, job_changes, job_paths, launch_marker, parse_env, redact_env,
                    split_args, unit_path)
 from ..session import Fleet, Outcome
-from . import stage
+from . import elastic, stage
 from .stage import Staged
 
 GPU_SAMPLE_S = 30  # seconds between samples (GPU use for status, metrics for node_exporter)
@@ -56,6 +56,7 @@ class LaunchOptions:
     early_fail_window: int = DEFAULTS.early_fail_window  # see LaunchDefaults; 0: off
     data: str | None = None            # a dataset (`torchrig data.push`) every node must hold
     data_verify: str = "quick"         # quick: sizes and the push's records; full: re-hash
+    min_nodes: int | None = None       # an elastic job's MIN (service.launch sets it)
 
 
 MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -92,19 +93,41 @@ def check_options(o: LaunchOptions) -> None:
         raise TorchrigError(f"--nproc-per-node {o.nproc!r}: a positive number or 'gpu'")
 
 
-def _node(inv: Inventory, h: Host, rank: int, nproc: str, interface: str | None) -> Node:
-    s = h.settings
+def node_procs(h: Host, nproc: str) -> int:
+    """The processes a node runs: --nproc-per-node, or one per GPU the inventory gives."""
     if nproc == "gpu":
-        n = procs_per_node(s.accelerator, h.gpus or 0)
+        n = procs_per_node(h.settings.accelerator, h.gpus or 0)
         if n < 1:
             raise TorchrigError(f"{h.name}: --nproc-per-node gpu, but the inventory gives no "
                                 "`gpus:` count for it; set it or pass a number")
-    else:
-        try:
-            n = int(nproc)
-            assert n >= 1
-        except (ValueError, AssertionError):
-            raise TorchrigError(f"--nproc-per-node {nproc!r}: a positive number or 'gpu'") from None
+        return n
+    try:
+        n = int(nproc)
+        assert n >= 1
+    except (ValueError, AssertionError):
+        raise TorchrigError(f"--nproc-per-node {nproc!r}: a positive number or 'gpu'") from None
+    return n
+
+
+def is_payload(o: LaunchOptions) -> bool:
+    """The job runs torchrig's example payload (train.py), whose arguments torchrig knows."""
+    return o.workdir is None and o.module is None and o.script == DEFAULTS.script
+
+
+def check_batch(hosts: list[Host], o: LaunchOptions) -> None:
+    """The payload's --global-batch divides at every world size the job may have (an elastic
+    job: its first MIN..MAX nodes), from the inventory alone: before any host is touched."""
+    if not is_payload(o) or not hosts or elastic.flag_value(split_args(o.args),
+                                                             "--global-batch") is None:
+        return
+    procs = [node_procs(h, o.nproc) for h in hosts]
+    sizes = sorted({sum(procs[:k]) for k in range(o.min_nodes or len(hosts), len(hosts) + 1)})
+    elastic.check_global_batch(split_args(o.args), sizes)
+
+
+def _node(inv: Inventory, h: Host, rank: int, nproc: str, interface: str | None) -> Node:
+    s = h.settings
+    n = node_procs(h, nproc)
     return Node(h.name, h.address, rank, s.venv, s.service_user, s.log_dir, s.checkpoint_dir,
                 s.data_dir, n, interface, s.job_env,
                 metrics_dir=s.metrics_dir if s.node_exporter else None, gpu_metrics=s.gpu_metrics,
@@ -117,7 +140,7 @@ def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
     args = split_args(o.args)
     secret_keys = {k for h in hosts for k in h.settings.secret_env} | set(o.secret_env)
     nodes = [_node(inv, h, i, o.nproc, interfaces.get(h.name)) for i, h in enumerate(hosts)]
-    payload = o.workdir is None and o.module is None and o.script == DEFAULTS.script
+    payload = is_payload(o)
     if payload and not any(a.startswith("--ckpt-dir") for a in args):
         args = ["--ckpt-dir", job_folder(nodes[0].checkpoint_dir, o.job)] + args
     # where the node has TensorBoard (var tensorboard), rank 0 logs for `torchrig tensorboard`
@@ -130,7 +153,7 @@ def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
                exit_barrier_timeout=o.exit_barrier_timeout, module=o.module is not None,
                support=staged.support if staged else "",
                python=staged.python if staged else None,
-               early_fail_s=o.early_fail_window, data=o.data)
+               early_fail_s=o.early_fail_window, data=o.data, min_nodes=o.min_nodes)
 
 
 @dataclass
@@ -200,6 +223,7 @@ def launch(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print) -> Laun
     if not hosts:
         raise TorchrigError("no hosts selected")
     check_options(o)  # before any host is touched
+    check_batch(hosts, o)
     src = stage.source(o, hosts[0])
     interfaces = _gate(fleet, hosts, o.job)
     check_data(fleet, hosts, o, log)
@@ -295,7 +319,8 @@ def start_script(job: Job, exclusive: bool, firewall: bool = False) -> str:
     return script("launch/start.sh", **_common(job.name), busy_units=Shell(BUSY_UNITS),
                   firewall=int(firewall), table=Shell(sh(*TABLE)), firewall_unit=UNIT,
                   unit_file=unit_path(job.name), marker=launch_marker(job),
-                  unit_re=rf"torchrig-{JOB_RE.pattern}\.service", exclusive=int(exclusive))
+                  unit_re=rf"torchrig-{JOB_RE.pattern}\.service", exclusive=int(exclusive),
+                  enable=int(job.min_nodes is not None))
 
 
 def _start(fleet: Fleet, h: Host, job: Job) -> None:

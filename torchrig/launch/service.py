@@ -10,23 +10,24 @@ from dataclasses import dataclass
 from ..errors import TorchrigError
 from ..inventory import Host
 from ..session import Fleet, Outcome
-from . import health_gate, run, slurm
+from . import elastic, health_gate, run, slurm
 
 BACKENDS = ("systemd", "slurm")
 
 
-def first_nodes(hosts: list[Host], nodes: int | None) -> list[Host]:
+def first_nodes(hosts: list[Host], nodes: int | str | None) -> list[Host]:
     """`--nodes N` of a systemd job: the first N selected hosts (the first hosts the
-    rendezvous); every selected host without it."""
-    if nodes is None:
+    rendezvous); `MIN:MAX`: the first MAX; every selected host without it."""
+    got = elastic.parse_nodes(nodes)
+    if got is None:
         return hosts
-    if nodes > len(hosts):
+    if got[1] > len(hosts):
         raise TorchrigError(f"--nodes {nodes}: only {len(hosts)} host(s) selected "
                             f"({', '.join(h.name for h in hosts)})")
-    return hosts[:nodes]
+    return hosts[:got[1]]
 
 
-def launch(fleet: Fleet, o: run.LaunchOptions, nodes: int | None = None,
+def launch(fleet: Fleet, o: run.LaunchOptions, nodes: int | str | None = None,
            backend: str | None = None, partition: str | None = None,
            time_limit: str | None = None, log=print,
            skip_unhealthy: bool = False) -> run.Launched | slurm.SlurmLaunched:
@@ -36,7 +37,12 @@ def launch(fleet: Fleet, o: run.LaunchOptions, nodes: int | None = None,
     chosen = backend or (fleet.hosts[0].settings.backend if fleet.hosts else "systemd")
     if chosen not in BACKENDS:
         raise TorchrigError(f"--backend {backend!r}: systemd or slurm")
+    span = elastic.parse_nodes(nodes)
     if chosen == "slurm":
+        if elastic.is_elastic(span):
+            raise TorchrigError(f"--nodes {nodes}: elastic jobs (MIN:MAX) run on the systemd "
+                                "backend only; give Slurm a node count (--nodes N)")
+        nodes = None if span is None else span[0]
         if o.dry_run:
             raise TorchrigError("--dry-run with --backend slurm: not supported (nothing is "
                                 "written on the nodes but the job's folders; the batch script "
@@ -47,6 +53,9 @@ def launch(fleet: Fleet, o: run.LaunchOptions, nodes: int | None = None,
     if partition is not None or time_limit is not None:
         raise TorchrigError("--partition and --time are Slurm's: add --backend slurm")
     first = first_nodes(fleet.hosts, nodes)  # a wrong count is refused before a node is touched
+    if elastic.is_elastic(span):
+        o.min_nodes = span[0]
+    run.check_batch(first, o)  # so is a global batch that does not divide
     fleet.hosts = (first_nodes(health_gate.gate(fleet, fleet.hosts, True, log), nodes)
                    if skip_unhealthy else health_gate.gate(fleet, first, False, log))
     return run.launch(fleet, fleet.hosts, o, log=log)

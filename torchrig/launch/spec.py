@@ -22,6 +22,7 @@ from ..errors import TorchrigError
 from ..inventory import _parse_yaml  # the inventory's loader: duplicate keys, alias bombs refused
 from ..job import DEFAULTS, check_job_name, default_job_name
 from ..settings import ENV_NAME, check_env_mapping, describe
+from . import elastic
 
 EXAMPLE = "jobs/example.yml"  # the commented reference of every key
 MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -66,7 +67,7 @@ class JobSpec(BaseModel):
     script: str | None = None
     module: str | None = None
     args: str | None = None              # a list in the file is joined with shlex.join
-    nodes: int | None = Field(default=None, ge=1)
+    nodes: int | str | None = None       # N, or MIN:MAX (an elastic job)
     nproc_per_node: int | str | None = None
     env: dict[str, str | int | float | bool] = Field(default_factory=dict)
     secret_env: list[str] = Field(default_factory=list)
@@ -100,6 +101,15 @@ class JobSpec(BaseModel):
             from ..datasets.manifest import NAME_RE
             if not NAME_RE.fullmatch(v):
                 raise ValueError(f"expected a dataset name (`torchrig data.ls`), got {v!r}")
+        return v
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _nodes(cls, v: Any) -> Any:
+        try:
+            elastic.parse_nodes(v)
+        except TorchrigError as e:
+            raise ValueError(str(e).removeprefix(f"--nodes {v!r}: ")) from None
         return v
 
     @field_validator("workdir")
@@ -280,7 +290,10 @@ def merge(spec: JobSpec | None, given: dict[str, Any], source: str = "the job fi
         "args": pick("args", ""),
         "env": env,
         "nproc": str(pick("nproc_per_node", DEFAULTS.nproc)),
-        "max_restarts": pick("max_restarts", DEFAULTS.max_restarts),
+        # an elastic job's node loss uses one of torchrun's restarts (a node joining, none)
+        "max_restarts": pick("max_restarts", elastic.ELASTIC_MAX_RESTARTS
+                             if elastic.is_elastic(elastic.parse_nodes(pick("nodes")))
+                             else DEFAULTS.max_restarts),
         "start_timeout": pick("start_timeout", DEFAULTS.start_timeout),
         "rdzv_timeout": pick("rdzv_timeout", DEFAULTS.rdzv_timeout),
         "exit_barrier_timeout": pick("exit_barrier_timeout", DEFAULTS.exit_barrier_timeout),

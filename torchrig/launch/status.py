@@ -19,7 +19,8 @@ from ..secrets import Redactor
 from ..session import Fleet, Outcome
 from ..settings import JOBS_DIR
 from ..trend import Trend
-from . import slurm
+from .. import progress
+from . import elastic, slurm
 from .run import GPU_SAMPLE_S, no_job
 
 
@@ -96,6 +97,7 @@ class StatusRound:
     diagnosis: dict
     slurm: slurm.SlurmJob | None = None
     trend: Trend | None = None
+    elastic: dict | None = None  # an elastic job: elastic.summary()
 
 
 def look(fleet: Fleet, job: str, kept: Watched | None = None) -> StatusRound:
@@ -107,7 +109,8 @@ def look(fleet: Fleet, job: str, kept: Watched | None = None) -> StatusRound:
                             "on no node yet")
     res = node_states(fleet, fleet.hosts, job, sj.as_dict()["state"] if sj else None,
                       journal_ident(job, sj), None if kept is None else kept.nodes)
-    return StatusRound(job, res, diagnosis(fleet, res.journals, job, sj), sj)
+    return StatusRound(job, res, diagnosis(fleet, res.journals, job, sj), sj,
+                       elastic=elastic.summary(list(res), progress.parse_world))
 
 
 def watch(fleet: Fleet, job: str, every: float = 0, red: Redactor | None = None,
@@ -121,6 +124,7 @@ def watch(fleet: Fleet, job: str, every: float = 0, red: Redactor | None = None,
     while True:
         rnd = look(fleet, job, kept)
         rnd.diagnosis, rnd.nodes, rnd.trend = red.data(rnd.diagnosis), red.data(rnd.nodes), trend
+        rnd.elastic = red.data(rnd.elastic)
         cut_last_lines(rnd.nodes)
         if trend is not None:
             for r in rnd.nodes:

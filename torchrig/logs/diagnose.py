@@ -105,6 +105,20 @@ def report(found: list[Failure]) -> str | None:
     return printable("\n".join(out), newlines=True)
 
 
+def below_min(nodes: list[NodeJournal], hosts: list[str]) -> str | None:
+    """`logs --failures`' line for a job whose agents gave up at a rendezvous (fewer nodes than
+    its minimum came back within the rendezvous timeout), naming the nodes whose journal could
+    not be read (lost); None when no agent gave up so."""
+    gave_up = [n.host for n in nodes if n.log.rdzv_timed_out]
+    if not gave_up:
+        return None
+    read = {n.host for n in nodes}
+    lost = [h for h in hosts if h not in read]
+    return (f"job ended below MIN: fewer nodes than its minimum (--nodes MIN) were left within "
+            f"the rendezvous timeout; {', '.join(gave_up)} gave up"
+            + (f"; lost (unreachable): {', '.join(lost)}" if lost else ""))
+
+
 def waiting(nodes: list[NodeJournal], nnodes: int) -> dict[str, str]:
     """What each node's agent waits for, in words, with when it gives up (node-local clock)."""
     rejoining = sum(1 for n in nodes if n.log.state == "rejoining")

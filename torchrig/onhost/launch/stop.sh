@@ -11,6 +11,7 @@ case "$was" in active|activating|reloading|deactivating)
   printf '{"stopped_at": %s, "was": "%s", "by": "stop"}\n' "$(date +%s)" "$was" > {{ record }}.tmp
   mv -f {{ record }}.tmp {{ record }};;
 esac
+systemctl disable --quiet "$u" 2>/dev/null || true  # an elastic job's: no rejoin at boot
 systemctl stop "$u"
 # torchrun exits 1 when SIGTERM stops it (the workers checkpoint and exit 0): a job stopped
 # here did not fail, so it should not read 'failed' afterwards. One that had failed before
