@@ -9,9 +9,9 @@ import pytest
 
 from conftest import invoke, ip_of, provision, sh, steps_of, write_inventory
 
-# gpu4 is not verified here, but provisioning it with gpu3 (one parallel run) saves the launch
-# tests a reboot cycle of their own in a full run
-pytestmark = pytest.mark.provisioned("gpu1", "gpu2", "gpu3", "gpu4")
+# gpu4 and gpu5 are not verified here, but provisioning them with the others (one parallel run)
+# saves the launch and elastic tests a provision and reboot cycle of their own in a full run
+pytestmark = pytest.mark.provisioned("gpu1", "gpu2", "gpu3", "gpu4", "gpu5")
 
 
 def verify(inv, hosts, *flags, timeout=600):
