@@ -397,6 +397,14 @@ def as_root(cxn, command: str) -> str:
     return privileged(command, login_user(cxn))
 
 
+def stream_carried(carrier, cxn, command: str, data, on_out, on_err, *, root: bool = False,
+                   silence: float | None = None):
+    """cxn.stream's contract with the bytes carried by `carrier` (OpenSSH's ssh to the same
+    host: torchrig/openssh.py), root as cxn runs it: root's wrapping stays in this module."""
+    return carrier.stream(as_root(cxn, command) if root else command, data, on_out, on_err,
+                          silence=silence)
+
+
 @dataclass
 class Ran:
     exited: int

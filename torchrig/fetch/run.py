@@ -29,7 +29,7 @@ from ..job import check_job_name
 from ..localfiles import fsync_dir, write_atomic
 from ..onhost import HERE as ONHOST, script
 from .. import openssh
-from ..connections import ConnectionLost, as_root
+from ..connections import ConnectionLost, stream_carried
 from ..quoting import sh
 from ..settings import job_folder
 from ..session import CannotConnect, Fleet, describe_error
@@ -286,8 +286,9 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
                         log(f"{host.name}: {name}: carried over paramiko, not ssh ({not_over})")
                     decided = True
                 if over is not None:  # the same command, root as paramiko does it
-                    rc = over.stream(as_root(cxn, _command(host, request["op"])),
-                                     _stdin(request), write, err.extend, silence=SILENCE)
+                    rc = stream_carried(over, cxn, _command(host, request["op"]),
+                                        _stdin(request), write, err.extend, root=True,
+                                        silence=SILENCE)
                     alive = rc not in (None, openssh.SSH_FAILED)
                 else:
                     rc = cxn.stream(_command(host, request["op"]), _stdin(request), write,
