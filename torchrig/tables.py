@@ -202,12 +202,17 @@ def status_table(job: str, results, trend=None, now: float | None = None) -> Non
         else:
             when = f"up {trends.duration(d['uptime_s'])}" if d.get("uptime_s") else ""
         restarts = d.get("restarts")
+        if (d.get("health") or {}).get("healthy") is False:  # its health watcher found a fault
+            state, style = f"{state} unhealthy", "red"
         t.add_row(markup(r.host), styled(state, style), "" if restarts is None else str(restarts),
                   "" if d["attempt"] is None else str(d["attempt"]), markup(when),
                   progress_cell(d), markup(gpus),  # the job and the node wrote them
                   *([markup(trend.line(r.host))] if trend is not None else []))
     console.print(t)
     for r in results:
+        if r.ok and (r.value.get("health") or {}).get("healthy") is False:
+            console.print(f"[red]{markup(r.host)}: unhealthy: "
+                          f"{markup(r.value['health']['reason'] or 'a fault')}[/]", soft_wrap=True)
         if r.ok and r.value.get("low_util"):
             console.print(f"[yellow]{markup(r.host)}: {markup(r.value['low_util'])}[/]",
                           soft_wrap=True)

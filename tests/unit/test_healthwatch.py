@@ -129,3 +129,28 @@ def test_launch_renders_a_root_watcher_beside_the_sampler():
     assert "torchrig-health@exp1.timer" in plan.render_unit(j, j.nodes[0])
     argv = plan.sampler_argv(j, j.nodes[0])  # the sampler exports the watcher's verdict
     assert argv[argv.index("--health-record") + 1] == "/etc/torchrig/jobs/exp1.health"
+
+
+def test_status_shows_the_unhealthy_node_with_the_catalogs_words(capsys):
+    from _fixtures import FIXTURES
+    from torchrig import tables
+    from torchrig.facts import job_state
+    from torchrig.session import Result
+    rec = judge(line(START + 5, 79, "0000:3b:00"))
+    rec["stopped_at"] = 1_800_000_061.0  # 08:01:01 UTC
+    h = job_state.node_health(json.dumps(rec))
+    assert h["healthy"] is False and h["stopped_at"] == rec["stopped_at"]
+    assert h["reason"] == ("Xid 79 on GPU 0: GPU has fallen off the bus; "
+                           "node's part stopped at 08:01:01 UTC")
+    assert job_state.node_health(None) is None and job_state.node_health("[1]") is None
+    cap = json.loads((FIXTURES / "probe_02_status_reply_testbed_running_job.json").read_text())
+    raw = cap["reply"]
+    raw["read"]["health"] = {"text": json.dumps(rec)}
+    d = job_state.state(cap["unit"], raw, 1800)
+    assert d["health"] == h
+    tables.status_table("j", [Result("gpu1", True, {**d, "low_util": None})])
+    out = capsys.readouterr().out
+    assert "unhealthy" in next(ln for ln in out.splitlines() if ln.startswith("│ gpu1"))
+    assert "gpu1: unhealthy: Xid 79 on GPU 0: GPU has fallen off the bus" in out
+    req = job_state.probe_request("u", "/l", "/l/u.csv", 10, health_file="/etc/torchrig/jobs/j.health")
+    assert req["read"]["health"]["path"] == "/etc/torchrig/jobs/j.health"

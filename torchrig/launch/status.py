@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from ..errors import TorchrigError
 from ..facts import job_state, probe
 from ..inventory import Host
-from ..job import check_job_name, unit_name
+from ..job import check_job_name, health_record, unit_name
 from ..logs import diagnose
 from ..quoting import sh
 from ..secrets import Redactor
@@ -179,7 +179,8 @@ def node_states(fleet: Fleet, hosts: list[Host], job: str, slurm_state: str | No
         window = s.low_util_minutes * 60
         tail = job_state.util_tail(window, h.gpus, GPU_SAMPLE_S)
         k = None if kept is None else kept.setdefault(h.name, {})
-        req = job_state.probe_request(unit, s.job_log_dir(job), s.util_file(job), tail, k)
+        req = job_state.probe_request(unit, s.job_log_dir(job), s.util_file(job), tail, k,
+                                      health_record(JOBS_DIR, job))
         req["journal"] = diagnose.journal_request(unit, keep=0, lines=STATUS_JOURNAL_LINES,
                                                   ident=ident, after=k and k.get("journal"))
         req["journal"]["max_line"] = STATUS_JOURNAL_MAX_LINE
