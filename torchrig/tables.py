@@ -246,7 +246,10 @@ def metrics_table(title: str, results) -> None:
             mfu = x("mfu")
             age = x("last_progress_age_s")
             style = {"active": "green", "failed": "red"}.get(v.state or "", "")
-            state = styled(v.state or "", style) + (
+            if v.unhealthy:  # its health watcher stopped the node's part
+                style = "red"
+            state = styled((v.state or "") + (f" unhealthy ({v.unhealthy})" if v.unhealthy else ""),
+                           style) + (
                 f" [yellow](sampled {v.sample_age_s:.0f}s ago)[/]" if v.stale else "")
             t.add_row(markup(v.node), markup(v.job), state,
                       _num(x("step"), "{:.0f}"), _num(x("loss"), "{:.4g}"),

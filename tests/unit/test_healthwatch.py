@@ -154,3 +154,18 @@ def test_status_shows_the_unhealthy_node_with_the_catalogs_words(capsys):
     assert "gpu1: unhealthy: Xid 79 on GPU 0: GPU has fallen off the bus" in out
     req = job_state.probe_request("u", "/l", "/l/u.csv", 10, health_file="/etc/torchrig/jobs/j.health")
     assert req["read"]["health"]["path"] == "/etc/torchrig/jobs/j.health"
+
+
+def test_metrics_shows_the_unhealthy_node(capsys):
+    from torchrig import tables
+    from torchrig import metrics as service
+    from torchrig.session import Result
+    rec = json.dumps({"healthy": False, "reason": "Xid 79 on GPU 0"})
+    samples = metrics.health_samples("j", "gpu2", rec) + metrics.job_samples(
+        "j", "gpu2", 0, None, None, 0, "failed", START)
+    [v] = service.views(samples, "j")
+    assert v.unhealthy == "xid_79_on_gpu_0" and v.as_dict()["healthy"] == 0.0
+    tables.metrics_table("m", [Result("gpu2", True, [v])])
+    assert "unhealthy (xid_79_on_gpu_0)" in capsys.readouterr().out
+    [ok] = service.views(metrics.health_samples("j", "gpu1", json.dumps({"healthy": True})))
+    assert ok.unhealthy is None and ok.values["healthy"] == 1.0
