@@ -51,6 +51,7 @@ def test_a_node_fault_xid_ends_that_nodes_part_and_status_and_metrics_say_why(te
         assert (health_of(testbed, "gpu1") or {}).get("healthy") is True  # the forged line: nothing
         r = invoke("status", "-i", str(testbed), "-H", NODES, "--job", JOB)
         assert "gpu4: unhealthy: Xid 79 on GPU 0: GPU has fallen off the bus" in r.stdout, r.stdout
+        assert r.returncode == 1 and f"error: job {JOB}: gpu4: unhealthy: Xid 79 on GPU 0" in r.stderr
 
         def gpu4_metrics():
             r = invoke("metrics", "-i", str(testbed), "-H", NODES, "--job", JOB, "--json")

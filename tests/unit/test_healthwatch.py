@@ -169,3 +169,11 @@ def test_metrics_shows_the_unhealthy_node(capsys):
     assert "unhealthy (xid_79_on_gpu_0)" in capsys.readouterr().out
     [ok] = service.views(metrics.health_samples("j", "gpu1", json.dumps({"healthy": True})))
     assert ok.unhealthy is None and ok.values["healthy"] == 1.0
+
+
+def test_status_fails_on_an_unhealthy_node_naming_why():
+    from torchrig.launch.status import node_problems
+    bad = {"unit": {"ActiveState": "failed"}, "health": {"healthy": False, "reason": "Xid 79 on GPU 0: x"}}
+    assert node_problems("gpu4", bad) == ["gpu4: unhealthy: Xid 79 on GPU 0: x"]
+    assert node_problems("gpu1", {"unit": {"ActiveState": "failed"}, "health": None}) == ["gpu1: unit failed"]
+    assert node_problems("gpu1", {"unit": {"ActiveState": "active"}, "health": {"healthy": True}}) == []

@@ -201,9 +201,17 @@ def node_states(fleet: Fleet, hosts: list[Host], job: str, slurm_state: str | No
                                         s.low_util_percent)
         return d
     res = fleet.fan_out(one, hosts)
-    return JobStatus(f"job {job}", res, [f"{r.host}: unit failed" for r in res
-                                         if r.ok and r.value["unit"].get("ActiveState") in FAILED],
+    return JobStatus(f"job {job}", res, [p for r in res if r.ok for p in node_problems(r.host, r.value)],
                      [journals[h.name] for h in hosts if h.name in journals])
+
+
+def node_problems(host: str, d: dict) -> list[str]:
+    """What makes status exit non-zero for one node: its unit failed, or its health watcher
+    found a fault (then the reason says why the unit ended)."""
+    health = d.get("health") or {}
+    if health.get("healthy") is False:
+        return [f"{host}: unhealthy: {health.get('reason') or 'a GPU fault'}"]
+    return [f"{host}: unit failed"] if d["unit"].get("ActiveState") in FAILED else []
 
 
 FAILED = ("failed", "node_fail", "timeout", "out_of_memory", "boot_fail", "deadline")  # unit, Slurm
