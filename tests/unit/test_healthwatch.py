@@ -177,3 +177,39 @@ def test_status_fails_on_an_unhealthy_node_naming_why():
     assert node_problems("gpu4", bad) == ["gpu4: unhealthy: Xid 79 on GPU 0: x"]
     assert node_problems("gpu1", {"unit": {"ActiveState": "failed"}, "health": None}) == ["gpu1: unit failed"]
     assert node_problems("gpu1", {"unit": {"ActiveState": "active"}, "health": {"healthy": True}}) == []
+
+
+def test_the_watcher_records_then_stops_the_unit_once(tmp_path):
+    """main() with stand-in commands first on PATH: the first fault writes the record and
+    stops the job's unit; later rounds keep the verdict and stop nothing again."""
+    import subprocess
+    import sys
+    import time as _time
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    calls = tmp_path / "calls"
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    fakes = {"journalctl": "exit 1",
+             "dmesg": f"cat {kmsg}",
+             "nvidia-smi": "exit 9",
+             "systemctl": f'echo "$*" >> {calls}; [ "$2" = "-p" ] && echo 0; exit 0'}
+    for name, body in fakes.items():
+        (bin_ / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_ / name).chmod(0o755)
+    rec = tmp_path / "j.health"
+    argv = [sys.executable, "-I", str(hw.__file__), "--job", "j", "--unit", "torchrig-j.service",
+            "--launch", "L1", "--record", str(rec), "--app-xids", "13"]
+    env = {"PATH": f"{bin_}:/usr/bin:/bin"}
+
+    def round_():
+        subprocess.run(argv, env=env, check=True, capture_output=True)
+        return json.loads(rec.read_text())
+    assert round_()["healthy"] is True
+    kmsg.write_text(line(_time.time() + 1, 13) + line(_time.time() + 1, 79))
+    got = round_()
+    assert got["healthy"] is False and got["reason"] == "Xid 79 on PCI 0000:5e:00"
+    assert got["stopped_at"] and got["kernel_log"] == "dmesg"
+    round_()
+    stops = [c for c in calls.read_text().splitlines() if c.startswith("stop")]
+    assert stops == ["stop --no-block torchrig-j.service"]
