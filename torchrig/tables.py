@@ -213,6 +213,9 @@ def status_table(job: str, results, trend=None, now: float | None = None) -> Non
         if r.ok and (r.value.get("health") or {}).get("healthy") is False:
             console.print(f"[red]{markup(r.host)}: unhealthy: "
                           f"{markup(r.value['health']['reason'] or 'a fault')}[/]", soft_wrap=True)
+        if r.ok and (r.value.get("health") or {}).get("note"):
+            console.print(f"[yellow]{markup(r.host)}: {markup(r.value['health']['note'])}[/]",
+                          soft_wrap=True)
         if r.ok and r.value.get("low_util"):
             console.print(f"[yellow]{markup(r.host)}: {markup(r.value['low_util'])}[/]",
                           soft_wrap=True)

@@ -213,3 +213,10 @@ def test_the_watcher_records_then_stops_the_unit_once(tmp_path):
     round_()
     stops = [c for c in calls.read_text().splitlines() if c.startswith("stop")]
     assert stops == ["stop --no-block torchrig-j.service"]
+
+
+def test_status_says_when_the_watch_reads_no_kernel_log():
+    from torchrig.facts import job_state
+    blind = job_state.node_health(json.dumps({"healthy": True, "kernel_log": None}))
+    assert blind["healthy"] is True and "could not read the kernel log" in blind["note"]
+    assert job_state.node_health(json.dumps({"healthy": True, "kernel_log": "dmesg"}))["note"] is None

@@ -308,9 +308,12 @@ def node_health(text: str | None) -> dict | None:
     if reason and isinstance(stopped, (int, float)):
         hms = datetime.fromtimestamp(stopped, timezone.utc).strftime("%H:%M:%S UTC")
         reason += f"; node's part stopped at {hms}"
+    blind = "kernel_log" in rec and rec["kernel_log"] is None  # its last round read no log
     return {"healthy": rec["healthy"], "reason": printable(reason) if reason else None,
             "stopped_at": stopped if isinstance(stopped, (int, float)) else None,
-            "checked_at": rec.get("checked_at")}
+            "checked_at": rec.get("checked_at"),
+            "note": "the health watch could not read the kernel log (journalctl -k, dmesg): "
+                    "Xids are not watched here" if blind else None}
 
 
 def state(unit: str, raw: dict, window_s: int) -> dict:
