@@ -180,6 +180,8 @@ def sample(a, now):
     out = []
     if a.gpu and state in BUSY:  # an ended job holds no GPU: no GPU series under its name
         out += metrics.gpu_samples(csv, a.job, a.node)
+    if a.health_record:  # root's file (healthwatch.py's): read, never written, here
+        out += metrics.health_samples(a.job, a.node, read(a.health_record, tail=False)[0])
     out += metrics.job_samples(a.job, a.node, rank, fields,
                                progress_age(a.logdir, line, is_last, mtime, now),
                                restarts, state, now)
@@ -195,6 +197,7 @@ def main(argv=None):
     p.add_argument("--util-file", help="append '<time>,<util %%>...' here (invoke status)")
     p.add_argument("--mem-file", help="append '<time>,<used MiB>,<total MiB>...' here")
     p.add_argument("--textfile-dir", help="node_exporter's textfile folder (none: no .prom file)")
+    p.add_argument("--health-record", help="the health watcher's verdict (torchrig_node_healthy)")
     p.add_argument("--no-gpu", dest="gpu", action="store_false",
                    help="no GPU series (dcgm-exporter exports them)")
     a = p.parse_args(argv)

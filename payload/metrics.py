@@ -8,6 +8,7 @@ Every series carries the labels `job` and `node`; GPU series add `gpu` (nvidia-s
 job series `rank` (the rank whose progress lines they come from: rank 0 prints them).
 """
 
+import json
 import math
 import re
 
@@ -47,6 +48,10 @@ METRICS = {
         "systemd restarts of the agent", NODE, "restarts"),
     "torchrig_job_state": ("gauge", "1 for the job unit's systemd state on this node",
                            NODE + ("state",), "state"),
+    "torchrig_node_healthy": (
+        "gauge", "0 once the node's health watcher found a fault since the job's start (a "
+        "node-fault Xid, new uncorrectable ECC errors, a row remap) and stopped the node's part "
+        "of the job, else 1; reason: the fault, short", NODE + ("reason",), "healthy"),
     "torchrig_sample_timestamp_seconds": (
         "gauge", "unix time the sampler wrote this file", NODE, "sampled_at"),
 }
@@ -228,6 +233,21 @@ def job_samples(job, node, rank, fields, age, restarts, state, now):
             out.append(("torchrig_job_state", dict(base, state=s), 1.0 if s == state else 0.0))
     out.append(("torchrig_sample_timestamp_seconds", base, float(int(now))))
     return out
+
+
+def health_samples(job, node, record_text):
+    """torchrig_node_healthy from the health watcher's record (healthwatch.py's JSON; None or
+    unreadable: no watcher round yet, no series). The reason label is kept short and to
+    [a-z0-9_] (the record is root's, but a label is no place for free text)."""
+    try:
+        record = json.loads(record_text) if record_text else None
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or not isinstance(record.get("healthy"), bool):
+        return []
+    why = "" if record["healthy"] else re.sub(r"[^a-z0-9]+", "_", str(record.get("reason", "")).lower())
+    return [("torchrig_node_healthy", {"job": job, "node": node, "reason": why.strip("_")[:40]},
+             1.0 if record["healthy"] else 0.0)]
 
 
 def prom_name(job):

@@ -55,6 +55,17 @@ def stop_record(jobs_dir: str, job: str) -> str:
     return f"{jobs_dir}/{job}.stopped"
 
 
+def health_record(jobs_dir: str, job: str) -> str:
+    """The node's health watcher's verdict on the job's node (payload/healthwatch.py writes it,
+    root's 0644 JSON in root's jobs folder; status and the sampler read it; a launch of the
+    job removes it)."""
+    return f"{jobs_dir}/{job}.health"
+
+
+HEALTH_WATCH_S = 10  # seconds between the health watcher's rounds on each node
+WATCHER = "healthwatch.py"  # in the payload release (root's), beside smi_xml.py
+
+
 # a unit in one of these states runs the job (stopping, deactivating, still writes its last
 # checkpoint for up to the stop's grace)
 RUNNING_STATES = ("active", "activating", "deactivating", "reloading")

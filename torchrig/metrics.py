@@ -41,11 +41,12 @@ class JobView:
     sample_age_s: float | None = None  # by the node's own clock (node_exporter's node_time_seconds)
     gpus: dict[str, dict[str, float]] = field(default_factory=dict)  # gpu index -> series
     throttled: dict[str, list[str]] = field(default_factory=dict)    # gpu -> reasons now
+    unhealthy: str | None = None  # torchrig_node_healthy 0: its reason label (the watcher's)
 
     def as_dict(self) -> dict:
         return {"job": self.job, "node": self.node, "state": self.state, "rank": self.rank,
                 **self.values, "sample_age_s": self.sample_age_s, "gpus": self.gpus,
-                "throttled": self.throttled,
+                "throttled": self.throttled, "unhealthy": self.unhealthy,
                 **({"note": self.note} if self.note else {})}
 
     @property
@@ -71,6 +72,9 @@ def views(samples: list, job: str | None = None, node_time: float | None = None)
         if name == "torchrig_job_state":
             if value == 1:
                 v.state = labels.get("state")
+        elif name == "torchrig_node_healthy":
+            v.values[KEY[name]] = value
+            v.unhealthy = labels.get("reason") or "a fault" if value == 0 else None
         elif name == "torchrig_gpu_clock_throttle":
             if value == 1:
                 v.throttled.setdefault(labels.get("gpu", ""), []).append(labels.get("reason", ""))

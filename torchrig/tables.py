@@ -202,12 +202,20 @@ def status_table(job: str, results, trend=None, now: float | None = None) -> Non
         else:
             when = f"up {trends.duration(d['uptime_s'])}" if d.get("uptime_s") else ""
         restarts = d.get("restarts")
+        if (d.get("health") or {}).get("healthy") is False:  # its health watcher found a fault
+            state, style = f"{state} unhealthy", "red"
         t.add_row(markup(r.host), styled(state, style), "" if restarts is None else str(restarts),
                   "" if d["attempt"] is None else str(d["attempt"]), markup(when),
                   progress_cell(d), markup(gpus),  # the job and the node wrote them
                   *([markup(trend.line(r.host))] if trend is not None else []))
     console.print(t)
     for r in results:
+        if r.ok and (r.value.get("health") or {}).get("healthy") is False:
+            console.print(f"[red]{markup(r.host)}: unhealthy: "
+                          f"{markup(r.value['health']['reason'] or 'a fault')}[/]", soft_wrap=True)
+        if r.ok and (r.value.get("health") or {}).get("note"):
+            console.print(f"[yellow]{markup(r.host)}: {markup(r.value['health']['note'])}[/]",
+                          soft_wrap=True)
         if r.ok and r.value.get("low_util"):
             console.print(f"[yellow]{markup(r.host)}: {markup(r.value['low_util'])}[/]",
                           soft_wrap=True)
@@ -241,7 +249,10 @@ def metrics_table(title: str, results) -> None:
             mfu = x("mfu")
             age = x("last_progress_age_s")
             style = {"active": "green", "failed": "red"}.get(v.state or "", "")
-            state = styled(v.state or "", style) + (
+            if v.unhealthy:  # its health watcher stopped the node's part
+                style = "red"
+            state = styled((v.state or "") + (f" unhealthy ({v.unhealthy})" if v.unhealthy else ""),
+                           style) + (
                 f" [yellow](sampled {v.sample_age_s:.0f}s ago)[/]" if v.stale else "")
             t.add_row(markup(v.node), markup(v.job), state,
                       _num(x("step"), "{:.0f}"), _num(x("loss"), "{:.4g}"),

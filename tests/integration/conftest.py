@@ -58,7 +58,7 @@ FILE_ORDER = [
     "test_provision.py", "test_verify.py", "test_ssh.py", "test_fetch.py", "test_launch.py",
     "test_user_project.py", "test_data.py", "test_elastic.py",
     "test_logs_hostile_files.py", "test_launch_hardening.py", "test_launch_failures.py",
-    "test_jobs_listing.py", "test_metrics_node_exporter.py", "test_tensorboard_service.py", "test_error_messages.py",
+    "test_jobs_listing.py", "test_metrics_node_exporter.py", "test_healthwatch.py", "test_tensorboard_service.py", "test_error_messages.py",
     "test_probe_caps.py", "test_testbed_hosts.py", "test_secrets_on_hosts.py", "test_power.py",
     "test_report_chromium.py", "test_slurm_provision.py", "test_slurm_jobs.py",
 ]

@@ -101,7 +101,9 @@ def test_prune_files_are_launchs_and_the_record():
                      "/etc/systemd/system/torchrig-gpumon@j1.service",
                      "/etc/systemd/system/torchrig-gpumon@j1.timer",
                      "/etc/systemd/system/torchrig-ended@j1.service",
-                     "/etc/torchrig/jobs/j1.stopped"]
+                     "/etc/systemd/system/torchrig-health@j1.service",
+                     "/etc/systemd/system/torchrig-health@j1.timer",
+                     "/etc/torchrig/jobs/j1.stopped", "/etc/torchrig/jobs/j1.health"]
 
 
 def test_prune_script_checks_again_under_the_lock(tmp_path):

@@ -351,16 +351,20 @@ def test_job_files_go_through_the_change_engine():
         ("/etc/systemd/system/torchrig-exp1.service", "0o644", False),
         ("/etc/systemd/system/torchrig-gpumon@exp1.service", "0o644", False),
         ("/etc/systemd/system/torchrig-gpumon@exp1.timer", "0o644", False),
-        ("/etc/systemd/system/torchrig-ended@exp1.service", "0o644", False)]
+        ("/etc/systemd/system/torchrig-ended@exp1.service", "0o644", False),
+        ("/etc/systemd/system/torchrig-health@exp1.service", "0o644", False),
+        ("/etc/systemd/system/torchrig-health@exp1.timer", "0o644", False)]
     env = written[0][1]
     assert "HF_TOKEN='t0k'" in env.content
     assert "t0k" not in env.diff() and "+HF_TOKEN='***'" in env.diff()  # dry run: masked
     assert "t0k" not in env.script  # base64 in a printf (a builtin): never in any argv
-    # the same job again (a new launch): only the unit's launch line and the run id differ
+    # the same job again (a new launch): only the unit's launch line, the run id and the
+    # health watcher's launch (its start state is the new launch's) differ
     j2 = job(1, env={"HF_TOKEN": "t0k"})
     diffed = plan.job_changes(j2, j2.nodes[0], 30, _facts_of(written))
     assert [p for p, ch in diffed if ch] == ["/etc/torchrig/jobs/exp1.run",
-                                             "/etc/systemd/system/torchrig-exp1.service"]
+                                             "/etc/systemd/system/torchrig-exp1.service",
+                                             "/etc/systemd/system/torchrig-health@exp1.service"]
     d = diffed[2][1].diff()
     assert [ln[:19] for ln in d.splitlines() if ln[:1] in "+-" and ln[:3] not in ("---", "+++")] \
         == ["-# torchrig launch ", "+# torchrig launch "]

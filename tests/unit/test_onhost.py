@@ -13,7 +13,8 @@ from torchrig.onhost import Shell, script
 
 HOSTILE = "a b'c $(touch /tmp/pwned) `id`;\""
 JOB = {"jobs": "/etc/torchrig/jobs", "name": "torchrig-exp1.service", "job": "exp1",
-       "running_states": Shell("active|activating"), "stop_record": "/etc/torchrig/jobs/exp1.stopped"}
+       "running_states": Shell("active|activating"), "stop_record": "/etc/torchrig/jobs/exp1.stopped",
+       "health_record": "/etc/torchrig/jobs/exp1.health"}
 PUSH = {"base": "/opt/torchrig/payload", "h": "0123456789abcdef"}
 DIRS = {"dirs": '{"user": "torchrig", "dirs": [["/var/log/torchrig", "exp1"]]}',
         "dirs_script": Shell(script("launch/jobdirs.py"))}

@@ -86,7 +86,11 @@ GPUMON_SERVICE = ManagedFile("etc/systemd/system/torchrig-gpumon@JOB.service.j2"
 GPUMON_TIMER = ManagedFile("etc/systemd/system/torchrig-gpumon@JOB.timer.j2")
 # started once the job ended: its last sample; it keeps the job's unit (and its times) loaded
 JOB_ENDED = ManagedFile("etc/systemd/system/torchrig-ended@JOB.service.j2")
-LAUNCH_FILES = (JOB_ENV, JOB_RUN_ID, JOB_UNIT, GPUMON_SERVICE, GPUMON_TIMER, JOB_ENDED)
+# root's GPU health watch while the job runs (payload/healthwatch.py)
+HEALTH_SERVICE = ManagedFile("etc/systemd/system/torchrig-health@JOB.service.j2")
+HEALTH_TIMER = ManagedFile("etc/systemd/system/torchrig-health@JOB.timer.j2")
+LAUNCH_FILES = (JOB_ENV, JOB_RUN_ID, JOB_UNIT, GPUMON_SERVICE, GPUMON_TIMER, JOB_ENDED,
+                HEALTH_SERVICE, HEALTH_TIMER)
 
 
 def launch_request(job: str) -> dict[str, list[str]]:

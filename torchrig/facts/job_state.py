@@ -5,13 +5,15 @@ following links (probe_host.py), and every value here is parsed defensively."""
 
 from __future__ import annotations
 
+import json
 import math
+from datetime import datetime, timezone
 
 from .. import progress as protocol
 from ..job import RUNNING_STATES  # still runs (or stops) its job: an uptime, not an end
 from ..resources import payload_module
 from ..terminal import printable
-from . import systemd
+from . import systemd, xid
 
 _metrics = payload_module("metrics")  # the one definition of a node's restarts
 
@@ -28,18 +30,22 @@ def _ranks_tree(logdir: str, tail: int, name: str = "stdout.log") -> dict:
             "read": {"name": name, "tail": tail, "first_line": name == "stdout.log", "mtime": True}}
 
 
+HEALTH_LIMIT = 64 << 10  # the health watcher's record (a few hundred bytes; its start state)
 LOG_TAIL = 64 << 10  # bytes of each rank's stdout.log status reads (its newest progress line)
 
 
 def probe_request(unit: str, logdir: str, util_file: str, util_tail: int,
-                  kept: dict | None = None) -> dict:
+                  kept: dict | None = None, health_file: str | None = None) -> dict:
     """status' reads of a node. util_tail: bytes of the sampler's file (what the low-use
     check looks back over). kept: a `status --watch`'s tails from the last round (follow()):
-    each file is read from where that round ended, not its whole tail again."""
+    each file is read from where that round ended, not its whole tail again. health_file: the
+    node's health watcher's record (job.health_record), read whole each round."""
     req = {"run": {"unit": systemd.show_argv([unit], UNIT_PROPS),
                    "gpus": {"argv": GPU_QUERY, "timeout": 30}},
            "tree": {"logs": _ranks_tree(logdir, LOG_TAIL)},
-           "read": {"util": {"path": util_file, "limit": util_tail, "tail": True}},
+           "read": {"util": {"path": util_file, "limit": util_tail, "tail": True},
+                    **({"health": {"path": health_file, "limit": HEALTH_LIMIT}}
+                       if health_file else {})},
            "host": True}
     if kept is not None:
         req["tree"]["logs"]["since"] = {p: _since(k) for p, k in kept.get("files", {}).items()
@@ -288,6 +294,41 @@ def _shown_progress(files: dict) -> dict:
     return {"progress": p, "last_line": None if p is not None else last_line(files)}
 
 
+def _finding_text(f: dict) -> str:
+    """One finding of the node's health watcher in words, with the catalog's meaning."""
+    gpu = f"GPU {f['gpu']}" if isinstance(f.get("gpu"), int) else f"PCI {f.get('bus')}"
+    if f.get("kind") == "xid" and isinstance(f.get("xid"), int):
+        info = xid.CATALOG.get(f["xid"])
+        return f"Xid {f['xid']} on {gpu}: " + (info.what if info else "not in torchrig's catalog")
+    if f.get("kind") == "ecc":
+        return f"{f.get('now', 0) - f.get('was', 0)} new uncorrectable ECC errors on {gpu}"
+    return f"row remap {f.get('what')} on {gpu}"
+
+
+def node_health(text: str | None) -> dict | None:
+    """The health watcher's record (payload/healthwatch.py's JSON, root's) as status shows it:
+    {"healthy", "reason" (words, the catalog's), "stopped_at" (unix time or None), "checked_at"};
+    None before its first round (or an older launch without it)."""
+    try:
+        rec = json.loads(text) if text else None
+    except ValueError:
+        return None
+    if not isinstance(rec, dict) or not isinstance(rec.get("healthy"), bool):
+        return None
+    found = [f for f in rec.get("findings") or [] if isinstance(f, dict)]
+    reason = "; ".join(_finding_text(f) for f in found[:3]) or None
+    stopped = rec.get("stopped_at")
+    if reason and isinstance(stopped, (int, float)):
+        hms = datetime.fromtimestamp(stopped, timezone.utc).strftime("%H:%M:%S UTC")
+        reason += f"; node's part stopped at {hms}"
+    blind = "kernel_log" in rec and rec["kernel_log"] is None  # its last round read no log
+    return {"healthy": rec["healthy"], "reason": printable(reason) if reason else None,
+            "stopped_at": stopped if isinstance(stopped, (int, float)) else None,
+            "checked_at": rec.get("checked_at"),
+            "note": "the health watch could not read the kernel log (journalctl -k, dmesg): "
+                    "Xids are not watched here" if blind else None}
+
+
 def state(unit: str, raw: dict, window_s: int) -> dict:
     props = systemd.parse_show(raw["run"]["unit"]["out"], [unit])[unit]
     logs = raw["tree"]["logs"]
@@ -300,6 +341,7 @@ def state(unit: str, raw: dict, window_s: int) -> dict:
             "world": world_line(logs["files"]),
             "restarts": restarts(props, attempt),
             "gpus": gpus(raw["run"]["gpus"]),
-            "util_samples": util_samples(util, raw["host"]["time"], window_s)}
+            "util_samples": util_samples(util, raw["host"]["time"], window_s),
+            "health": node_health((raw["read"].get("health") or {}).get("text"))}
 
 

@@ -10,11 +10,16 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from ..resources import payload_module
 from ._text import normalize
 
-# both with ISO timestamps, so that `--since` is judged on the operator's side the same way
-JOURNAL = ["journalctl", "-k", "-b", "-o", "short-iso", "--no-pager", "-q"]
-DMESG = ["dmesg", "--time-format", "iso"]
+# the Xid line and the commands that read the kernel log: one definition, in the node's health
+# watcher (payload/healthwatch.py, stdlib only), loaded here
+_watch = payload_module("healthwatch")
+JOURNAL = _watch.JOURNAL
+DMESG = _watch.DMESG
+kernel_text = _watch.kernel_text
+short_bus = _watch.short_bus
 
 SOURCE = ("NVIDIA, \"Analyzing Xid Errors with the Xid Catalog\" "
           "(docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html) and \"GPU Memory "
@@ -74,6 +79,12 @@ CATALOG: dict[int, XidInfo] = {
 }
 
 
+def app_xids() -> list[int]:
+    """The Xids the catalog calls the application's: the node's health watcher is given these,
+    so every other Xid (a node fault, or one not in the catalog) ends the node's part of a job."""
+    return sorted(code for code, info in CATALOG.items() if not info.node_fault)
+
+
 @dataclass(frozen=True)
 class XidEvent:
     code: int
@@ -87,22 +98,8 @@ class XidEvent:
         return CATALOG.get(self.code)
 
 
-_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})"
-                  r"(?:\.[0-7])?[^)]*\):\s*(\d+),?\s*(.*)$")
-# journalctl -o short-iso: 2026-12-03T14:45:00+0000 host kernel: ...;
-# dmesg --time-format iso: 2026-12-03T14:45:00,123456+00:00 ...
-_STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:[,.]\d+)?([+-]\d\d:?\d\d|Z)?\s")
-
-
-def _when(line: str) -> datetime | None:
-    m = _STAMP.match(line)
-    if not m:
-        return None
-    zone = (m.group(2) or "+0000").replace("Z", "+0000").replace(":", "")
-    try:
-        return datetime.strptime(m.group(1) + zone, "%Y-%m-%dT%H:%M:%S%z")
-    except ValueError:
-        return None
+_XID = _watch.XID_LINE
+_when = _watch.stamp
 
 
 def parse(text: str, since: datetime | None = None) -> list[XidEvent]:
@@ -122,27 +119,9 @@ def parse(text: str, since: datetime | None = None) -> list[XidEvent]:
     return out
 
 
-def short_bus(pci_bus_id: str) -> str:
-    """nvidia-smi's pci.bus_id ("00000000:3B:00.0") as the kernel's Xid line names it
-    ("0000:3b:00"): the last four digits of the domain, bus and device, no function."""
-    domain, _, rest = pci_bus_id.strip().lower().partition(":")
-    return f"{domain[-4:]}:{rest.rsplit('.', 1)[0]}"
-
-
 def gpu_index(bus: str, gpus: dict[str, int]) -> int | None:
     """The GPU index of an Xid's bus, given {pci.bus_id: index} from nvidia-smi."""
     return {short_bus(b): i for b, i in gpus.items()}.get(bus.lower())
-
-
-def kernel_text(journal: dict, dmesg: dict) -> tuple[str, str | None]:
-    """(text, source) of the kernel log from the probe's two runs: the journal's when it has
-    kernel lines, else dmesg's; source None when neither could be read. An empty journal is
-    no proof: a user outside systemd-journal sees only their own journal (exit 0, nothing)."""
-    if journal.get("rc") == 0 and journal.get("out", "").strip():
-        return journal["out"], "journalctl -k"
-    if dmesg.get("rc") == 0:
-        return dmesg.get("out", ""), "dmesg"
-    return "", None
 
 
 def parse_since(text: str, now: datetime | None = None) -> datetime:

@@ -22,7 +22,7 @@ from ..errors import TorchrigError
 from ..facts import job_state, probe, systemd
 from ..facts import slurm as slurm_facts
 from ..inventory import Host
-from ..job import JOB_RE, RUNNING_STATES, gpumon_name, stop_record, unit_name
+from ..job import JOB_RE, RUNNING_STATES, gpumon_name, health_record, stop_record, unit_name
 from ..onhost import Shell, script
 from ..quoting import sh
 from ..session import Fleet
@@ -374,7 +374,7 @@ def job_files(job: str) -> list[str]:
     unit, sampler units, the unit started once it ended) and stop's record."""
     files = job_paths(job)
     files += [p for p in gpumon_paths(job) if p not in files]
-    return files + [stop_record(JOBS_DIR, job)]
+    return files + [stop_record(JOBS_DIR, job), health_record(JOBS_DIR, job)]
 
 
 def prune_script(h: Host, rows: list[JobRow], with_logs: bool, with_checkpoints: bool) -> str:

@@ -14,8 +14,9 @@ from ..changes.model import FileChange
 from ..errors import TorchrigError
 from ..render import env_quote, systemd_path, systemd_quote
 from ..secrets import MASK, is_secret, redact_text, url_credentials
-from ..job import (DEFAULTS, MEM_FILE, SAMPLER, STOP_GRACE_S, UTIL_FILE, job_folder, stop_record,
-                   unit_name)
+from ..job import (DEFAULTS, HEALTH_WATCH_S, MEM_FILE, SAMPLER, STOP_GRACE_S, UTIL_FILE, WATCHER,
+                   health_record, job_folder, stop_record, unit_name)
+from ..facts.xid import app_xids
 from ..datasets.manifest import dataset_path
 from ..settings import ENV_NAME, JOBS_DIR
 
@@ -228,7 +229,7 @@ def sampler_argv(job: Job, n: Node) -> list[str]:
             "--logdir", job_folder(n.log_dir, job.name), "--util-file", util_file(n, job.name),
             "--mem-file", util_file(n, job.name, MEM_FILE)]
     if n.metrics_dir:
-        argv += ["--textfile-dir", n.metrics_dir]
+        argv += ["--textfile-dir", n.metrics_dir, "--health-record", health_record(JOBS_DIR, job.name)]
     if not n.gpu_metrics:
         argv.append("--no-gpu")
     return argv
@@ -250,6 +251,23 @@ def render_gpumon(job: Job, n: Node, interval: int) -> dict[str, str]:
                                                    user=n.user, exec_start=exec_start),
             timer: managed.GPUMON_TIMER.render(job=job.name, main=unit_name(job.name),
                                                interval=interval)}
+
+
+def watcher_argv(job: Job) -> list[str]:
+    """The node's health watcher (payload/healthwatch.py), root's, with the system python
+    (-I: nothing from the environment). The Xids it leaves to the application come from the
+    one catalog (facts/xid.py)."""
+    watcher = "/".join(p for p in (job.release, job.support, WATCHER) if p)
+    return ["/usr/bin/python3", "-I", watcher, "--job", job.name, "--unit", unit_name(job.name),
+            "--launch", job.launch_id, "--record", health_record(JOBS_DIR, job.name),
+            "--app-xids", ",".join(str(x) for x in app_xids())]
+
+
+def render_health(job: Job, interval: int = HEALTH_WATCH_S) -> tuple[str, str]:
+    """The health watcher's service and timer (bodies)."""
+    return (managed.HEALTH_SERVICE.render(job=job.name, exec_start=" ".join(
+                systemd_quote(a) for a in watcher_argv(job))),
+            managed.HEALTH_TIMER.render(job=job.name, main=unit_name(job.name), interval=interval))
 
 
 def render_ended(job: Job, n: Node) -> str:
@@ -277,7 +295,8 @@ def job_changes(job: Job, n: Node, interval: int, facts=None) -> list[tuple[str,
              (managed.JOB_RUN_ID, render_run_id(job), None),
              (managed.JOB_UNIT, render_unit(job, n), None),
              (managed.GPUMON_SERVICE, service, None), (managed.GPUMON_TIMER, timer, None),
-             (managed.JOB_ENDED, render_ended(job, n), None)]
+             (managed.JOB_ENDED, render_ended(job, n), None),
+             *zip((managed.HEALTH_SERVICE, managed.HEALTH_TIMER), render_health(job), (None, None))]
     out = []
     for mf, body, shown in files:
         ch = mf.change(facts, content=body, job=job.name, shown=shown)

@@ -19,7 +19,7 @@ from ..terminal import printable
 from ..settings import JOBS_DIR, job_folder, procs_per_node
 from ..verify.run import verify
 from ..job import (DEFAULTS, JOB_RE, RUNNING_STATES, check_job_name, gpumon_name, job_of_unit, job_port,
-                   stop_record, unit_name)
+                   health_record, stop_record, unit_name)
 from .plan import (Job, Node, check_env_key, job_changes, job_paths, launch_marker, parse_env, redact_env,
                    split_args, unit_path)
 from ..session import Fleet, Outcome
@@ -283,7 +283,8 @@ def _common(job_name: str) -> dict:
     """The values every launch script on a node takes (its lock, its own-unit check)."""
     return {"jobs": JOBS_DIR, "name": unit_name(job_name), "job": job_name,
             "running_states": Shell("|".join(RUNNING_STATES)),
-            "stop_record": stop_record(JOBS_DIR, job_name)}
+            "stop_record": stop_record(JOBS_DIR, job_name),
+            "health_record": health_record(JOBS_DIR, job_name)}
 
 
 def install_script(job: Job, n: Node) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from ..errors import TorchrigError
 from ..facts import job_state, probe
 from ..inventory import Host
-from ..job import check_job_name, unit_name
+from ..job import check_job_name, health_record, unit_name
 from ..logs import diagnose
 from ..quoting import sh
 from ..secrets import Redactor
@@ -183,7 +183,8 @@ def node_states(fleet: Fleet, hosts: list[Host], job: str, slurm_state: str | No
         window = s.low_util_minutes * 60
         tail = job_state.util_tail(window, h.gpus, GPU_SAMPLE_S)
         k = None if kept is None else kept.setdefault(h.name, {})
-        req = job_state.probe_request(unit, s.job_log_dir(job), s.util_file(job), tail, k)
+        req = job_state.probe_request(unit, s.job_log_dir(job), s.util_file(job), tail, k,
+                                      health_record(JOBS_DIR, job))
         req["journal"] = diagnose.journal_request(unit, keep=0, lines=STATUS_JOURNAL_LINES,
                                                   ident=ident, after=k and k.get("journal"))
         req["journal"]["max_line"] = STATUS_JOURNAL_MAX_LINE
@@ -204,9 +205,17 @@ def node_states(fleet: Fleet, hosts: list[Host], job: str, slurm_state: str | No
                                         s.low_util_percent)
         return d
     res = fleet.fan_out(one, hosts)
-    return JobStatus(f"job {job}", res, [f"{r.host}: unit failed" for r in res
-                                         if r.ok and r.value["unit"].get("ActiveState") in FAILED],
+    return JobStatus(f"job {job}", res, [p for r in res if r.ok for p in node_problems(r.host, r.value)],
                      [journals[h.name] for h in hosts if h.name in journals])
+
+
+def node_problems(host: str, d: dict) -> list[str]:
+    """What makes status exit non-zero for one node: its unit failed, or its health watcher
+    found a fault (then the reason says why the unit ended)."""
+    health = d.get("health") or {}
+    if health.get("healthy") is False:
+        return [f"{host}: unhealthy: {health.get('reason') or 'a GPU fault'}"]
+    return [f"{host}: unit failed"] if d["unit"].get("ActiveState") in FAILED else []
 
 
 FAILED = ("failed", "node_fail", "timeout", "out_of_memory", "boot_fail", "deadline")  # unit, Slurm

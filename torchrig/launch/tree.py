@@ -34,9 +34,10 @@ IGNORED = ("__pycache__/", "*.py[cod]", ".pytest_cache/", ".mypy_cache/", ".ruff
 NEVER_DIRS = {".git", ".hg", ".svn"}
 IGNORE_FILE = ".torchrigignore"
 SUPPORT_DIR = ".torchrig"   # torchrig's files in a project's release
-# payload files a project's release carries: the sampler and what it imports, the bounded
+# payload files a project's release carries: the sampler, the health watcher and what they import, the bounded
 # torchrun the unit runs, and the progress module a user script may use
-SUPPORT_FILES = ("gpumon.py", "metrics.py", "progress.py", "torchrig_torchrun.py")
+SUPPORT_FILES = ("gpumon.py", "metrics.py", "progress.py", "torchrig_torchrun.py", "healthwatch.py",
+                 "smi_xml.py")
 LARGEST_SHOWN = 5
 
 

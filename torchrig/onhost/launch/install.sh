@@ -5,6 +5,6 @@ install -d -m 0755 {{ jobs }}
 {% include "launch/jobdirs.sh" %}
 {{ files }}
 # a new launch of the job: the last run's stop record (stop.sh) no longer says anything
-rm -f {{ stop_record }}
+rm -f {{ stop_record }} {{ health_record }}
 systemctl daemon-reload
 systemctl reset-failed {{ name }} 2>/dev/null || true
