@@ -36,9 +36,11 @@ def plan(hosts, action: str, path: str) -> list[Target]:
     check_action(action)
     missing = [h.name for h in hosts if h.bmc is None]
     if missing:
-        raise TorchrigError(f"{path}: host {', '.join(map(repr, missing))} has no 'bmc:' "
-                            "(address, user, password_env): add it to power-control the host "
-                            "out of band, or leave the host out of --host")
+        which = (f"host {missing[0]!r} has" if len(missing) == 1 else
+                 f"hosts {', '.join(map(repr, missing))} have")
+        raise TorchrigError(f"{path}: {which} no 'bmc:' (address, user, password_env): add it "
+                            "to power-control a host out of band, or leave the host out of "
+                            "--host")
     return [Target(h.name, h.bmc, action) for h in hosts]
 
 
