@@ -200,8 +200,21 @@ def test_status_reads_the_span_from_the_unit_and_the_newest_world_line_of_rank_0
 def test_logs_failures_says_a_job_ended_below_min_and_names_the_lost_nodes():
     from types import SimpleNamespace as NS
     from torchrig.logs import diagnose
-    gave_up = NS(host="gpu1", log=NS(rdzv_timed_out=True))
+    gave_up = NS(host="gpu1", log=NS(rdzv_timed_out=True, min_nodes=2, nnodes=3))
     assert diagnose.below_min([gave_up], ["gpu1", "gpu4", "gpu5"]) == (
         "job ended below MIN: fewer nodes than its minimum (--nodes MIN) were left within the "
         "rendezvous timeout; gpu1 gave up; lost (unreachable): gpu4, gpu5")
-    assert diagnose.below_min([NS(host="gpu1", log=NS(rdzv_timed_out=False))], ["gpu1"]) is None
+    assert diagnose.below_min([NS(host="gpu1", log=NS(rdzv_timed_out=False, min_nodes=2,
+                                                       nnodes=3))], ["gpu1"]) is None
+    # a plain job's agent that gave up at a rendezvous waited for a peer, not for a minimum
+    plain = NS(host="gpu1", log=NS(rdzv_timed_out=True, min_nodes=2, nnodes=2))
+    assert diagnose.below_min([plain], ["gpu1", "gpu4"]) is None
+
+
+def test_the_launch_config_gives_min_and_max_nodes():
+    from torchrig.logs import agent
+    from pathlib import Path
+    text = (Path(__file__).parents[1] / "fixtures" /
+            "torchrun_08_journal_info_rejoining_node1of2.txt").read_text()
+    log = agent.parse(text)
+    assert (log.min_nodes, log.nnodes) == (2, 2)

@@ -60,6 +60,7 @@ _BARRIER = re.compile(r"Waiting (\d+(?:\.\d+)?) seconds for other agents to fini
 _BARRIER_END = re.compile(r"Done waiting for other agents|Error waiting on exit barrier")
 _CONF_JOIN = re.compile(r"rdzv_configs\s*:.*'join_timeout': '?(\d+)")
 _CONF_NODES = re.compile(r"^\s+max_nodes\s*:\s*(\d+)")
+_CONF_MIN_NODES = re.compile(r"^\s+min_nodes\s*:\s*(\d+)")
 _CONF_NPROC = re.compile(r"^\s+nproc_per_node\s*:\s*(\d+)")
 _TEE = re.compile(r"^\[default(\d+)\]:(.*)$")
 _START = re.compile(r"^start rank=(\d+) local_rank=(\d+)")
@@ -130,6 +131,7 @@ class AgentLog:
     barrier_timeout: float | None = None
     join_timeout: int | None = None
     nnodes: int | None = None
+    min_nodes: int | None = None            # the launch config's (below nnodes: an elastic job)
     nproc: int = 1                          # processes per node (launch config, else ranks seen)
     restarts: int = 0
     rdzv_timed_out: bool = False
@@ -233,6 +235,9 @@ def parse(text: str) -> AgentLog:
         n = _CONF_NODES.match(body)
         if n:
             log.nnodes = int(n.group(1))
+        n = _CONF_MIN_NODES.match(body)
+        if n:
+            log.min_nodes = int(n.group(1))
         n = _CONF_NPROC.match(body)
         if n:
             nproc = int(n.group(1))

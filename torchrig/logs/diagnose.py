@@ -108,8 +108,11 @@ def report(found: list[Failure]) -> str | None:
 def below_min(nodes: list[NodeJournal], hosts: list[str]) -> str | None:
     """`logs --failures`' line for a job whose agents gave up at a rendezvous (fewer nodes than
     its minimum came back within the rendezvous timeout), naming the nodes whose journal could
-    not be read (lost); None when no agent gave up so."""
-    gave_up = [n.host for n in nodes if n.log.rdzv_timed_out]
+    not be read (lost); None when no agent gave up so, or the job is not elastic (its launch
+    config's min_nodes below max_nodes: a plain job's agent that gave up waited for a peer,
+    not for a minimum)."""
+    gave_up = [n.host for n in nodes if n.log.rdzv_timed_out and n.log.min_nodes is not None
+               and n.log.nnodes is not None and n.log.min_nodes < n.log.nnodes]
     if not gave_up:
         return None
     read = {n.host for n in nodes}
