@@ -9,6 +9,7 @@ import shlex
 import pytest
 
 from conftest import NODES, invoke, launch, sh, status, stop, unit_state, wait_step, wait_until
+from torchrig.launch.run import GPU_SAMPLE_S
 
 pytestmark = pytest.mark.provisioned("gpu1", "gpu4")
 JOB = "t-health"
@@ -53,12 +54,15 @@ def test_a_node_fault_xid_ends_that_nodes_part_and_status_and_metrics_say_why(te
         assert "gpu4: unhealthy: Xid 79 on GPU 0: GPU has fallen off the bus" in r.stdout, r.stdout
         assert r.returncode == 1 and f"error: job {JOB}: gpu4: unhealthy: Xid 79 on GPU 0" in r.stderr
 
-        def gpu4_metrics():
+        def both_metrics():  # each node's sampler runs every GPU_SAMPLE_S, not in step
             r = invoke("metrics", "-i", str(testbed), "-H", NODES, "--job", JOB, "--json")
             nodes = json.loads(r.stdout)["nodes"] if r.stdout.startswith("{") else {}
-            return nodes if [v.get("unhealthy") for v in nodes.get("gpu4", [])] == ["xid_79_on_gpu_0"] else None
-        nodes = wait_until("metrics to show gpu4 unhealthy", gpu4_metrics, 60)
-        assert [v["healthy"] for v in nodes["gpu1"]] == [1.0]
+            bad = [v.get("unhealthy") for v in nodes.get("gpu4", [])] == ["xid_79_on_gpu_0"]
+            good = [v.get("healthy") for v in nodes.get("gpu1", [])] == [1.0]
+            return nodes if bad and good else None
+        nodes = wait_until("metrics to show gpu4 unhealthy and gpu1 healthy", both_metrics,
+                           2 * GPU_SAMPLE_S + 15)
+        assert [v["unhealthy"] for v in nodes["gpu1"]] == [None]
     finally:
         sh(testbed, "gpu4", f"rm -f {KMSG}")
         # gpu1's part waits on its lost peer (this job is not elastic): its graceful stop would

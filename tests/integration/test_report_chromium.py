@@ -55,7 +55,9 @@ def test_report_of_a_finished_job_renders_in_chromium(testbed, tmp_path):
     assert not re.search(r"""(src|href)=["']?https?:""", text)
     plots, console = _browser.rendered(page)
     assert console == []
-    assert set(plots) == {"loss", "throughput", "gpu-util", "gpu-mem", "events", "busbw"}, plots
+    # world: the world line rank 0 prints at every start (one size here: one step)
+    assert set(plots) == {"loss", "throughput", "gpu-util", "gpu-mem", "events", "busbw",
+                          "world"}, plots
     for pid, (want, drawn) in plots.items():
         assert want > 0 and drawn == want, (pid, want, drawn)
     assert plots["loss"][0] >= 6  # steps 5..30 and done
