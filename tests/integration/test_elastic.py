@@ -65,7 +65,10 @@ def test_the_endpoints_node_lost_and_back_then_two_lost_ends_below_min(testbed):
         assert w["world_size"] == 4 and w["from"] == 6 and w["global_batch"] == 96
         assert w["grad_accum"] == 3 and w["step"] % CKPT == 0
         assert last // CKPT * CKPT <= w["step"] <= last + CKPT  # nothing lost but since then
-        wait_step(testbed, job, w["step"] + 5, hosts="gpu4,gpu5")
+        # a checkpoint written by the 2-node world before gpu1 comes back, so the rejoin
+        # resumes from it and says so (from=4); without one it resumes from the 3-node world's
+        # checkpoint (no from=), a race with the node's boot on a loaded machine
+        wait_step(testbed, job, w["step"] + CKPT + 1, hosts="gpu4,gpu5")
 
         machines.start("gpu1")  # it boots; its enabled unit joins the survivors' store
         back = wait_world(testbed, job, "on 3 nodes again", lambda w: w["nodes"] == 3
