@@ -16,6 +16,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from global_batch import DEFAULT_MICRO_BATCH
 from model import PRESETS
 
 # ---- value checks: each an argparse type, one clear message per bad value -------------------
@@ -84,7 +85,7 @@ class TrainConfig:
     synthetic_samples: int = _model(8192, "size of the synthetic data set", pos_int)
     dropout: float = _model(0.0, "dropout probability", nonneg_float)
     # batch and schedule
-    batch_size: int = _batch(8, "per-GPU micro-batch (samples)", pos_int)
+    batch_size: int = _batch(DEFAULT_MICRO_BATCH, "per-GPU micro-batch (samples)", pos_int)
     grad_accum: int = _batch(1, "micro-batches per optimizer step", pos_int)
     global_batch: int | None = _batch(
         None, "samples per optimizer step over all ranks, the same at every world size: the "

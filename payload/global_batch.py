@@ -10,6 +10,10 @@ world sizes cannot all share the global batch before anything starts.
 from __future__ import annotations
 
 
+# --batch-size's default (config.py's): here, where torchrig (without torch) reads it too
+DEFAULT_MICRO_BATCH = 8
+
+
 class BatchError(ValueError):
     """A global batch that the micro-batch and world size cannot make up: the message says
     the numbers and what would divide."""

@@ -145,9 +145,12 @@ def test_a_global_batch_that_does_not_divide_at_some_world_size_is_refused():
 
 def test_the_payload_micro_batch_default_is_the_payloads():
     import re
-    text = (PAYLOAD / "config.py").read_text()
-    assert re.search(r"batch_size: int = _batch\((\d+),", text).group(1) == str(
-        elastic.PAYLOAD_MICRO_BATCH)
+    text = (PAYLOAD / "config.py").read_text()  # its default is global_batch.py's constant
+    assert re.search(r"batch_size: int = _batch\(DEFAULT_MICRO_BATCH,", text)
+    # which launch's check reads: 8 per micro-step and rank by default
+    elastic.check_global_batch(["--global-batch", "32"], [4])
+    with pytest.raises(TorchrigError, match=r"--batch-size 8 x world size 4"):
+        elastic.check_global_batch(["--global-batch", "16"], [4])
 
 
 def test_launch_checks_the_batch_at_every_world_size_from_the_inventory():

@@ -138,12 +138,7 @@ def flag_value(args: list[str], name: str) -> str | None:
     return got
 
 
-# payload/config.py's --batch-size default (that module needs torch; a unit test keeps the two equal)
-PAYLOAD_MICRO_BATCH = 8
-
-
-def check_global_batch(args: list[str], world_sizes: list[int],
-                       default_micro: int = PAYLOAD_MICRO_BATCH) -> None:
+def check_global_batch(args: list[str], world_sizes: list[int]) -> None:
     """The example payload's --global-batch must divide at every world size the job may run
     at (an elastic job's MIN..MAX nodes): refused before anything starts, with the payload's
     own words (payload/global_batch.py). Arguments the payload would refuse are left to it."""
@@ -152,7 +147,7 @@ def check_global_batch(args: list[str], world_sizes: list[int],
         return
     from ..resources import payload_module
     gb = payload_module("global_batch")
-    micro = int(b) if b is not None else default_micro
+    micro = int(b) if b is not None else gb.DEFAULT_MICRO_BATCH  # the payload's own default
     for w in world_sizes:
         try:
             gb.grad_accum_for(int(g), micro, w)
