@@ -6,12 +6,11 @@ the survivors meet at the next candidate and go on from the last checkpoint as t
 three again; two nodes lost end it below MIN. (A plain node's loss is the easier case of the
 same path: the survivors keep their store.)"""
 
-import re
 import time
 
 import pytest
 
-from conftest import ip_of, launch, logs, status, stop, wait_step, wait_unit_ended, wait_until
+from conftest import ip_of, launch, logs, sh, status, stop, wait_step, wait_unit_ended, wait_until
 
 pytestmark = pytest.mark.provisioned("gpu1", "gpu4", "gpu5")
 HOSTS = "gpu1,gpu4,gpu5"
@@ -31,6 +30,17 @@ def wait_world(inv, job, what: str, ok, timeout: float) -> dict:
     return wait_until(f"job {job}'s world line {what}",
                       lambda: ([w for w in worlds(inv, job) if ok(w)] or [None])[-1], timeout,
                       interval=3)
+
+
+def units_journal(inv, job, hosts) -> str:
+    """Each host's unit state and its journal's last lines this boot (a failed wait's context)."""
+    out = []
+    for h in hosts:
+        out.append(f"--- {h}: " + sh(inv, h, f"systemctl show -p ActiveState,SubState,NRestarts "
+                                             f"--value torchrig-{job} | paste -sd' '; journalctl -b "
+                                             f"-u torchrig-{job} --no-pager -o short-monotonic | tail -30",
+                                     check=False))
+    return "\n".join(out)
 
 
 def elastic_state(inv, job) -> str:
@@ -71,8 +81,12 @@ def test_the_endpoints_node_lost_and_back_then_two_lost_ends_below_min(testbed):
         wait_step(testbed, job, w["step"] + CKPT + 1, hosts="gpu4,gpu5")
 
         machines.start("gpu1")  # it boots; its enabled unit joins the survivors' store
-        back = wait_world(testbed, job, "on 3 nodes again", lambda w: w["nodes"] == 3
-                          and w.get("from") == 4, 300)
+        try:
+            back = wait_world(testbed, job, "on 3 nodes again", lambda w: w["nodes"] == 3
+                              and w.get("from") == 4, 300)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\nworld lines: {worlds(testbed, job)}\n"
+                                 f"{units_journal(testbed, job, HOSTS.split(','))}") from None
         assert back["world_size"] == 6 and back["from"] == 4 and back["global_batch"] == 96
         assert back["step"] >= w["step"]
         wait_until("status to say 3 of 3", lambda: elastic_state(testbed, job)
