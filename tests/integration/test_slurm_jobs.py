@@ -125,6 +125,51 @@ def test_compute_node_powered_off_fails_the_job_in_bounded_time_and_is_named(slu
         wait_slurm_idle(c, timeout=180)
 
 
+def test_an_elastic_job_keeps_its_allocation_when_a_node_is_lost_and_trains_on(slurm_cluster):
+    """`--nodes 1:2` through Slurm (issue 25): gpu4 (not the batch script's node) powered off;
+    the survivors meet again without it and train on from the last checkpoint with the global
+    batch unchanged, and Slurm keeps the job (--no-kill) after it marked gpu4 down, where a
+    plain job ends NODE_FAIL (the test above)."""
+    from torchrig import progress
+    from torchrig.testbed import machines
+    from conftest import ip_of
+    c = slurm_cluster
+    job = "sl-elastic"
+    r = launch(c.inv, job, "--backend", "slurm", "--nodes", "1:2", "--nproc-per-node", "2",
+               "--rdzv-timeout", "40", "--args", "--max-steps 1000000 --log-every 5 "
+               "--ckpt-every 10 --global-batch 32 --init-timeout 60", hosts=",".join(c.compute))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "elastic (1:2 nodes): Slurm keeps the job when a node is lost (--no-kill)" in r.stdout
+
+    def world(nodes):
+        r = logs(c.inv, job, "--rank", "0", "--grep", "^world ", hosts=",".join(c.compute))
+        got = [w for w in (progress.parse_world(ln.split("] ", 1)[-1].strip())
+                           for ln in r.stdout.splitlines()) if w and w["nodes"] == nodes]
+        return got and got[-1]
+    first = wait_until("the world line on 2 nodes", lambda: world(2), 120, interval=3)
+    assert (first["world_size"], first["global_batch"], first["grad_accum"]) == (4, 32, 1)
+    before = wait_step(c.inv, job, first["step"] + 12, hosts=",".join(c.compute))
+    machines.power_off("gpu4")
+    try:
+        w = wait_until("the world line on 1 node", lambda: world(1), 180, interval=3)
+        assert (w["world_size"], w["global_batch"], w["grad_accum"], w["from"]) == (2, 32, 2, 4)
+        assert before // 10 * 10 - 10 <= w["step"] <= before + 10  # from the last checkpoint
+        wait_until("slurmctld to mark gpu4 down", lambda: "down" in c.run(
+            "sinfo -h -n gpu4 -o %T", sudo=False, check=False), 150, interval=3)
+        assert slurm_state(c, job) == "RUNNING"
+        wait_step(c.inv, job, w["step"] + 10, hosts="gpu1")  # and it trains on
+        assert slurm_state(c, job) == "RUNNING"
+        r, st = status(c.inv, job, hosts="gpu1")
+        assert st["elastic"]["state"] == "running on 1 of 2 nodes (min 1)", r.stdout
+        r = stop(c.inv, job, hosts="gpu1")
+        assert r.returncode == 0, r.stdout + r.stderr
+    finally:
+        machines.stop("gpu4")
+        machines.start("gpu4")
+        machines.wait_ssh(ip_of(c.inv, "gpu4"), timeout=120)
+        wait_slurm_idle(c, timeout=180)
+
+
 def test_an_unhealthy_node_is_drained_with_the_reason_and_health_resume_resumes_it(slurm_cluster):
     """gpu4's GPU 0 failed a row remap: launch refuses and drains it; `health --resume`
     refuses while it is unhealthy, resumes it once fixed."""

@@ -80,14 +80,6 @@ def test_elastic_torchrun_arguments_and_unit():
     assert a[a.index("--nnodes") + 1] == "3"
 
 
-def test_slurm_refuses_min_max_before_any_host_is_touched():
-    from types import SimpleNamespace as NS
-    fleet = NS(hosts=[NS(name="gpu1", settings=NS(backend="slurm"))])
-    with pytest.raises(TorchrigError, match=r"^--nodes 1:2: elastic jobs \(MIN:MAX\) run on the "
-                                            r"systemd backend only"):
-        service.launch(fleet, LaunchOptions(job="j"), nodes="1:2")
-
-
 def test_a_node_joins_the_first_other_candidate_that_answers():
     w = _wrapper()
     c = ["a:1", "b:1", "c:1"]
@@ -198,6 +190,28 @@ def test_status_reads_the_span_from_the_unit_and_the_newest_world_line_of_rank_0
     assert got["state"] == "below MIN: ended (1 of 3 nodes reachable, min 2)"
     plain = NS(ok=True, value={"unit": {"ActiveState": "active", "Description": "torchrig job x"}})
     assert elastic.summary([plain], progress.parse_world) is None
+
+
+def test_status_of_an_elastic_slurm_job_takes_the_span_from_its_record():
+    """A Slurm job has no unit: status stands Slurm's state (lower case) in, and the span
+    comes from the job's record on the controller (slurm.SlurmJob.span)."""
+    from types import SimpleNamespace as NS
+    from torchrig import progress
+    from torchrig.launch import slurm
+    w1 = "world step=50 world_size=2 nodes=1 global_batch=96 micro_batch=8 grad_accum=6 from=4"
+
+    def node(state, world=None):
+        return NS(ok=True, value={"unit": {"ActiveState": state, "SubState": "slurm"},
+                                  "world": world})
+    sj = slurm.SlurmJob("j", "7", None, {"job_id": "7", "span": [1, 2]})
+    assert sj.span == (1, 2)
+    assert slurm.SlurmJob("j", "7", None, {"span": ["1", 2]}).span is None
+    assert slurm.SlurmJob("j", "7", None, {}).span is None
+    got = elastic.summary([node("running", w1)], progress.parse_world, sj.span)
+    assert got == {"span": "1:2", "state": "running on 1 of 2 nodes (min 1)", "world": w1}
+    assert elastic.summary([node("running", w1)], progress.parse_world, None) is None
+    got = elastic.summary([node("node_fail", w1)], progress.parse_world, (2, 3))
+    assert got["state"] == "below MIN: ended (1 of 3 nodes reachable, min 2)"
 
 
 def test_logs_failures_says_a_job_ended_below_min_and_names_the_lost_nodes():

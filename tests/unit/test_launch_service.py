@@ -52,12 +52,28 @@ def test_more_nodes_than_selected_is_one_error_before_any_node_is_touched(calls)
     assert calls == []
 
 
+SLURM = types.SimpleNamespace(controller="ctl", compute=["gpu1", "gpu2"])
+
+
 def test_the_backend_var_picks_slurm_which_picks_its_own_nodes(calls):
-    fleet = _fleet("gpu1", "gpu2", backend="slurm")
+    fleet = _fleet("gpu1", "gpu2", backend="slurm", slurm_section=SLURM)
     got = service.launch(fleet, run.LaunchOptions(job="j"), nodes=1, partition="p",
                          time_limit="1:00")
     assert got == "slurm-launched"
     assert calls == [("slurm", ["gpu1", "gpu2"], 1, "p", "1:00")]
+
+
+def test_an_elastic_slurm_job_asks_for_max_nodes_and_keeps_min(calls, monkeypatch):
+    monkeypatch.setattr(run, "node_procs", lambda h, nproc: 2)
+    o = run.LaunchOptions(job="j")
+    service.launch(_fleet("gpu1", "gpu2", backend="slurm", slurm_section=SLURM), o, nodes="1:2")
+    assert calls == [("slurm", ["gpu1", "gpu2"], 2, None, None)] and o.min_nodes == 1
+    # a global batch that does not divide at 1 node x 2 or 2 x 2 ranks: before any host
+    o = run.LaunchOptions(job="j", args="--global-batch 12 --batch-size 4")
+    with pytest.raises(TorchrigError, match=r"^nothing started: at a world size of 2 ranks \(of 2, 4\)"):
+        service.launch(_fleet("gpu1", "gpu2", backend="slurm", slurm_section=SLURM), o,
+                       nodes="1:2")
+    assert len(calls) == 1
 
 
 @pytest.mark.parametrize("kw,want", [

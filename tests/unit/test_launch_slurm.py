@@ -35,7 +35,7 @@ def step_of(script):
 
 def run_step(tmp_path, j, node, nodeid, endpoint="10.0.0.2:29412"):
     """The batch script's TORCHRIG_STEP as srun's bash runs it on `node`: what it execs."""
-    script = slurm.render_sbatch(j, 2, "gpu", "1:00:00", 0, [])
+    script = slurm.render_sbatch(j, "gpu", "1:00:00", 0, [])
     bin_ = tmp_path / "bin"
     bin_.mkdir(exist_ok=True)
     (bin_ / "systemd-cat").write_text('#!/bin/sh\nshift\nprintf "%s\\0" "$@" > "$OUT"\n'
@@ -53,7 +53,7 @@ def run_step(tmp_path, j, node, nodeid, endpoint="10.0.0.2:29412"):
 
 
 def test_batch_script_is_valid_bash_with_the_sbatch_options(tmp_path):
-    script = slurm.render_sbatch(job(), 2, "gpu", "2:00:00", 4, ["gpu9"])
+    script = slurm.render_sbatch(job(size=2), "gpu", "2:00:00", 4, ["gpu9"])
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
     opts = [ln for ln in script.splitlines() if ln.startswith("#SBATCH ")]
     assert "#SBATCH --job-name=torchrig-exp1" in opts and "#SBATCH --nodes=2" in opts
@@ -62,14 +62,14 @@ def test_batch_script_is_valid_bash_with_the_sbatch_options(tmp_path):
     assert "#SBATCH --exclude=gpu9" in opts and "#SBATCH --no-requeue" in opts
     assert "#SBATCH --output=/var/log/torchrig/exp1/.slurm-%j.out" in opts
     assert plan.launch_marker(job(launch_id="abc")) in slurm.render_sbatch(
-        job(launch_id="abc"), 2, None, None, 0, [])
-    plain = slurm.render_sbatch(job(), 2, None, None, 0, [])
+        job(launch_id="abc", size=2), None, None, 0, [])
+    plain = slurm.render_sbatch(job(size=2), None, None, 0, [])
     assert "--partition" not in plain and "--signal" not in plain and "--gres" not in plain
 
 
 @pytest.mark.parametrize("node,nodeid,is_host", [("gpu2", 0, True), ("gpu3", 1, False)])
 def test_each_node_runs_the_one_torchrun_argv_with_the_allocations_rendezvous(tmp_path, node, nodeid, is_host):
-    j = job()
+    j = job(size=2)
     argv, env = run_step(tmp_path, j, node, nodeid)
     n = next(x for x in j.nodes if x.host == node)
     # the same builder as the systemd units, the endpoint from the allocation's first node
@@ -85,7 +85,7 @@ def test_each_node_runs_the_one_torchrun_argv_with_the_allocations_rendezvous(tm
 
 
 def test_secrets_stay_out_of_srun_argv(tmp_path):
-    script = slurm.render_sbatch(job(), 2, None, None, 0, [])
+    script = slurm.render_sbatch(job(size=2), None, None, 0, [])
     srun = next(ln for ln in script.splitlines() if ln.startswith("exec srun"))
     assert "s3cr3t" not in srun and "TORCHRIG_STEP" in srun
     # the batch script itself holds it (sent to sbatch on stdin)
@@ -93,7 +93,7 @@ def test_secrets_stay_out_of_srun_argv(tmp_path):
 
 
 def test_unknown_node_refused(tmp_path):
-    step = step_of(slurm.render_sbatch(job(), 2, None, None, 0, []))
+    step = step_of(slurm.render_sbatch(job(size=2), None, None, 0, []))
     r = subprocess.run(["bash", "-c", step + '\neval "$TORCHRIG_STEP"'], capture_output=True,
                        text=True, env={"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "gpu9",
                                        "SLURM_NODEID": "0"})
@@ -152,3 +152,27 @@ def test_verify_with_the_slurm_controller_unreachable_fails_the_cluster_check_no
 
     checks = slurm_checks.cluster_checks(DeadController(), [SimpleNamespace(name="gpu2")], {"gpu2": 2})
     assert [(c.name, c.status, c.detail) for c in checks] == [("slurm", "FAIL", f"controller gpu1: {why}")]
+
+
+def test_torchrun_waits_for_the_allocations_node_count_not_every_candidate(tmp_path):
+    """--nodes 2 of 3 prepared compute hosts: each torchrun expects 2 nodes (it waited for a
+    third that Slurm never started, until the rendezvous timeout)."""
+    argv, _ = run_step(tmp_path, job(size=2), "gpu2", 0)
+    assert argv[argv.index("--nnodes") + 1] == "2"
+
+
+def test_an_elastic_job_keeps_its_allocation_and_meets_at_its_first_node(tmp_path):
+    j = job(size=3, min_nodes=2)
+    script = slurm.render_sbatch(j, None, None, 0, [])
+    opts = [ln for ln in script.splitlines() if ln.startswith("#SBATCH ")]
+    assert "#SBATCH --nodes=2-3" in opts and "#SBATCH --no-kill" in opts
+    srun = next(ln for ln in script.splitlines() if ln.startswith("exec srun"))
+    assert "--no-kill" in srun and "--kill-on-bad-exit" not in srun
+    plain = slurm.render_sbatch(job(size=3), None, None, 0, [])
+    assert "#SBATCH --nodes=3" in plain and "--no-kill" not in plain
+    # each node's torchrun meets at the allocation's first node (the wrapper's list of
+    # endpoints, TORCHRIG_RDZV_CANDIDATES, is the systemd units' alone)
+    argv, step_env = run_step(tmp_path, j, "gpu3", 1)
+    assert "TORCHRIG_RDZV_CANDIDATES" not in step_env
+    assert argv == plan.torchrun_argv(j, j.nodes[2], "10.0.0.2:29412", False)
+    assert argv[argv.index("--nnodes") + 1] == "2:3"

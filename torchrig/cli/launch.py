@@ -120,6 +120,10 @@ def _slurm_started(c, res, inventory, follow, accept_new_host_keys):
         st = sj.state
         _say(f"job {j.name} queued as slurm job {sj.job_id} "
              f"({st.state if st else '?'}: {st.reason if st else '?'})")
+    if j.min_nodes is not None:
+        print(f"  elastic ({j.min_nodes}:{j.nnodes} nodes): Slurm keeps the job when a node is "
+              f"lost (--no-kill); it goes on with the others while {j.min_nodes} or more remain. "
+              "Slurm adds no node to a running job: a node that comes back does not rejoin")
     print(f"  follow:  torchrig logs{inv_flag} --job {j.name} -f")
     print(f"  status:  torchrig status{inv_flag} --job {j.name}")
     print(f"  stop:    torchrig stop{inv_flag} --job {j.name}")

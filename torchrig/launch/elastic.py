@@ -21,6 +21,8 @@ NODES_RE = re.compile(r"([0-9]{1,4})(?::([0-9]{1,4}))?")
 # torchrun's exit status (payload/torchrig_torchrun.py) when its rendezvous store is gone:
 # the unit restarts it (RestartForceExitStatus=) and it picks the next endpoint that answers
 STORE_LOST = 75  # EX_TEMPFAIL
+# the wrapper's list of the job's endpoints, in the order they take the store over
+CANDIDATES_ENV = "TORCHRIG_RDZV_CANDIDATES"
 # seconds a candidate waits per place in the list for an earlier one to answer before it
 # hosts the store itself (room for the earlier node's torchrun to start its store)
 CANDIDATE_TURN_S = 20
@@ -86,16 +88,23 @@ def span_of(unit_description: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def summary(nodes: list, world_of=None) -> dict | None:
+# a node's state as status has it (ActiveState; a Slurm job's state, lower case, stands in)
+UP_STATES = ("active", "activating", "reloading", "running", "completing")
+FAILED_STATES = ("failed", "node_fail", "timeout", "out_of_memory")
+
+
+def summary(nodes: list, world_of=None, span: tuple[int, int] | None = None) -> dict | None:
     """status' line about an elastic job from its nodes' states (Outcome results: .ok and
     .value, job_state.state's dict): {"span", "state", "world"}; None for another job.
-    world_of: the world line's parser (progress.parse_world)."""
+    world_of: the world line's parser (progress.parse_world). span: (MIN, MAX) where no unit
+    holds it (a Slurm job's record); else the units' Description."""
     got = [r.value for r in nodes if r.ok and isinstance(r.value, dict)]
-    span = next((s for s in (span_of(d["unit"].get("Description", "")) for d in got) if s), None)
+    span = span or next((s for s in (span_of(d["unit"].get("Description", "")) for d in got)
+                         if s), None)
     if span is None:
         return None
-    up = sum(1 for d in got if d["unit"].get("ActiveState") in ("active", "activating", "reloading"))
-    failed = any(d["unit"].get("ActiveState") == "failed" for d in got)
+    up = sum(1 for d in got if d["unit"].get("ActiveState") in UP_STATES)
+    failed = any(d["unit"].get("ActiveState") in FAILED_STATES for d in got)
     worlds = [(w["step"], line, w) for line, w in
               ((d.get("world"), world_of(d["world"]) if d.get("world") and world_of else None)
                for d in got) if w]

@@ -89,10 +89,13 @@ class Job:
     data: str | None = None          # the dataset (`launch --data`): <data_dir>/<data> on each node
     # an elastic job (`--nodes MIN:MAX`): MIN, its nodes being MAX; None: every node, always
     min_nodes: int | None = None
+    # Slurm: how many of the candidate nodes (job.nodes, prepared) it runs on, at most; Slurm
+    # picks which. None: every node
+    size: int | None = None
 
     @property
     def nnodes(self) -> int:
-        return len(self.nodes)
+        return self.size or len(self.nodes)
 
     @property
     def nnodes_arg(self) -> int | str:
@@ -152,7 +155,7 @@ def node_env(job: Job, n: Node) -> dict[str, str]:
         "TORCHRIG_DATA_DIR": n.data_dir,
     }
     if job.min_nodes is not None:  # the wrapper picks the endpoint that answers (elastic.py)
-        env["TORCHRIG_RDZV_CANDIDATES"] = elastic.candidates([m.address for m in job.nodes],
+        env[elastic.CANDIDATES_ENV] = elastic.candidates([m.address for m in job.nodes],
                                                              job.rdzv_port)
         env["TORCHRIG_RDZV_TURN_S"] = str(elastic.CANDIDATE_TURN_S)
         env["TORCHRIG_RDZV_LOST_EXIT"] = str(elastic.STORE_LOST)

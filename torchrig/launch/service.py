@@ -39,15 +39,16 @@ def launch(fleet: Fleet, o: run.LaunchOptions, nodes: int | str | None = None,
         raise TorchrigError(f"--backend {backend!r}: systemd or slurm")
     span = elastic.parse_nodes(nodes)
     if chosen == "slurm":
-        if elastic.is_elastic(span):
-            raise TorchrigError(f"--nodes {nodes}: elastic jobs (MIN:MAX) run on the systemd "
-                                "backend only; give Slurm a node count (--nodes N)")
-        nodes = None if span is None else span[0]
+        nodes = None if span is None else span[1]
+        if elastic.is_elastic(span):  # sbatch --nodes=MIN-MAX --no-kill (templates/slurm)
+            o.min_nodes = span[0]
         if o.dry_run:
             raise TorchrigError("--dry-run with --backend slurm: not supported (nothing is "
                                 "written on the nodes but the job's folders; the batch script "
                                 "goes to sbatch)")
         slurm.check_slurm_options(partition, time_limit)  # a bad flag before a node is touched
+        first, n = slurm.allocatable(fleet, fleet.hosts, nodes)
+        run.check_batch(first[:n], o)  # so is a global batch that does not divide
         hosts = health_gate.gate_slurm(fleet, fleet.hosts, skip_unhealthy, log)
         return slurm.launch(fleet, hosts, o, nodes, partition, time_limit, log=log)
     if partition is not None or time_limit is not None:

@@ -20,6 +20,7 @@ from ..session import Fleet
 from ..settings import JOBS_DIR, job_folder
 from ..torchrun import RUN_ID_ENV
 from ..job import STOP_GRACE_S
+from . import elastic
 from .plan import Job, launch_marker, node_env, torchrun_argv
 
 # `--time` as sbatch takes it: minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or UNLIMITED
@@ -68,10 +69,14 @@ def _words(argv: list[str]) -> str:
 
 def render_step(job: Job) -> str:
     """The per-node script srun runs: each candidate node's env and torchrun (host or peer
-    variant, chosen by SLURM_NODEID), exec'ed with its output in the journal."""
+    variant, chosen by SLURM_NODEID), exec'ed with its output in the journal. An elastic
+    job meets at the allocation's first node too (no list of endpoints to take the store
+    over: that node runs the batch script, and Slurm ends the job when it is lost)."""
     nodes = []
     for n in job.nodes:
-        env = [f"{k}={sh(v)}" for k, v in {**node_env(job, n), RUN_ID_ENV: job.run_id}.items()]
+        env = {**node_env(job, n), RUN_ID_ENV: job.run_id}
+        env.pop(elastic.CANDIDATES_ENV, None)
+        env = [f"{k}={sh(v)}" for k, v in env.items()]
         nodes.append({"host": sh(n.host), "env": env,
                       "host_argv": _words(torchrun_argv(job, n, ENDPOINT, True)),
                       "peer_argv": _words(torchrun_argv(job, n, ENDPOINT, False))})
@@ -79,12 +84,15 @@ def render_step(job: Job) -> str:
                   identifier=sh(identifier(job.name)))
 
 
-def render_sbatch(job: Job, nnodes: int, partition: str | None, time_limit: str | None,
+def render_sbatch(job: Job, partition: str | None, time_limit: str | None,
                   gpus: int, exclude: list[str]) -> str:
-    """The batch script for `nnodes` of the job's candidate nodes (job.nodes: every node the
-    payload and folders were prepared on; Slurm picks which)."""
+    """The batch script for job.nnodes of the job's candidate nodes (job.nodes: every node the
+    payload and folders were prepared on; Slurm picks which); an elastic job's MIN-MAX."""
     first = job.nodes[0]
-    return render("slurm/JOB.sbatch.j2", job=job.name, marker=launch_marker(job), nnodes=nnodes,
+    el = job.min_nodes is not None
+    return render("slurm/JOB.sbatch.j2", job=job.name, marker=launch_marker(job),
+                  nnodes=job.nnodes, elastic=el,
+                  nodes_spec=f"{job.min_nodes}-{job.nnodes}" if el else job.nnodes,
                   release=job.release, partition=partition, time=time_limit, grace=STOP_GRACE_S,
                   gpus=gpus, exclude=",".join(exclude),
                   output=f"{job_folder(first.log_dir, job.name)}/{BATCH_OUT}",
@@ -109,6 +117,14 @@ class SlurmJob:
         if self.state and self.state.nodes:
             return self.state.nodes
         return list(self.record.get("nodes", []))
+
+    @property
+    def span(self) -> tuple[int, int] | None:
+        """An elastic job's (MIN, MAX) nodes, from its record; None for another job."""
+        got = self.record.get("span")
+        if isinstance(got, list) and len(got) == 2 and all(type(x) is int for x in got):
+            return got[0], got[1]
+        return None
 
     def as_dict(self) -> dict:
         return {"job_id": self.job_id, "state": self.state.state if self.state else "UNKNOWN",
@@ -213,6 +229,19 @@ def workers_command(logdir: str) -> str:
     return f"ls -d {sh(logdir)}/*/attempt_*/[0-9]* 2>/dev/null | wc -l"
 
 
+def allocatable(fleet: Fleet, hosts: list[Host], nnodes: int | None) -> tuple[list[Host], int]:
+    """(the selected compute hosts, how many of them the job gets: nnodes, or all)."""
+    compute = cluster(fleet.inv).compute
+    candidates = [h for h in hosts if h.name in compute]
+    if not candidates:
+        raise TorchrigError(f"no Slurm compute host selected (compute: {', '.join(compute)})")
+    n = len(candidates) if nnodes is None else nnodes
+    if n > len(candidates):
+        raise TorchrigError(f"--nodes {n}: only {len(candidates)} Slurm compute host(s) selected "
+                            f"({', '.join(h.name for h in candidates)})")
+    return candidates, n
+
+
 @dataclass
 class SlurmLaunched:
     job: Job
@@ -233,13 +262,7 @@ def launch(fleet: Fleet, hosts: list[Host], o, nnodes: int | None, partition: st
     check_options(o)
     check_slurm_options(partition, time_limit)
     src = stage.source(o, hosts[0])
-    candidates = [h for h in hosts if h.name in s.compute]
-    if not candidates:
-        raise TorchrigError(f"no Slurm compute host selected (compute: {', '.join(s.compute)})")
-    n = len(candidates) if nnodes is None else nnodes
-    if n > len(candidates):
-        raise TorchrigError(f"--nodes {n}: only {len(candidates)} Slurm compute host(s) selected "
-                            f"({', '.join(h.name for h in candidates)})")
+    candidates, n = allocatable(fleet, hosts, nnodes)
     ctl = fleet.inv.host(s.controller)
     running = live_job_named(fleet, ctl, o.job)
     if running:
@@ -251,6 +274,7 @@ def launch(fleet: Fleet, hosts: list[Host], o, nnodes: int | None, partition: st
               candidates[0].settings.service_user)
     staged = stage.stage(fleet, candidates, src, log=log)
     job = plan_job(fleet.inv, candidates, o, staged.release, interfaces, staged)
+    job.size = n
     by_name = {h.name: h for h in candidates}
 
     def dirs(nd):
@@ -264,19 +288,20 @@ def launch(fleet: Fleet, hosts: list[Host], o, nnodes: int | None, partition: st
         raise TorchrigError("nothing submitted: making the job's folders failed: " + "; ".join(bad))
     gpus = job.nodes[0].nproc if candidates[0].settings.accelerator == "cuda" else 0
     exclude = [c for c in s.compute if c not in by_name]
-    batch = render_sbatch(job, n, partition, time_limit, gpus, exclude)
+    batch = render_sbatch(job, partition, time_limit, gpus, exclude)
     r = fleet.run(ctl, submit_command(job.nodes[0].user), root=True, timeout=60, data=batch)
     job_id = facts.parse_sbatch(r.stdout) if r.exited == 0 else None
     if job_id is None:
         raise TorchrigError(f"sbatch on {ctl.name} refused job {job.name}: "
                             f"{(r.stderr or r.stdout).strip()[-300:]}")
+    span = {} if job.min_nodes is None else {"span": [job.min_nodes, n]}
     write_record(fleet, ctl, job.name, {"job_id": job_id, "launch_id": job.launch_id,
-                                        "nnodes": n, "submitted": time.time()})
+                                        "nnodes": n, "submitted": time.time(), **span})
     sj = SlurmJob(job.name, job_id, None, {"job_id": job_id})
     log(f"slurm job {job_id} submitted on {ctl.name}")
     started = _confirm(fleet, ctl, job, sj, o.start_timeout)
     write_record(fleet, ctl, job.name, {"job_id": job_id, "launch_id": job.launch_id,
-                                        "nnodes": n, "nodes": sj.nodes})
+                                        "nnodes": n, "nodes": sj.nodes, **span})
     return SlurmLaunched(job, sj, started, round(time.monotonic() - t0, 2))
 
 

@@ -110,7 +110,8 @@ def look(fleet: Fleet, job: str, kept: Watched | None = None) -> StatusRound:
     res = node_states(fleet, fleet.hosts, job, sj.as_dict()["state"] if sj else None,
                       journal_ident(job, sj), None if kept is None else kept.nodes)
     return StatusRound(job, res, diagnosis(fleet, res.journals, job, sj), sj,
-                       elastic=elastic.summary(list(res), progress.parse_world))
+                       elastic=elastic.summary(list(res), progress.parse_world,
+                                               sj.span if sj is not None else None))
 
 
 def watch(fleet: Fleet, job: str, every: float = 0, red: Redactor | None = None,
