@@ -25,6 +25,14 @@ list), it hosts the store itself. When torchrun then fails and the store it used
 answers (the node hosting it is gone), it exits TORCHRIG_RDZV_LOST_EXIT, which its unit
 restarts: the survivors meet again at the next candidate.
 
+A membership change of an elastic job (--nnodes MIN:MAX): torchrun's agents restart their
+workers when a node waits to join, each on its own next look, and stop them with SIGTERM. The
+example payload stops every rank at one step on a SIGTERM to any (a consistent checkpoint),
+so a node whose agent has not looked yet sees its workers end with exit 0 and would take that
+as the end of the job (exit barrier, then gone: the new world forms without it). While a node
+waits to join, a worker group that succeeded is restarted with the new membership instead;
+a job that really finished resumes at its last step and ends at once in the new world.
+
 Run as `python -m torchrig_torchrun <torchrun arguments>` from the payload release. Standard
 library and torch only."""
 import os
@@ -78,10 +86,18 @@ def hooks_missing(agent_cls) -> list:
             if not callable(getattr(agent_cls, n, None))]
 
 
-def agent_class(agent_cls, exit_barrier_timeout=None, early_fail_s: float = 0.0):
+def is_elastic(argv: list) -> bool:
+    """torchrun's --nnodes is MIN:MAX with MIN below MAX."""
+    lo, _, hi = (arg_of(argv, "--nnodes") or "").partition(":")
+    return bool(hi) and lo.isdigit() and hi.isdigit() and int(lo) < int(hi)
+
+
+def agent_class(agent_cls, exit_barrier_timeout=None, early_fail_s: float = 0.0,
+                elastic: bool = False):
     """The agent class with `exit_barrier_timeout` defaulting to `exit_barrier_timeout` (None:
-    torchrun's) and the early-failure rule (module doc) for a window of early_fail_s seconds
-    (<= 0: none). torchrun's launcher passes everything but the spec by keyword."""
+    torchrun's), the early-failure rule (module doc) for a window of early_fail_s seconds
+    (<= 0: none) and, for an elastic job, the membership rule (module doc). torchrun's
+    launcher passes everything but the spec by keyword."""
     early = early_fail_s > 0
     if early and hooks_missing(agent_cls):
         _log("torchrig: early-failure rule off: torch's agent has no %s; failed groups restart "
@@ -109,6 +125,23 @@ def agent_class(agent_cls, exit_barrier_timeout=None, early_fail_s: float = 0.0)
             return ids
 
         def _monitor_workers(self, worker_group):
+            result = self._torchrig_monitor(worker_group)
+            if elastic and result.state.name == "SUCCEEDED":
+                try:
+                    waiting = worker_group.spec.rdzv_handler.num_nodes_waiting()
+                except Exception as e:  # noqa: BLE001 - the store is gone: torchrun's verdict
+                    _log("torchrig: membership rule: the rendezvous did not answer (%s: %s)",
+                         type(e).__name__, e)
+                    waiting = 0
+                if waiting > 0:
+                    _log("torchrig: the local workers ended cleanly while %s node(s) wait to "
+                         "join: a membership change (a peer's workers were stopped for it), "
+                         "not the end of the job; restarting with the new membership", waiting)
+                    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+                    return RunResult(state=WorkerState.HEALTHY)  # its loop then restarts
+            return result
+
+        def _torchrig_monitor(self, worker_group):
             if self._torchrig_off:
                 return super()._monitor_workers(worker_group)
             try:
@@ -210,8 +243,10 @@ if __name__ == "__main__":
     from torch.distributed.launcher import api
     from torch.distributed.run import main
     barrier, early_s = _seconds("TORCHRIG_EXIT_BARRIER_TIMEOUT"), _seconds("TORCHRIG_EARLY_FAIL_S")
-    if barrier is not None or (early_s or 0) > 0:
-        api.LocalElasticAgent = agent_class(api.LocalElasticAgent, barrier, early_s or 0.0)
+    elastic = is_elastic(sys.argv)
+    if barrier is not None or (early_s or 0) > 0 or elastic:
+        api.LocalElasticAgent = agent_class(api.LocalElasticAgent, barrier, early_s or 0.0,
+                                            elastic)
     cands = [c for c in os.environ.get("TORCHRIG_RDZV_CANDIDATES", "").split(",") if c]
     if not cands:
         sys.exit(main())

@@ -80,6 +80,46 @@ def test_an_agent_without_the_hooks_keeps_plain_torchrun(caplog):
     assert "early-failure rule off: torch's agent has no _start_workers" in caplog.text
 
 
+def test_an_elastic_group_that_ended_cleanly_while_a_node_waits_to_join_restarts(caplog):
+    """The full run's failure: gpu1 came back, gpu4's agent stopped its workers for the new
+    membership, the payload's stop agreement ended gpu5's workers with exit 0 before gpu5's
+    agent looked, and gpu5 took that for the end of the job: the world formed without it."""
+    from types import SimpleNamespace as NS
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+
+    class Base:
+        def __init__(self, *a, **k):
+            pass
+
+        def _start_workers(self, wg):
+            return {}
+
+        def _invoke_run(self):
+            pass
+
+        def _monitor_workers(self, wg):
+            return RunResult(state=wg.state)
+
+    def group(state, waiting):
+        def num_nodes_waiting():
+            if isinstance(waiting, Exception):
+                raise waiting
+            return waiting
+        return NS(state=state, spec=NS(rdzv_handler=NS(num_nodes_waiting=num_nodes_waiting)))
+
+    elastic, plain = tt.agent_class(Base, elastic=True)(), tt.agent_class(Base)()
+    S, F = WorkerState.SUCCEEDED, WorkerState.FAILED
+    assert elastic._monitor_workers(group(S, 1)).state == WorkerState.HEALTHY
+    assert "while 1 node(s) wait to join: a membership change" in caplog.text
+    assert elastic._monitor_workers(group(S, 0)).state == S  # the job's end
+    assert elastic._monitor_workers(group(F, 1)).state == F  # torchrun's own restart
+    assert plain._monitor_workers(group(S, 1)).state == S    # a plain job: torchrun's rules
+    assert elastic._monitor_workers(group(S, OSError("store gone"))).state == S
+    assert [tt.is_elastic(["--nnodes", v]) for v in ("2:3", "2:2", "3", "x:3", "1:10")] == \
+        [True, False, False, False, True]
+    assert not tt.is_elastic([])
+
+
 # ---- real torchrun ---------------------------------------------------------------------------
 
 FAIL = "import sys\nprint('error: unrecognized arguments: --stepz', file=sys.stderr)\nsys.exit(2)\n"
