@@ -146,11 +146,15 @@ def test_an_elastic_job_keeps_its_allocation_when_a_node_is_lost_and_trains_on(s
         got = [w for w in (progress.parse_world(ln.split("] ", 1)[-1].strip())
                            for ln in r.stdout.splitlines()) if w and w["nodes"] == nodes]
         return got and got[-1]
-    first = wait_until("the world line on 2 nodes", lambda: world(2), 120, interval=3)
-    assert (first["world_size"], first["global_batch"], first["grad_accum"]) == (4, 32, 1)
-    before = wait_step(c.inv, job, first["step"] + 12, hosts=",".join(c.compute))
-    machines.power_off("gpu4")
     try:
+        try:
+            first = wait_until("the world line on 2 nodes", lambda: world(2), 240, interval=3)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\nslurm: {slurm_state(c, job)}\n" + logs(
+                c.inv, job, "--failures", hosts=",".join(c.compute)).stdout[-3000:]) from None
+        assert (first["world_size"], first["global_batch"], first["grad_accum"]) == (4, 32, 1)
+        before = wait_step(c.inv, job, first["step"] + 12, hosts=",".join(c.compute))
+        machines.power_off("gpu4")
         w = wait_until("the world line on 1 node", lambda: world(1), 180, interval=3)
         assert (w["world_size"], w["global_batch"], w["grad_accum"], w["from"]) == (2, 32, 2, 4)
         assert before // 10 * 10 - 10 <= w["step"] <= before + 10  # from the last checkpoint
@@ -164,6 +168,8 @@ def test_an_elastic_job_keeps_its_allocation_when_a_node_is_lost_and_trains_on(s
         r = stop(c.inv, job, hosts="gpu1")
         assert r.returncode == 0, r.stdout + r.stderr
     finally:
+        if slurm_state(c, job) in ("RUNNING", "PENDING", "COMPLETING"):
+            c.run(f"scancel -n torchrig-{job}", check=False)
         machines.stop("gpu4")
         machines.start("gpu4")
         machines.wait_ssh(ip_of(c.inv, "gpu4"), timeout=120)
