@@ -141,10 +141,13 @@ def test_an_elastic_job_keeps_its_allocation_when_a_node_is_lost_and_trains_on(s
     assert r.returncode == 0, r.stdout + r.stderr
     assert "elastic (1:2 nodes): Slurm keeps the job when a node is lost (--no-kill)" in r.stdout
 
-    def world(nodes):
+    def world(nodes, after=-1):
+        """rank 0's newest world line on `nodes` nodes past step `after` (a loaded machine may
+        start gpu4's torchrun after the first world formed on gpu1 alone: then it joins)."""
         r = logs(c.inv, job, "--rank", "0", "--grep", "^world ", hosts=",".join(c.compute))
         got = [w for w in (progress.parse_world(ln.split("] ", 1)[-1].strip())
-                           for ln in r.stdout.splitlines()) if w and w["nodes"] == nodes]
+                           for ln in r.stdout.splitlines())
+               if w and w["nodes"] == nodes and w["step"] > after]
         return got and got[-1]
     try:
         try:
@@ -155,7 +158,7 @@ def test_an_elastic_job_keeps_its_allocation_when_a_node_is_lost_and_trains_on(s
         assert (first["world_size"], first["global_batch"], first["grad_accum"]) == (4, 32, 1)
         before = wait_step(c.inv, job, first["step"] + 12, hosts=",".join(c.compute))
         machines.power_off("gpu4")
-        w = wait_until("the world line on 1 node", lambda: world(1), 180, interval=3)
+        w = wait_until("the world line on 1 node", lambda: world(1, first["step"]), 180, interval=3)
         assert (w["world_size"], w["global_batch"], w["grad_accum"], w["from"]) == (2, 32, 2, 4)
         assert before // 10 * 10 - 10 <= w["step"] <= before + 10  # from the last checkpoint
         wait_until("slurmctld to mark gpu4 down", lambda: "down" in c.run(
