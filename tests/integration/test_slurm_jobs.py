@@ -153,7 +153,10 @@ def test_an_elastic_job_keeps_its_allocation_when_a_node_is_lost_and_trains_on(s
         try:
             first = wait_until("the world line on 2 nodes", lambda: world(2), 240, interval=3)
         except AssertionError as e:
-            raise AssertionError(f"{e}\nslurm: {slurm_state(c, job)}\n" + logs(
+            seen = logs(c.inv, job, "--rank", "0", "--grep", "^world ", hosts=",".join(c.compute))
+            raise AssertionError(f"{e}\nlaunch: {r.stdout}\nworld lines: {seen.stdout[-1500:]}"
+                                 f"\nslurm: {slurm_state(c, job)}\n" + c.run(
+                                     "squeue -h -t all -o '%i %T %D %N'", check=False) + logs(
                 c.inv, job, "--failures", hosts=",".join(c.compute)).stdout[-3000:]) from None
         assert (first["world_size"], first["global_batch"], first["grad_accum"]) == (4, 32, 1)
         before = wait_step(c.inv, job, first["step"] + 12, hosts=",".join(c.compute))

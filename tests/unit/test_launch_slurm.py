@@ -165,7 +165,7 @@ def test_an_elastic_job_keeps_its_allocation_and_meets_at_its_first_node(tmp_pat
     j = job(size=3, min_nodes=2)
     script = slurm.render_sbatch(j, None, None, 0, [])
     opts = [ln for ln in script.splitlines() if ln.startswith("#SBATCH ")]
-    assert "#SBATCH --nodes=2-3" in opts and "#SBATCH --no-kill" in opts
+    assert "#SBATCH --nodes=3" in opts and "#SBATCH --no-kill" in opts
     srun = next(ln for ln in script.splitlines() if ln.startswith("exec srun"))
     assert "--no-kill" in srun and "--kill-on-bad-exit" not in srun
     plain = slurm.render_sbatch(job(size=3), None, None, 0, [])

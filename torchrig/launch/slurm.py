@@ -87,12 +87,13 @@ def render_step(job: Job) -> str:
 def render_sbatch(job: Job, partition: str | None, time_limit: str | None,
                   gpus: int, exclude: list[str]) -> str:
     """The batch script for job.nnodes of the job's candidate nodes (job.nodes: every node the
-    payload and folders were prepared on; Slurm picks which); an elastic job's MIN-MAX."""
+    payload and folders were prepared on; Slurm picks which). An elastic job asks for MAX
+    nodes too (sbatch --nodes=MIN-MAX with one task per node got MIN nodes of MAX idle ones)
+    and keeps its allocation when a node is lost (--no-kill)."""
     first = job.nodes[0]
     el = job.min_nodes is not None
     return render("slurm/JOB.sbatch.j2", job=job.name, marker=launch_marker(job),
                   nnodes=job.nnodes, elastic=el,
-                  nodes_spec=f"{job.min_nodes}-{job.nnodes}" if el else job.nnodes,
                   release=job.release, partition=partition, time=time_limit, grace=STOP_GRACE_S,
                   gpus=gpus, exclude=",".join(exclude),
                   output=f"{job_folder(first.log_dir, job.name)}/{BATCH_OUT}",
