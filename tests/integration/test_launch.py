@@ -9,6 +9,7 @@ import socket
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -203,31 +204,42 @@ def test_killed_rank_restarts_group_and_resumes(testbed):
 
 
 SHORT_JOBS = 10
+SHORT_JOBS_AT_ONCE = 5
 
 
 def test_short_jobs_end_cleanly_every_time(testbed):
     """A finished job ends cleanly every time. Before: on a fast machine 2 of 15 such jobs had
     a rank abort at teardown after `done` ("terminate called without an active exception"),
     and torchrun then ran the job again from its final checkpoint or waited 5 minutes in its
-    exit barrier. Every job here must end inactive, exit 0, in one attempt, one torchrun run."""
+    exit barrier. Every job here must end inactive, exit 0, in one attempt, one torchrun run.
+    The jobs are launched a few at a time (they overlap, as they did one after another: a job
+    may still run while the next starts); every one of them still goes through its teardown."""
     jobs = [f"t-short{i}" for i in range(SHORT_JOBS)]
     t0 = time.monotonic()
-    for job in jobs:  # one after another: a job may still run while the next starts
-        r = launch(testbed, job, "--args", "--max-steps 6 --log-every 2 --ckpt-every 3")
-        assert r.returncode == 0, r.stderr
-    ended = {}
+    with ThreadPoolExecutor(SHORT_JOBS_AT_ONCE) as ex:
+        for r in ex.map(lambda job: launch(testbed, job, "--args",
+                                           "--max-steps 6 --log-every 2 --ckpt-every 3"), jobs):
+            assert r.returncode == 0, r.stderr
+    units = " ".join(f"torchrig-{job}" for job in jobs)
+    running = list(jobs)
 
-    def all_ended():
-        for job in [j for j in jobs if j not in ended]:
-            _, st = status(testbed, job)
-            if st and all(n["unit"]["ActiveState"] in ("inactive", "failed")
-                          for n in st["nodes"].values()):
-                ended[job] = st
-        return len(ended) == len(jobs) or sorted(set(jobs) - set(ended))
+    def all_ended():  # one command per node for every job's unit
+        states = {h: sh(testbed, h, f"systemctl show -p ActiveState --value {units}", check=False).split()
+                  for h in NODES.split(",")}
+        running[:] = sorted({f"{job} on {h}: {s}" for h, st in states.items()
+                             for job, s in zip(jobs, st) if s not in ("inactive", "failed")}
+                            | {f"{h}: {st}" for h, st in states.items() if len(st) != len(jobs)})
+        return not running
     # a rank that aborts at teardown leaves its peer node in torchrun's 300 s exit barrier
-    wait_until("every short job to end (still running: the last answer)",
-               lambda: all_ended() is True, 240)
+    try:
+        wait_until("every short job to end", all_ended, 240, interval=5)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; still running: {running}") from None
+    with ThreadPoolExecutor(SHORT_JOBS_AT_ONCE) as ex:
+        ended = dict(zip(jobs, ex.map(lambda job: status(testbed, job)[1], jobs)))
+        texts = dict(zip(jobs, ex.map(lambda job: logs(testbed, job).stdout, jobs)))
     for job, st in ended.items():
+        assert st, job
         for node, n in st["nodes"].items():
             u = n["unit"]
             assert (u["ActiveState"], u["Result"], u["ExecMainStatus"], u["NRestarts"]) == \
@@ -235,7 +247,7 @@ def test_short_jobs_end_cleanly_every_time(testbed):
             assert (n["attempt"], n["torchrun_starts"]) == (0, 1), (job, node, n)
         assert any((n["progress"] or "").startswith("done step=6 loss=")
                    for n in st["nodes"].values()), (job, st)
-        text = logs(testbed, job).stdout
+        text = texts[job]
         assert len(re.findall(r"\] start rank=\d ", text)) == 4, (job, text[-2000:])
         for bad in ("resume step=", "terminate called", "Fatal Python error", "Traceback"):
             assert bad not in text, (job, bad, text[-2000:])
