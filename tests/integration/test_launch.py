@@ -254,6 +254,13 @@ def test_short_jobs_end_cleanly_every_time(testbed):
     print(f"{len(jobs)} jobs ended cleanly in {time.monotonic() - t0:.0f}s")
 
 
+# "sigterm" once every worker on the node has a SIGTERM pending (bit 15 of its pending set),
+# "gone" when none is left, else "waiting"
+STOPPED_TERM = (f"ps=$(pgrep -f {WORKER}); [ -n \"$ps\" ] || {{ echo gone; exit; }}; "
+                "for p in $ps; do m=$(awk '/^ShdPnd:/ {print $2}' /proc/$p/status 2>/dev/null); "
+                "[ $(( (0x${m:-0} >> 14) & 1 )) = 1 ] || { echo waiting; exit; }; done; echo sigterm")
+
+
 def test_survivor_restart_clears_its_folder_and_logs_says_so(testbed):
     """A healthy node whose peer's group failed restarts its workers at the same attempt
     number, and torchrun clears that attempt folder first. `logs -f` must say how many lines
@@ -274,9 +281,15 @@ def test_survivor_restart_clears_its_folder_and_logs_says_so(testbed):
     for t in readers:
         t.start()
     try:
-        pid = sh(testbed, "gpu4", f"pgrep -f {WORKER} | head -1")
-        assert pid.isdigit(), pid
-        sh(testbed, "gpu4", f"kill -9 {pid}")
+        # gpu4's group fails: all its ranks at once (one alone would leave its peer rank in a
+        # collective with the stopped gpu1, which torchrun kills only after its 30 s grace)
+        killed = sh(testbed, "gpu4", f"pkill -9 -e -f {WORKER}")
+        assert "killed" in killed, killed
+        # gpu1's agent stops its (stopped) workers for the restart: once its SIGTERM is pending
+        # they are let go, so they end on it instead of at torchrun's SIGKILL 30 s later
+        wait_until("gpu1's agent to send its stopped workers SIGTERM",
+                   lambda: sh(testbed, "gpu1", STOPPED_TERM, check=False) in ("sigterm", "gone"), 120, 1)
+        sh(testbed, "gpu1", f"pkill -CONT -f {WORKER} || true")
 
         def resumed_and_trained():
             mine = [ln for ln in list(lines) if ln.startswith("[gpu1/r0] ")]
