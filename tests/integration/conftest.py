@@ -113,6 +113,18 @@ def sh(inv, host, cmd, sudo=True, check=True) -> str:
     return "\n".join(re.findall(rf"^{re.escape(host)} +\| ?(.*)$", r.stdout, re.M))
 
 
+def sh_each(inv, host, cmds: dict, sudo=True) -> dict:
+    """Several commands on a host in one `exec` (one CLI run, not one per check): {key: its
+    output lines}, each command run as by sh() (its own exit status is not checked)."""
+    mark = "@@torchrig-test-cmd@@"
+    script = "\n".join(f"echo '{mark} {i}'\n( {c}\n)" for i, c in enumerate(cmds.values()))
+    out = sh(inv, host, script, sudo=sudo, check=False).split("\n")
+    at = [i for i, ln in enumerate(out) if ln.startswith(mark)]
+    assert len(at) == len(cmds), f"{host}: not every command ran:\n" + "\n".join(out)
+    return {k: "\n".join(out[a + 1:b]).strip()
+            for k, a, b in zip(cmds, at, [*at[1:], len(out)])}
+
+
 def cut_ssh(inv, host, user, pattern) -> str:
     """Kill the SSH connection a transfer runs over: the process of `user` matching `pattern`
     (pgrep -f), then every sshd process of its connection up to the listener (kill -9): the
