@@ -320,8 +320,10 @@ def inventory_doc(testbed):
 # Controller gpu3 and the two V100S pairs the launch tests train on as compute nodes; the
 # testbed's containers have no delegated cgroup tree, so Slurm tracks processes by parent
 # (slurm.cgroup: false; real hosts keep the cgroup plugins). GRES on the testbed is backed by
-# the stand-in device files the testbed creates for each simulated GPU (/dev/nvidiaN).
-SLURM = {"controller": "gpu3", "compute": ["gpu1", "gpu4"], "partition": "gpu", "cgroup": False}
+# the stand-in device files the testbed creates for each simulated GPU (/dev/nvidiaN). A
+# powered-off node is DOWN after 30 s instead of the default 60 (the power-off test waits it).
+SLURM = {"controller": "gpu3", "compute": ["gpu1", "gpu4"], "partition": "gpu", "cgroup": False,
+         "node_timeout": 30}
 
 
 class SlurmCluster:
