@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import (NODES, WORKER, invoke_bg, ip_of, launch, logs, sh, status, stop,
+from conftest import (NODES, WORKER, invoke_bg, ip_of, launch, logs, sh, sh_each, status, stop,
                       wait_step, wait_unit_ended, wait_until, write_inventory)
 
 pytestmark = pytest.mark.provisioned("gpu1", "gpu4")
@@ -396,9 +396,9 @@ CONNECT = ("python3 -I -c 'import socket, sys\n"
            "except OSError as e: print(\"closed\", e.errno)' ")
 
 
-def connects(inv, host, user, address, port) -> str:
-    """'open' or 'closed <errno>': a TCP connection from `host` as `user` (root: `sudo`)."""
-    return sh(inv, host, f"runuser -u {user} -- {CONNECT} {address} {port}").split()[0]
+def connect_cmd(user, address, port) -> str:
+    """Prints 'open' or 'closed <errno>': a TCP connection as `user` (root: `sudo`)."""
+    return f"runuser -u {user} -- {CONNECT} {address} {port}"
 
 
 def test_rendezvous_port_closed_to_strangers_while_the_job_trains(testbed):
@@ -413,29 +413,39 @@ def test_rendezvous_port_closed_to_strangers_while_the_job_trains(testbed):
     assert r.returncode == 0, r.stderr
     step = wait_step(testbed, job, 10)
     store = ip_of(testbed, "gpu1")
-    for h in ("gpu1", "gpu4"):
-        sh(testbed, h, "id mallory >/dev/null 2>&1 || useradd --no-create-home mallory")
-        assert connects(testbed, h, "torchrig", store, port) == "open"   # the job's own user
-        assert connects(testbed, h, "mallory", store, port) == "closed", h
-    assert connects(testbed, "gpu1", "root", "127.0.0.1", port) == "open"
-    assert connects(testbed, "gpu1", "mallory", "127.0.0.1", port) == "closed"
-    # from outside the fleet: the store, and the ephemeral ports gloo's workers listen on
+    # the ephemeral ports gloo's workers listen on
     listening = sh(testbed, "gpu1", "ss -Htln | awk '{print $4}'")
     gloo = sorted(p for p in {int(a.rsplit(":", 1)[1]) for a in listening.split()} if p >= 32768)
     assert gloo, listening
+    # each node's checks in one command (user mallory made first): (user, address, port) ->
+    # what is expected. gloo's listeners: the service user reaches them, another local user
+    # does not (on the node itself, and from the other node of the fleet)
+    expect = {"gpu1": {("torchrig", store, port): "open",   # the job's own user
+                       ("mallory", store, port): "closed",
+                       ("root", "127.0.0.1", port): "open",
+                       ("mallory", "127.0.0.1", port): "closed",
+                       ("torchrig", store, gloo[0]): "open",
+                       ("mallory", store, gloo[0]): "closed"},
+              "gpu4": {("torchrig", store, port): "open",
+                       ("mallory", store, port): "closed",
+                       ("mallory", store, gloo[0]): "closed"}}
+    for h, want in expect.items():
+        got = sh_each(testbed, h, {"user": "id mallory >/dev/null 2>&1 || useradd --no-create-home mallory",
+                                   **{k: connect_cmd(*k) for k in want}})
+        assert {k: (got[k].split() or ["?"])[0] for k in want} == want, (h, got)
+    # from outside the fleet: the store and gloo's ports
     for p in (port, *gloo):
         with pytest.raises(OSError):
             socket.create_connection((store, p), timeout=5).close()
-    # gloo's listeners on the nodes: the service user reaches them, another local user does
-    # not (on the node itself, and from the other node of the fleet)
-    assert connects(testbed, "gpu1", "torchrig", store, gloo[0]) == "open"
-    assert connects(testbed, "gpu1", "mallory", store, gloo[0]) == "closed"
-    assert connects(testbed, "gpu4", "mallory", store, gloo[0]) == "closed"
     # the job still trains across both nodes
     wait_step(testbed, job, step + 10)
-    run_id = sh(testbed, "gpu1", f"cat /etc/torchrig/jobs/{job}.run").split("PET_RDZV_ID=")[1].split()[0]
-    assert len(run_id) == 32 and sh(testbed, "gpu1", f"stat -c '%a %U' /etc/torchrig/jobs/{job}.run") == "600 root"
-    runs = sh(testbed, "gpu1", f"ls /var/log/torchrig/{job}/")
+    got = sh_each(testbed, "gpu1", {"run": f"cat /etc/torchrig/jobs/{job}.run",
+                                    "mode": f"stat -c '%a %U' /etc/torchrig/jobs/{job}.run",
+                                    "runs": f"ls /var/log/torchrig/{job}/",
+                                    "seen": f"ps -eo args; cat /etc/systemd/system/torchrig-{job}.service"})
+    run_id = got["run"].split("PET_RDZV_ID=")[1].split()[0]
+    assert len(run_id) == 32 and got["mode"] == "600 root", got["mode"]
+    runs = got["runs"]
     assert f"{run_id}_" in runs and f"{job}_" not in runs, runs
-    assert run_id not in sh(testbed, "gpu1", f"ps -eo args; cat /etc/systemd/system/torchrig-{job}.service")
+    assert got["seen"] and run_id not in got["seen"]
     assert stop(testbed, job).returncode == 0
