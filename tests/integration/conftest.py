@@ -53,14 +53,16 @@ WORKER = "'^/opt/torchrig/venv/bin/python[0-9.]* -u train.py'"  # pgrep -f: a jo
 
 # The order a full run takes the files in (each file also runs alone, in any order): the
 # fresh-path provision tests first, then the files that share the hosts they leave
-# provisioned; the testbed's down/up before the file that wants a fresh host again; Slurm last.
+# provisioned (a file that wants a fresh host again resets it: Fleet.fresh); Slurm on the
+# hosts provisioned by then; the testbed's down/up last (after it every host is fresh, and
+# a file after it would provision them again).
 FILE_ORDER = [
     "test_provision.py", "test_verify.py", "test_ssh.py", "test_fetch.py", "test_launch.py",
     "test_user_project.py", "test_data.py", "test_elastic.py",
     "test_logs_hostile_files.py", "test_launch_hardening.py", "test_launch_failures.py",
     "test_jobs_listing.py", "test_metrics_node_exporter.py", "test_healthwatch.py", "test_tensorboard_service.py", "test_error_messages.py",
-    "test_probe_caps.py", "test_testbed_hosts.py", "test_secrets_on_hosts.py", "test_power.py",
-    "test_report_chromium.py", "test_slurm_provision.py", "test_slurm_jobs.py",
+    "test_probe_caps.py", "test_secrets_on_hosts.py", "test_power.py",
+    "test_report_chromium.py", "test_slurm_provision.py", "test_slurm_jobs.py", "test_testbed_hosts.py",
 ]
 
 
