@@ -26,7 +26,7 @@ from ..errors import TorchrigError
 from ..facts import probe
 from ..inventory import Host
 from ..job import check_job_name
-from ..localfiles import fsync_dir, write_atomic
+from ..localfiles import EarlyFlush, fsync_dir, write_atomic
 from ..onhost import HERE as ONHOST, script
 from .. import openssh
 from ..connections import ConnectionLost, start_carried, stream_carried
@@ -270,6 +270,7 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
     fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     said: dict = {"ident": c["ident"]} if c.get("ident") else {}
     over: openssh.Carrier | None = None  # ssh carrying the bytes, when it can
+    flush = EarlyFlush(fd)
     try:
         try:  # two fetches appending to one partial file would garble it
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -294,6 +295,7 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
                 h.update(chunk)
                 offset += len(chunk)
                 got.transferred += len(chunk)
+                flush.wrote(len(chunk))
 
             if pipelined:  # the same file on every resume: the ident the first read gave
                 request = {"op": "read", "dir": folder, "name": name, "offset": offset,
@@ -353,8 +355,10 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
             got.resumed_at.append(offset)
             fleet.drop(host)
             time.sleep(min(0.5 * 2 ** (drops - 1), 5))
+        flush.close()
         os.fsync(fd)
     finally:
+        flush.close()
         os.close(fd)
         if over is not None:
             over.close()
