@@ -9,7 +9,10 @@ same run:
 - scp: `scp user@node:FILE DIR/` of the same file with the inventory's address, user, port,
   identity_file and known_hosts;
 - with --paramiko, also fetch with its bytes over paramiko (TORCHRIG_BULK_SSH=paramiko), the
-  carrier before OpenSSH's `ssh` took them.
+  carrier before OpenSSH's `ssh` took them;
+- with --baseline CHECKOUT, also the same fetch (cold) run from another checkout of torchrig
+  (e.g. `git archive COMMIT | tar -x -C DIR`), so a change is measured against the code
+  before it in the same rounds.
 
 fetch's own run must carry its bytes over `ssh` (the bench stops if fetch says it fell back).
 
@@ -17,7 +20,8 @@ The file (random bytes, --mib MiB, default 256) is written once as checkpoint
 `ckpt_00000010.pt` of job `benchfetch` in the node's checkpoint folder, owned by the job's
 user and world-readable (scp logs in as the inventory's user); it is removed at the end.
 
-    sudo .venv/bin/python bench/fetch_bench.py INVENTORY HOST [--runs 3] [--mib 256] [--paramiko]
+    .venv/bin/python bench/fetch_bench.py INVENTORY HOST [--runs 3] [--mib 256] [--paramiko]
+        [--baseline CHECKOUT]
 
 Medians of --runs rounds; within a round each method runs once, fetch and scp alternating
 which goes first. Writes bench/out/fetch.json."""
@@ -56,6 +60,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--paramiko", action="store_true", help="also fetch over paramiko")
+    ap.add_argument("--baseline", help="also fetch with the torchrig checkout in this folder")
     a = ap.parse_args()
     inv = load(a.inventory)
     h = next(x for x in inv.hosts if x.name == a.host)
@@ -66,7 +71,8 @@ def main() -> None:
             f"mkdir -p {folder} && head -c {a.mib << 20} /dev/urandom > {path} && "
             f"chown -R {user}: {folder} && chmod 755 {folder} && chmod 644 {path}")
     work = Path(tempfile.mkdtemp(prefix="fetch-bench-"))
-    times = {"fetch": [], "fetch_warm": [], "scp": [], **({"fetch_paramiko": []} if a.paramiko else {})}
+    times = {"fetch": [], "fetch_warm": [], "scp": [], **({"fetch_paramiko": []} if a.paramiko else {}),
+             **({"fetch_baseline": []} if a.baseline else {})}
     loadavg = [os.getloadavg()[0]]
     try:
         for r in range(a.runs):
@@ -93,6 +99,17 @@ def main() -> None:
                 times["fetch_paramiko"].append(dt)
                 shutil.rmtree(to)
 
+            def do_baseline():
+                to = work / f"baseline{r}"
+                base = Path(a.baseline).resolve()
+                t0 = time.perf_counter()
+                subprocess.run([sys.executable, "-m", "invoke", "fetch", "-i",
+                                str(Path(a.inventory).resolve()), "-H", a.host, "--job", JOB,
+                                "--all", "--to", str(to), "--json"], cwd=base, check=True,
+                               capture_output=True, env={**os.environ, "PYTHONPATH": str(base)})
+                times["fetch_baseline"].append(time.perf_counter() - t0)
+                shutil.rmtree(to)
+
             def do_scp():
                 to = work / f"scp{r}"
                 to.mkdir()
@@ -103,7 +120,8 @@ def main() -> None:
                 times["scp"].append(time.perf_counter() - t0)
                 shutil.rmtree(to)
 
-            order = [do_fetch, do_scp] + ([do_paramiko] if a.paramiko else [])
+            order = ([do_fetch, do_scp] + ([do_paramiko] if a.paramiko else []) +
+                     ([do_baseline] if a.baseline else []))
             for f in (order if r % 2 == 0 else order[::-1]):
                 f()
             loadavg.append(os.getloadavg()[0])
@@ -123,6 +141,8 @@ def main() -> None:
     print(f"medians of {a.runs}: fetch --all {med['fetch']} s, again (nothing sent) "
           f"{med['fetch_warm']} s, scp {med['scp']} s; fetch / scp {res['fetch_over_scp']}" +
           (f"; over paramiko {med['fetch_paramiko']} s" if a.paramiko else "") +
+          (f"; baseline {med['fetch_baseline']} s ({round(med['fetch_baseline'] / med['scp'], 2)}"
+           " x scp)" if a.baseline else "") +
           f"; load average {min(loadavg):.1f}-{max(loadavg):.1f}")
 
 

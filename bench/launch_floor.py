@@ -2,7 +2,7 @@
 person with ssh and systemd-run alone needs to start the same torchrun on N nodes and see
 every node's workers spawned.
 
-    sudo .venv/bin/python bench/launch_floor.py INVENTORY HOSTS [--nodes 2,8] [--runs 5]
+    sudo .venv/bin/python bench/launch_floor.py INVENTORY HOSTS [--nodes 2,8] [--runs 5] [--compare DIR]
 
 Per round and node count: `torchrig launch --script env_check.py --nproc-per-node 2
 --early-fail-window 0` (payload already there: a first, uncounted launch pushes it; it
@@ -11,7 +11,9 @@ per node, all at once, each running `systemd-run` of that launch's own torchrun 
 (read from its unit: same interpreter, arguments, environment files, working folder and
 user, a new rendezvous id and log folder) and waiting there until torchrun made the workers'
 rank folders (as launch does), then stopping it. Medians of --runs, the ratio in the same
-rounds. Writes bench/out/launch_floor.json."""
+rounds. --compare DIR: another checkout (e.g. `git archive` of the commit before a change)
+whose launch runs in the same rounds too, its own job, just before this one's. Writes
+bench/out/launch_floor.json."""
 
 import argparse
 import json
@@ -34,10 +36,10 @@ from torchrig.job import unit_name  # noqa: E402
 NPROC = 2
 
 
-def invoke(*args) -> float:
+def invoke(*args, repo=REPO) -> float:
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True,
-                       text=True, env=USER_ENV)
+    r = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=repo, capture_output=True,
+                       text=True, env={**USER_ENV, "PYTHONPATH": str(repo)})  # its own torchrig
     if r.returncode != 0:
         sys.exit(f"invoke {' '.join(args)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
     return time.perf_counter() - t0
@@ -96,42 +98,64 @@ def floor(inv, hosts, units: dict, tag: str) -> float:
     return dt
 
 
+def timed(inv, inv_path: str, hosts, job: str, repo: Path, keep_units=False):
+    """One launch (from checkout `repo`) and its stop: (seconds, its units read first or None)."""
+    sel = ",".join(h.name for h in hosts)
+    dt = invoke("launch", "-i", inv_path, "-H", sel, "--job", job, "--script", "env_check.py",
+                "--nproc-per-node", str(NPROC), "--early-fail-window", "0", repo=repo)
+    units = {h.name: unit_of(inv, h, job) for h in hosts} if keep_units else None
+    invoke("stop", "-i", inv_path, "-H", sel, "--job", job, repo=repo)
+    return dt, units
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("inventory")
     ap.add_argument("hosts", help="comma-separated, at least the largest --nodes")
     ap.add_argument("--nodes", default="2,8")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--compare", type=Path, help="another checkout, its launch in the same rounds")
     a = ap.parse_args()
     OUT.mkdir(exist_ok=True)
     inv_path = str(Path(a.inventory).resolve())
     inv = inventory.load(inv_path)
     by_name = {h.name: h for h in inv.hosts}
     names = a.hosts.split(",")
-    res = {"runs": a.runs}
+    res = {"runs": a.runs, **({"compare": str(a.compare)} if a.compare else {})}
     for n in (int(x) for x in a.nodes.split(",")):
         sel = names[:n]
         hosts = [by_name[x] for x in sel]
-        times = {"launch": [], "floor": []}
+        times = {"launch": [], "floor": [], **({"compare": []} if a.compare else {})}
         for i in range(a.runs + 1):  # round 0 pushes the payload: not counted
             job = f"bench-floor-{n}-{int(time.time())}-{i}"
-            dt = invoke("launch", "-i", inv_path, "-H", ",".join(sel), "--job", job, "--script",
-                        "env_check.py", "--nproc-per-node", str(NPROC), "--early-fail-window", "0")
-            units = {h.name: unit_of(inv, h, job) for h in hosts}
-            invoke("stop", "-i", inv_path, "-H", ",".join(sel), "--job", job)
+            # --compare's launch before this one's in odd rounds, after it in even ones
+            other = a.compare.resolve() if a.compare else None
+            cdt = timed(inv, inv_path, hosts, job + "-c", other)[0] if other and i % 2 else None
+            dt, units = timed(inv, inv_path, hosts, job, REPO, keep_units=True)
+            if other and cdt is None:
+                cdt = timed(inv, inv_path, hosts, job + "-c", other)[0]
+            if a.compare and i:
+                times["compare"].append(cdt)
             fdt = floor(inv, hosts, units, f"{job}-openssh")
             if i:
                 times["launch"].append(dt)
                 times["floor"].append(fdt)
-            print(f"{n} nodes, round {i}: launch {dt:.2f}s, OpenSSH floor {fdt:.2f}s", flush=True)
+            print(f"{n} nodes, round {i}: launch {dt:.2f}s, OpenSSH floor {fdt:.2f}s"
+                  + (f", --compare's launch {cdt:.2f}s" if a.compare else ""), flush=True)
         med = {k: statistics.median(v) for k, v in times.items()}
         res[f"{n}_nodes"] = {"launch_median_s": round(med["launch"], 2),
                              "floor_median_s": round(med["floor"], 2),
                              "ratio": round(med["launch"] / med["floor"], 2),
                              "launch_all_s": [round(t, 2) for t in times["launch"]],
                              "floor_all_s": [round(t, 2) for t in times["floor"]]}
+        if a.compare:
+            res[f"{n}_nodes"].update(compare_median_s=round(med["compare"], 2),
+                                     compare_ratio=round(med["compare"] / med["floor"], 2),
+                                     compare_all_s=[round(t, 2) for t in times["compare"]])
         print(f"{n} nodes: launch {med['launch']:.2f}s, floor {med['floor']:.2f}s, "
-              f"ratio {med['launch'] / med['floor']:.2f}x", flush=True)
+              f"ratio {med['launch'] / med['floor']:.2f}x"
+              + (f"; --compare's launch {med['compare']:.2f}s, ratio "
+                 f"{med['compare'] / med['floor']:.2f}x" if a.compare else ""), flush=True)
     (OUT / "launch_floor.json").write_text(json.dumps(res, indent=2) + "\n")
 
 

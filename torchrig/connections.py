@@ -298,21 +298,30 @@ class LocalConnection:
         pass
 
 
-def popen_stream(argv: list[str], data, on_out: Callable[[bytes], None],
-                 on_err: Callable[[bytes], None], *, timeout: float | None = None,
-                 silence: float | None = None, pipe_size: int = 0) -> int | None:
-    """Connector.stream's contract for a local process (a local bash, OpenSSH's ssh): `data`
-    on its stdin, stdout and stderr chunks handed over as they come, the exit status or None
-    after `silence` seconds without a byte. pipe_size: a larger stdout pipe (F_SETPIPE_SZ), so
-    a fast writer rarely waits on the reader."""
+def popen_start(argv: list[str], pipe_size: int = 0) -> subprocess.Popen:
+    """A local process for popen_stream(), started ahead of its stdin (its start-up, e.g.
+    ssh's handshake, overlaps whatever the caller does before it has the data). pipe_size: a
+    larger stdout pipe (F_SETPIPE_SZ), so a fast writer rarely waits on the reader."""
     p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE)
+    if pipe_size:
+        try:
+            fcntl.fcntl(p.stdout.fileno(), fcntl.F_SETPIPE_SZ, pipe_size)
+        except OSError:
+            pass  # over /proc/sys/fs/pipe-max-size: the default pipe still works
+    return p
+
+
+def popen_stream(argv: list[str], data, on_out: Callable[[bytes], None],
+                 on_err: Callable[[bytes], None], *, timeout: float | None = None,
+                 silence: float | None = None, pipe_size: int = 0,
+                 started: subprocess.Popen | None = None) -> int | None:
+    """Connector.stream's contract for a local process (a local bash, OpenSSH's ssh): `data`
+    on its stdin, stdout and stderr chunks handed over as they come, the exit status or None
+    after `silence` seconds without a byte. `started`: that process, already started by
+    popen_start(argv, pipe_size) (it is ended here as one started here would be)."""
+    p = started or popen_start(argv, pipe_size)
     try:
-        if pipe_size:
-            try:
-                fcntl.fcntl(p.stdout.fileno(), fcntl.F_SETPIPE_SZ, pipe_size)
-            except OSError:
-                pass  # over /proc/sys/fs/pipe-max-size: the default pipe still works
         read = max(pipe_size, 65536)
         feeding = _feed(data, p.stdin.write, p.stdin.close)
         sel = selectors.DefaultSelector()
@@ -403,6 +412,12 @@ def stream_carried(carrier, cxn, command: str, data, on_out, on_err, *, root: bo
     host: torchrig/openssh.py), root as cxn runs it: root's wrapping stays in this module."""
     return carrier.stream(as_root(cxn, command) if root else command, data, on_out, on_err,
                           silence=silence)
+
+
+def start_carried(carrier, cxn, command: str, *, root: bool = False) -> None:
+    """Have `carrier` start `command` (root as cxn runs it) now, ahead of its stdin: a later
+    stream_carried() of the same command takes that process (see openssh.Carrier.start)."""
+    carrier.start(as_root(cxn, command) if root else command)
 
 
 @dataclass

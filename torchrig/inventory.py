@@ -141,6 +141,9 @@ class SlurmSpec(_Strict):
     # devices and memory). false: proctrack/linuxproc, no constraints, for hosts without a
     # delegated cgroup tree (containers).
     cgroup: bool = True
+    # slurm.conf's SlurmdTimeout: a compute node silent this long (s) is DOWN and its jobs
+    # fail (NODE_FAIL); slurmctld pings every third of it
+    node_timeout: int = Field(60, ge=10, le=3600)
 
 
 class Slurm(BaseModel):
@@ -153,6 +156,7 @@ class Slurm(BaseModel):
     partition: str
     cluster_name: str
     cgroup: bool
+    node_timeout: int
 
     @property
     def hosts(self) -> tuple[str, ...]:
@@ -480,7 +484,8 @@ def _slurm(spec: SlurmSpec, hosts: list[Host], groups: dict[str, GroupSpec], pat
         raise InventoryError(f"{where}.compute: no hosts (the group(s) {', '.join(items) or '[]'} "
                              "have none); name the hosts that run slurmd")
     slurm = Slurm(controller=spec.controller, compute=tuple(compute), partition=spec.partition,
-                  cluster_name=spec.cluster_name, cgroup=spec.cgroup)
+                  cluster_name=spec.cluster_name, cgroup=spec.cgroup,
+                  node_timeout=spec.node_timeout)
     by_name = {h.name: h for h in hosts}
     for var in ("slurm_version", "munge_version"):
         versions = {by_name[n].settings.model_dump()[var] for n in slurm.hosts}

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass
 
-from .connections import ALIVE_COUNT, ALIVE_INTERVAL, CONNECT_TIMEOUT, popen_stream
+from .connections import ALIVE_COUNT, ALIVE_INTERVAL, CONNECT_TIMEOUT, popen_start, popen_stream
 from .hostkeys import known_hosts_name
 
 # Set to "paramiko" to keep every byte on paramiko (a client whose `ssh` misbehaves).
@@ -114,6 +115,7 @@ class Carrier:
     """`ssh` to one target, its pinned known_hosts in a private folder while it lives."""
 
     carried_bytes = False  # set by the caller once a byte came over ssh
+    _started: tuple[str, subprocess.Popen] | None = None  # start()'s (command, ssh)
 
     def __init__(self, target: Target):
         self.target = target
@@ -123,13 +125,36 @@ class Carrier:
         with os.fdopen(fd, "w") as f:
             f.write(pinned_line(target))
 
+    def start(self, command: str) -> None:
+        """Start `ssh` running `command` now, its stdin still to come: its handshake and the
+        remote command's start-up overlap what the caller asks meanwhile (fetch's listing).
+        The next stream() of the same command takes it; close() ends it if none does."""
+        self.close_started()
+        argv_ = argv(self.target, self.known_hosts, command)
+        self._started = (command, popen_start(argv_, PIPE_SIZE))
+
     def stream(self, command: str, data, on_out, on_err, *, silence: float | None = None):
         """Connection.stream's contract over `ssh`: the exit status (SSH_FAILED: ssh's own
         failure, a lost connection), None after `silence` seconds without a byte."""
+        started = None
+        if self._started and self._started[0] == command:
+            started, self._started = self._started[1], None
+        self.close_started()  # started for another command: not this one's
         return popen_stream(argv(self.target, self.known_hosts, command), data, on_out,
-                            on_err, silence=silence, pipe_size=PIPE_SIZE)
+                            on_err, silence=silence, pipe_size=PIPE_SIZE, started=started)
+
+    def close_started(self) -> None:
+        """End a started `ssh` no stream() took (the remote command never got its stdin)."""
+        if self._started:
+            p = self._started[1]
+            self._started = None
+            p.kill()
+            p.wait()
+            for f in (p.stdin, p.stdout, p.stderr):
+                f.close()
 
     def close(self) -> None:
+        self.close_started()
         self._dir.cleanup()
 
     def __enter__(self):

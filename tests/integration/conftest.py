@@ -53,14 +53,16 @@ WORKER = "'^/opt/torchrig/venv/bin/python[0-9.]* -u train.py'"  # pgrep -f: a jo
 
 # The order a full run takes the files in (each file also runs alone, in any order): the
 # fresh-path provision tests first, then the files that share the hosts they leave
-# provisioned; the testbed's down/up before the file that wants a fresh host again; Slurm last.
+# provisioned (a file that wants a fresh host again resets it: Fleet.fresh); Slurm on the
+# hosts provisioned by then; the testbed's down/up last (after it every host is fresh, and
+# a file after it would provision them again).
 FILE_ORDER = [
     "test_provision.py", "test_verify.py", "test_ssh.py", "test_fetch.py", "test_launch.py",
     "test_user_project.py", "test_data.py", "test_elastic.py",
     "test_logs_hostile_files.py", "test_launch_hardening.py", "test_launch_failures.py",
     "test_jobs_listing.py", "test_metrics_node_exporter.py", "test_healthwatch.py", "test_tensorboard_service.py", "test_error_messages.py",
-    "test_probe_caps.py", "test_testbed_hosts.py", "test_secrets_on_hosts.py", "test_power.py",
-    "test_report_chromium.py", "test_slurm_provision.py", "test_slurm_jobs.py",
+    "test_probe_caps.py", "test_secrets_on_hosts.py", "test_power.py",
+    "test_report_chromium.py", "test_slurm_provision.py", "test_slurm_jobs.py", "test_testbed_hosts.py",
 ]
 
 
@@ -111,6 +113,18 @@ def sh(inv, host, cmd, sudo=True, check=True) -> str:
     if check and r.returncode != 0:
         raise AssertionError(f"{cmd!r} on {host} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
     return "\n".join(re.findall(rf"^{re.escape(host)} +\| ?(.*)$", r.stdout, re.M))
+
+
+def sh_each(inv, host, cmds: dict, sudo=True) -> dict:
+    """Several commands on a host in one `exec` (one CLI run, not one per check): {key: its
+    output lines}, each command run as by sh() (its own exit status is not checked)."""
+    mark = "@@torchrig-test-cmd@@"
+    script = "\n".join(f"echo '{mark} {i}'\n( {c}\n)" for i, c in enumerate(cmds.values()))
+    out = sh(inv, host, script, sudo=sudo, check=False).split("\n")
+    at = [i for i, ln in enumerate(out) if ln.startswith(mark)]
+    assert len(at) == len(cmds), f"{host}: not every command ran:\n" + "\n".join(out)
+    return {k: "\n".join(out[a + 1:b]).strip()
+            for k, a, b in zip(cmds, at, [*at[1:], len(out)])}
 
 
 def cut_ssh(inv, host, user, pattern) -> str:
@@ -308,8 +322,10 @@ def inventory_doc(testbed):
 # Controller gpu3 and the two V100S pairs the launch tests train on as compute nodes; the
 # testbed's containers have no delegated cgroup tree, so Slurm tracks processes by parent
 # (slurm.cgroup: false; real hosts keep the cgroup plugins). GRES on the testbed is backed by
-# the stand-in device files the testbed creates for each simulated GPU (/dev/nvidiaN).
-SLURM = {"controller": "gpu3", "compute": ["gpu1", "gpu4"], "partition": "gpu", "cgroup": False}
+# the stand-in device files the testbed creates for each simulated GPU (/dev/nvidiaN). A
+# powered-off node is DOWN after 30 s instead of the default 60 (the power-off test waits it).
+SLURM = {"controller": "gpu3", "compute": ["gpu1", "gpu4"], "partition": "gpu", "cgroup": False,
+         "node_timeout": 30}
 
 
 class SlurmCluster:

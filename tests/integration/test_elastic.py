@@ -47,6 +47,21 @@ def elastic_state(inv, job) -> str:
     return (status(inv, job, hosts=HOSTS)[1] or {}).get("elastic", {}).get("state", "")
 
 
+def test_an_elastic_job_that_finishes_leaves_no_unit_to_start_at_boot(testbed):
+    """Every node's torchrun exits 0 at the job's end: its unit (enabled for a rejoin while the
+    job runs) is disabled by the unit itself, as root (ExecStopPost=+), with no `stop`."""
+    job = "t-elastic-done"
+    r = launch(testbed, job, "--nodes", "2:3", "--args", "--max-steps 6 --log-every 2",
+               hosts=HOSTS)
+    assert r.returncode == 0, r.stderr
+    for h in HOSTS.split(","):
+        wait_unit_ended(testbed, h, f"torchrig-{job}", timeout=180)
+    for h in HOSTS.split(","):
+        got = sh(testbed, h, f"systemctl show -p Result --value torchrig-{job}; "
+                             f"systemctl is-enabled torchrig-{job}", check=False).split()
+        assert got == ["success", "disabled"], (h, got)
+
+
 def test_the_endpoints_node_lost_and_back_then_two_lost_ends_below_min(testbed):
     """The node lost first is gpu1, the one whose store the job met at (the harder case: the
     survivors must meet elsewhere); it boots and rejoins; then two nodes lost end the job."""

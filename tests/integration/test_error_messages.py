@@ -114,11 +114,13 @@ def test_ctrl_c_in_a_follower_exits_130_and_the_job_keeps_running(job, args):
 
 
 def test_ctrl_c_in_launch_follow_exits_130_and_the_job_keeps_running(job):
-    """The hosts and inventory of `job` (provisioned); a job of its own, followed from launch."""
+    """The hosts and inventory of `job` (provisioned); a job of its own, followed from launch
+    (with no early-failure window, as conftest's launch(): the follow starts at once)."""
     inv, j = job, "t-msg-follow"
     try:
         r = _interrupted("launch", "--inventory", str(inv), "--host", NODES, "--job", j,
-                         "--follow", "--args", "--max-steps 100000 --log-every 5",
+                         "--follow", "--early-fail-window", "0",
+                         "--args", "--max-steps 100000 --log-every 5",
                          ready=lambda line: line.startswith("[gpu"))  # following the ranks
         assert r.returncode == 130, r.stdout + r.stderr
         assert r.stderr.strip().splitlines()[-1] == (

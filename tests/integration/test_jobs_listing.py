@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import NODES, WORKER, invoke, launch, sh, stop, wait_step, wait_unit_ended
+from conftest import NODES, WORKER, invoke, launch, sh, sh_each, stop, wait_step, wait_unit_ended
 
 pytestmark = pytest.mark.provisioned("gpu1", "gpu4")
 
@@ -39,10 +39,7 @@ def test_a_job_that_finished_reads_succeeded_and_its_sampler_timer_stopped(testb
     for h in HOSTS:  # BindsTo=: the timer ended with the job's unit, it fires no more
         assert sh(testbed, h, f"systemctl is-active torchrig-gpumon@{OK}.timer",
                   check=False) == "inactive"
-    time.sleep(35)  # more than one sampling interval: still not started again
-    for h in HOSTS:
-        assert sh(testbed, h, f"systemctl is-active torchrig-gpumon@{OK}.timer",
-                  check=False) == "inactive"
+    seen_inactive = time.monotonic()
     r, doc, rows = jobs(testbed)
     assert r.returncode == 0, r.stderr
     row = rows[OK]
@@ -56,6 +53,12 @@ def test_a_job_that_finished_reads_succeeded_and_its_sampler_timer_stopped(testb
     for h in HOSTS:
         assert sh(testbed, h, f"systemctl is-active torchrig-ended@{OK}.service",
                   check=False) == "active"
+    # more than one sampling interval since the timer was seen ended (the checks above
+    # count towards it): still not started again
+    time.sleep(max(0.0, seen_inactive + 35 - time.monotonic()))
+    for h in HOSTS:
+        assert sh(testbed, h, f"systemctl is-active torchrig-gpumon@{OK}.timer",
+                  check=False) == "inactive"
 
 
 def test_a_running_job_then_stopped_reads_stopped_not_finished(testbed):
@@ -115,22 +118,29 @@ def test_prune_keeps_a_running_job_and_never_follows_a_planted_symlink(testbed):
     assert "never pruned" in doc["prune"]["kept"][RUNNING]
     for h in HOSTS:
         assert set(doc["prune"]["nodes"][h]["pruned"]) >= {OK, STOPPED, FAILED}, doc["prune"]
+        cmds = {"timers": "systemctl list-timers --all --no-pager",
+                # the planted links were removed, never followed
+                "victim": f"cat /etc/victim-{TAG}/file /etc/victim-{TAG}/in/file",
+                # the running job: untouched, still running, files in place
+                "running": f"systemctl is-active torchrig-{RUNNING}.service",
+                "running files": f"ls /etc/torchrig/jobs/{RUNNING}.env /var/log/torchrig/{RUNNING} "
+                                 ">/dev/null && echo ok"}
         for job in (OK, STOPPED, FAILED):
-            left = sh(testbed, h, f"ls /etc/systemd/system/torchrig-{job}.service "
-                                  f"/etc/systemd/system/torchrig-gpumon@{job}.timer "
-                                  f"/etc/systemd/system/torchrig-gpumon@{job}.service "
-                                  f"/etc/systemd/system/torchrig-ended@{job}.service "
-                                  f"/etc/torchrig/jobs/{job}.env /etc/torchrig/jobs/{job}.run "
-                                  f"/etc/torchrig/jobs/{job}.stopped 2>/dev/null || true")
-            assert left == "", (h, job, left)
-            assert job not in sh(testbed, h, "systemctl list-timers --all --no-pager")
-            assert sh(testbed, h, f"test -e /var/log/torchrig/{job} && echo there || echo gone") == "gone"
-        # the planted links were removed, never followed
-        assert sh(testbed, h, f"cat /etc/victim-{TAG}/file /etc/victim-{TAG}/in/file") == "keep\nkeep"
-        # the running job: untouched, still running, files in place
-        assert sh(testbed, h, f"systemctl is-active torchrig-{RUNNING}.service") == "active"
-        assert sh(testbed, h, f"ls /etc/torchrig/jobs/{RUNNING}.env /var/log/torchrig/{RUNNING} "
-                              ">/dev/null && echo ok") == "ok"
+            cmds[job, "left"] = (f"ls /etc/systemd/system/torchrig-{job}.service "
+                                 f"/etc/systemd/system/torchrig-gpumon@{job}.timer "
+                                 f"/etc/systemd/system/torchrig-gpumon@{job}.service "
+                                 f"/etc/systemd/system/torchrig-ended@{job}.service "
+                                 f"/etc/torchrig/jobs/{job}.env /etc/torchrig/jobs/{job}.run "
+                                 f"/etc/torchrig/jobs/{job}.stopped 2>/dev/null || true")
+            cmds[job, "logs"] = f"test -e /var/log/torchrig/{job} && echo there || echo gone"
+        got = sh_each(testbed, h, cmds)
+        for job in (OK, STOPPED, FAILED):
+            assert got[job, "left"] == "", (h, job, got[job, "left"])
+            assert job not in got["timers"], (h, job, got["timers"])
+            assert got[job, "logs"] == "gone", (h, job)
+        assert got["victim"] == "keep\nkeep", (h, got["victim"])
+        assert got["running"] == "active", (h, got["running"])
+        assert got["running files"] == "ok", (h, got["running files"])
     rows = jobs(testbed)[2]
     assert RUNNING in rows and not {OK, STOPPED, FAILED} & set(rows)
     assert stop(testbed, RUNNING).returncode == 0

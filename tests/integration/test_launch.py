@@ -9,10 +9,11 @@ import socket
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import (NODES, WORKER, invoke_bg, ip_of, launch, logs, sh, status, stop,
+from conftest import (NODES, WORKER, invoke_bg, ip_of, launch, logs, sh, sh_each, status, stop,
                       wait_step, wait_unit_ended, wait_until, write_inventory)
 
 pytestmark = pytest.mark.provisioned("gpu1", "gpu4")
@@ -203,31 +204,42 @@ def test_killed_rank_restarts_group_and_resumes(testbed):
 
 
 SHORT_JOBS = 10
+SHORT_JOBS_AT_ONCE = 5
 
 
 def test_short_jobs_end_cleanly_every_time(testbed):
     """A finished job ends cleanly every time. Before: on a fast machine 2 of 15 such jobs had
     a rank abort at teardown after `done` ("terminate called without an active exception"),
     and torchrun then ran the job again from its final checkpoint or waited 5 minutes in its
-    exit barrier. Every job here must end inactive, exit 0, in one attempt, one torchrun run."""
+    exit barrier. Every job here must end inactive, exit 0, in one attempt, one torchrun run.
+    The jobs are launched a few at a time (they overlap, as they did one after another: a job
+    may still run while the next starts); every one of them still goes through its teardown."""
     jobs = [f"t-short{i}" for i in range(SHORT_JOBS)]
     t0 = time.monotonic()
-    for job in jobs:  # one after another: a job may still run while the next starts
-        r = launch(testbed, job, "--args", "--max-steps 6 --log-every 2 --ckpt-every 3")
-        assert r.returncode == 0, r.stderr
-    ended = {}
+    with ThreadPoolExecutor(SHORT_JOBS_AT_ONCE) as ex:
+        for r in ex.map(lambda job: launch(testbed, job, "--args",
+                                           "--max-steps 6 --log-every 2 --ckpt-every 3"), jobs):
+            assert r.returncode == 0, r.stderr
+    units = " ".join(f"torchrig-{job}" for job in jobs)
+    running = list(jobs)
 
-    def all_ended():
-        for job in [j for j in jobs if j not in ended]:
-            _, st = status(testbed, job)
-            if st and all(n["unit"]["ActiveState"] in ("inactive", "failed")
-                          for n in st["nodes"].values()):
-                ended[job] = st
-        return len(ended) == len(jobs) or sorted(set(jobs) - set(ended))
+    def all_ended():  # one command per node for every job's unit
+        states = {h: sh(testbed, h, f"systemctl show -p ActiveState --value {units}", check=False).split()
+                  for h in NODES.split(",")}
+        running[:] = sorted({f"{job} on {h}: {s}" for h, st in states.items()
+                             for job, s in zip(jobs, st) if s not in ("inactive", "failed")}
+                            | {f"{h}: {st}" for h, st in states.items() if len(st) != len(jobs)})
+        return not running
     # a rank that aborts at teardown leaves its peer node in torchrun's 300 s exit barrier
-    wait_until("every short job to end (still running: the last answer)",
-               lambda: all_ended() is True, 240)
+    try:
+        wait_until("every short job to end", all_ended, 240, interval=5)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; still running: {running}") from None
+    with ThreadPoolExecutor(SHORT_JOBS_AT_ONCE) as ex:
+        ended = dict(zip(jobs, ex.map(lambda job: status(testbed, job)[1], jobs)))
+        texts = dict(zip(jobs, ex.map(lambda job: logs(testbed, job).stdout, jobs)))
     for job, st in ended.items():
+        assert st, job
         for node, n in st["nodes"].items():
             u = n["unit"]
             assert (u["ActiveState"], u["Result"], u["ExecMainStatus"], u["NRestarts"]) == \
@@ -235,11 +247,18 @@ def test_short_jobs_end_cleanly_every_time(testbed):
             assert (n["attempt"], n["torchrun_starts"]) == (0, 1), (job, node, n)
         assert any((n["progress"] or "").startswith("done step=6 loss=")
                    for n in st["nodes"].values()), (job, st)
-        text = logs(testbed, job).stdout
+        text = texts[job]
         assert len(re.findall(r"\] start rank=\d ", text)) == 4, (job, text[-2000:])
         for bad in ("resume step=", "terminate called", "Fatal Python error", "Traceback"):
             assert bad not in text, (job, bad, text[-2000:])
     print(f"{len(jobs)} jobs ended cleanly in {time.monotonic() - t0:.0f}s")
+
+
+# "sigterm" once every worker on the node has a SIGTERM pending (bit 15 of its pending set),
+# "gone" when none is left, else "waiting"
+STOPPED_TERM = (f"ps=$(pgrep -f {WORKER}); [ -n \"$ps\" ] || {{ echo gone; exit; }}; "
+                "for p in $ps; do m=$(awk '/^ShdPnd:/ {print $2}' /proc/$p/status 2>/dev/null); "
+                "[ $(( (0x${m:-0} >> 14) & 1 )) = 1 ] || { echo waiting; exit; }; done; echo sigterm")
 
 
 def test_survivor_restart_clears_its_folder_and_logs_says_so(testbed):
@@ -262,9 +281,15 @@ def test_survivor_restart_clears_its_folder_and_logs_says_so(testbed):
     for t in readers:
         t.start()
     try:
-        pid = sh(testbed, "gpu4", f"pgrep -f {WORKER} | head -1")
-        assert pid.isdigit(), pid
-        sh(testbed, "gpu4", f"kill -9 {pid}")
+        # gpu4's group fails: all its ranks at once (one alone would leave its peer rank in a
+        # collective with the stopped gpu1, which torchrun kills only after its 30 s grace)
+        killed = sh(testbed, "gpu4", f"pkill -9 -e -f {WORKER}")
+        assert "killed" in killed, killed
+        # gpu1's agent stops its (stopped) workers for the restart: once its SIGTERM is pending
+        # they are let go, so they end on it instead of at torchrun's SIGKILL 30 s later
+        wait_until("gpu1's agent to send its stopped workers SIGTERM",
+                   lambda: sh(testbed, "gpu1", STOPPED_TERM, check=False) in ("sigterm", "gone"), 120, 1)
+        sh(testbed, "gpu1", f"pkill -CONT -f {WORKER} || true")
 
         def resumed_and_trained():
             mine = [ln for ln in list(lines) if ln.startswith("[gpu1/r0] ")]
@@ -371,9 +396,9 @@ CONNECT = ("python3 -I -c 'import socket, sys\n"
            "except OSError as e: print(\"closed\", e.errno)' ")
 
 
-def connects(inv, host, user, address, port) -> str:
-    """'open' or 'closed <errno>': a TCP connection from `host` as `user` (root: `sudo`)."""
-    return sh(inv, host, f"runuser -u {user} -- {CONNECT} {address} {port}").split()[0]
+def connect_cmd(user, address, port) -> str:
+    """Prints 'open' or 'closed <errno>': a TCP connection as `user` (root: `sudo`)."""
+    return f"runuser -u {user} -- {CONNECT} {address} {port}"
 
 
 def test_rendezvous_port_closed_to_strangers_while_the_job_trains(testbed):
@@ -388,29 +413,39 @@ def test_rendezvous_port_closed_to_strangers_while_the_job_trains(testbed):
     assert r.returncode == 0, r.stderr
     step = wait_step(testbed, job, 10)
     store = ip_of(testbed, "gpu1")
-    for h in ("gpu1", "gpu4"):
-        sh(testbed, h, "id mallory >/dev/null 2>&1 || useradd --no-create-home mallory")
-        assert connects(testbed, h, "torchrig", store, port) == "open"   # the job's own user
-        assert connects(testbed, h, "mallory", store, port) == "closed", h
-    assert connects(testbed, "gpu1", "root", "127.0.0.1", port) == "open"
-    assert connects(testbed, "gpu1", "mallory", "127.0.0.1", port) == "closed"
-    # from outside the fleet: the store, and the ephemeral ports gloo's workers listen on
+    # the ephemeral ports gloo's workers listen on
     listening = sh(testbed, "gpu1", "ss -Htln | awk '{print $4}'")
     gloo = sorted(p for p in {int(a.rsplit(":", 1)[1]) for a in listening.split()} if p >= 32768)
     assert gloo, listening
+    # each node's checks in one command (user mallory made first): (user, address, port) ->
+    # what is expected. gloo's listeners: the service user reaches them, another local user
+    # does not (on the node itself, and from the other node of the fleet)
+    expect = {"gpu1": {("torchrig", store, port): "open",   # the job's own user
+                       ("mallory", store, port): "closed",
+                       ("root", "127.0.0.1", port): "open",
+                       ("mallory", "127.0.0.1", port): "closed",
+                       ("torchrig", store, gloo[0]): "open",
+                       ("mallory", store, gloo[0]): "closed"},
+              "gpu4": {("torchrig", store, port): "open",
+                       ("mallory", store, port): "closed",
+                       ("mallory", store, gloo[0]): "closed"}}
+    for h, want in expect.items():
+        got = sh_each(testbed, h, {"user": "id mallory >/dev/null 2>&1 || useradd --no-create-home mallory",
+                                   **{k: connect_cmd(*k) for k in want}})
+        assert {k: (got[k].split() or ["?"])[0] for k in want} == want, (h, got)
+    # from outside the fleet: the store and gloo's ports
     for p in (port, *gloo):
         with pytest.raises(OSError):
             socket.create_connection((store, p), timeout=5).close()
-    # gloo's listeners on the nodes: the service user reaches them, another local user does
-    # not (on the node itself, and from the other node of the fleet)
-    assert connects(testbed, "gpu1", "torchrig", store, gloo[0]) == "open"
-    assert connects(testbed, "gpu1", "mallory", store, gloo[0]) == "closed"
-    assert connects(testbed, "gpu4", "mallory", store, gloo[0]) == "closed"
     # the job still trains across both nodes
     wait_step(testbed, job, step + 10)
-    run_id = sh(testbed, "gpu1", f"cat /etc/torchrig/jobs/{job}.run").split("PET_RDZV_ID=")[1].split()[0]
-    assert len(run_id) == 32 and sh(testbed, "gpu1", f"stat -c '%a %U' /etc/torchrig/jobs/{job}.run") == "600 root"
-    runs = sh(testbed, "gpu1", f"ls /var/log/torchrig/{job}/")
+    got = sh_each(testbed, "gpu1", {"run": f"cat /etc/torchrig/jobs/{job}.run",
+                                    "mode": f"stat -c '%a %U' /etc/torchrig/jobs/{job}.run",
+                                    "runs": f"ls /var/log/torchrig/{job}/",
+                                    "seen": f"ps -eo args; cat /etc/systemd/system/torchrig-{job}.service"})
+    run_id = got["run"].split("PET_RDZV_ID=")[1].split()[0]
+    assert len(run_id) == 32 and got["mode"] == "600 root", got["mode"]
+    runs = got["runs"]
     assert f"{run_id}_" in runs and f"{job}_" not in runs, runs
-    assert run_id not in sh(testbed, "gpu1", f"ps -eo args; cat /etc/systemd/system/torchrig-{job}.service")
+    assert got["seen"] and run_id not in got["seen"]
     assert stop(testbed, job).returncode == 0

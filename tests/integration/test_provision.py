@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import invoke, invoke_bg, provision, sh, steps_of, wait_until, write_inventory
+from conftest import invoke, invoke_bg, provision, sh, sh_each, steps_of, wait_until, write_inventory
 
 
 SNAPSHOT = ("find /etc -xdev -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum; "
@@ -108,27 +108,32 @@ def test_fresh_provision_waits_for_lock_reboots_and_converges(testbed, fleet):
         assert st[name]["status"] == "changed", st[name]
     assert st["driver-services"]["status"] in ("changed", "ok")
 
-    pkgs = sh(testbed, "gpu2", "dpkg-query -W -f='${Package}=${Version}\\n' nvidia-open "
-                              "nvidia-fabricmanager-570 cuda-toolkit-12-8 libnccl2 libnccl-dev")
+    got = sh_each(testbed, "gpu2", {
+        "pkgs": "dpkg-query -W -f='${Package}=${Version}\\n' nvidia-open "
+                "nvidia-fabricmanager-570 cuda-toolkit-12-8 libnccl2 libnccl-dev",
+        "held": "apt-mark showhold",
+        "driver": "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u",
+        "active": "systemctl is-active nvidia-fabricmanager nvidia-persistenced",
+        "modes": "stat -c '%n %a %U:%G' /opt/torchrig /etc/torchrig /srv/torchrig/data "
+                 "/srv/torchrig/checkpoints /var/log/torchrig",
+        "src": "cat /etc/apt/sources.list.d/torchrig-cuda.sources"})
+    pkgs = got["pkgs"]
     assert pkgs.split() == ["cuda-toolkit-12-8=12.8.93-1", "libnccl-dev=2.26.2-1+cuda12.8",
                             "libnccl2=2.26.2-1+cuda12.8", "nvidia-fabricmanager-570=570.172.08-1",
                             "nvidia-open=570.172.08-1"]
-    held = sh(testbed, "gpu2", "apt-mark showhold").split()
+    held = got["held"].split()
     assert {"nvidia-open", "nvidia-fabricmanager-570", "cuda-toolkit-12-8", "libnccl2",
             "libnccl-dev"} <= set(held)
-    assert sh(testbed, "gpu2", "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u") \
-        == "570.172.08"
-    assert sh(testbed, "gpu2", "systemctl is-active nvidia-fabricmanager nvidia-persistenced").split() \
-        == ["active", "active"]
+    assert got["driver"] == "570.172.08"
+    assert got["active"].split() == ["active", "active"]
     assert sh(testbed, "gpu2", "/opt/torchrig/venv/bin/python -c 'import torch; print(torch.__version__)'",
               sudo=False).splitlines()[-1] == "2.13.0+cpu"
-    modes = sh(testbed, "gpu2", "stat -c '%n %a %U:%G' /opt/torchrig /etc/torchrig /srv/torchrig/data "
-                                "/srv/torchrig/checkpoints /var/log/torchrig")
+    modes = got["modes"]
     assert modes.splitlines() == ["/opt/torchrig 755 root:root", "/etc/torchrig 755 root:root",
                                   "/srv/torchrig/data 750 torchrig:torchrig",
                                   "/srv/torchrig/checkpoints 755 root:root",
                                   "/var/log/torchrig 755 root:root"]
-    src = sh(testbed, "gpu2", "cat /etc/apt/sources.list.d/torchrig-cuda.sources")
+    src = got["src"]
     assert "Suites: /" in src and "Signed-By: /usr/share/keyrings/cuda-archive-keyring.gpg" in src
 
 

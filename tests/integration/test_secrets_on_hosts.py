@@ -1,8 +1,8 @@
 """Secrets on real hosts: provision with a pip index and an nccl-tests git URL that carry
 credentials, served by a server that refuses anything without them. Every output mode, every
 file the host wrote and every process's command line on this machine (the hosts' processes
-included) is searched for each secret form. The first test needs a fresh gpu1 (in a full run,
-test_testbed_hosts's down/up gives one); the others need it provisioned."""
+included) is searched for each secret form. The first test needs a fresh gpu1 (the session's fleet
+resets it when an earlier file provisioned it); the others need it provisioned."""
 
 import base64
 import json

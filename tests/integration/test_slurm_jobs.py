@@ -103,7 +103,8 @@ def test_compute_node_powered_off_fails_the_job_in_bounded_time_and_is_named(slu
     machines.power_off("gpu4")
     t0 = time.monotonic()
     try:
-        # slurmctld: the node stops answering (SlurmdTimeout=60), the job fails (no requeue)
+        # slurmctld: the node stops answering (SlurmdTimeout: the cluster's node_timeout, 30 s),
+        # the job fails (no requeue)
         state = wait_until("the Slurm job to end", lambda: (
             s if (s := slurm_state(c, "sl-power")) not in ("RUNNING", "COMPLETING", "") else None),
             timeout=300, interval=3)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NODES, invoke, launch, logs, sh, status, wait_unit_ended
+from conftest import NODES, invoke, launch, logs, sh, sh_each, status, wait_unit_ended
 
 pytestmark = pytest.mark.provisioned("gpu1", "gpu4")
 PROJECT = Path(__file__).resolve().parents[1] / "projects" / "ddp_six"
@@ -55,13 +55,19 @@ def test_a_project_runs_with_its_dependency_installed_once(testbed, project):
     st = status(testbed, "u-script")[1]["nodes"]["gpu1"]
     assert st["progress"] is None and st["last_line"] == "finished 3 steps", st
     # the ignored file never reached a node; the project's files did
+    stamp = {}
     for h in NODES.split(","):
-        assert sh(testbed, h, "find /opt/torchrig/workdirs -name big.bin | wc -l") == "0"
-        assert sh(testbed, h, "find /opt/torchrig/workdirs -path '*/trainer/run.py' | wc -l") != "0"
-        # six lives in the job environment, the torch venv is untouched
-        assert sh(testbed, h, f"ls -d {ENVS}/{env}/lib/python3*/site-packages/six.py | wc -l") == "1"
-        assert sh(testbed, h, "ls /opt/torchrig/venv/lib/python3*/site-packages/ | grep -c '^six' || true") == "0"
-    stamp = {h: sh(testbed, h, f"stat -c %Y {ENVS}/{env}/.complete") for h in NODES.split(",")}
+        got = sh_each(testbed, h, {
+            "big": "find /opt/torchrig/workdirs -name big.bin | wc -l",
+            "run.py": "find /opt/torchrig/workdirs -path '*/trainer/run.py' | wc -l",
+            # six lives in the job environment, the torch venv is untouched
+            "six": f"ls -d {ENVS}/{env}/lib/python3*/site-packages/six.py | wc -l",
+            "venv six": "ls /opt/torchrig/venv/lib/python3*/site-packages/ | grep -c '^six' || true",
+            "stamp": f"stat -c %Y {ENVS}/{env}/.complete"})
+        assert got["big"] == "0" and got["run.py"] not in ("0", ""), (h, got)
+        assert got["six"] == "1" and got["venv six"] == "0", (h, got)
+        assert got["stamp"].isdigit(), (h, got)
+        stamp[h] = got["stamp"]
 
     # a second launch with the same dependencies (as a module this time) installs nothing
     r = launch(testbed, "u-module", "--workdir", str(project), "--module", "trainer.run",
@@ -73,8 +79,10 @@ def test_a_project_runs_with_its_dependency_installed_once(testbed, project):
     assert "built" not in said, said
     assert "(0 file(s) sent)" in said   # the release is on the nodes already
     for h in NODES.split(","):
-        assert sh(testbed, h, f"stat -c %Y {ENVS}/{env}/.complete") == stamp[h]
-        assert '"-m" "trainer.run"' in sh(testbed, h, "grep ExecStart /etc/systemd/system/torchrig-u-module.service")
+        got = sh_each(testbed, h, {"stamp": f"stat -c %Y {ENVS}/{env}/.complete",
+                                   "unit": "grep ExecStart /etc/systemd/system/torchrig-u-module.service"})
+        assert got["stamp"] == stamp[h], (h, got)
+        assert '"-m" "trainer.run"' in got["unit"], (h, got)
     assert "finished 2 steps" in _ran(testbed, "u-module")
     # its steps, written with the progress module pushed with the release, reach status
     st = status(testbed, "u-module")[1]["nodes"]["gpu1"]

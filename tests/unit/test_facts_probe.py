@@ -438,3 +438,17 @@ def test_a_journal_read_keeps_a_bounded_number_of_ranks_and_bytes(monkeypatch):
     note = probe.cut_note(cut, "the journal")
     assert f"{1000 - probe_host.MAX_RANKS} line(s) of ranks past the first 256 left out" in note
     assert "line(s) left out (at most 10000 bytes kept)" in note
+
+
+def test_probe_merge_joins_requests_and_refuses_a_name_asked_two_ways():
+    """One round trip for several callers' facts (launch: health, versions, jobs, release)."""
+    import pytest
+    from torchrig.facts import probe
+    got = probe.merge({"run": {"a": ["x"]}, "exists": ["/p"], "host": True},
+                      {"run": {"a": ["x"], "b": ["y"]}, "exists": ["/p", "/q"], "read": {"r": {"path": "/r"}}})
+    assert got == {"run": {"a": ["x"], "b": ["y"]}, "exists": ["/p", "/q"], "host": True,
+                   "read": {"r": {"path": "/r"}}}
+    with pytest.raises(ValueError, match="run: \\['a'\\] asked for twice"):
+        probe.merge({"run": {"a": ["x"]}}, {"run": {"a": ["z"]}})
+    with pytest.raises(ValueError, match="connect: asked for twice"):
+        probe.merge({"connect": {"port": 1}}, {"connect": {"port": 2}})

@@ -108,6 +108,8 @@ def _job():
 def launch_scripts():
     j = _job()
     out, scripts = [], []
+    base, h, src = "/opt/torchrig/payload", "0123456789abcdef", "fedcba9876543210"
+    switch = onhost.script("push/switch.sh", base=base, h=h)  # what launch sends: in install
     for n in j.nodes:
         out.append(section(f"{n.host} torchrun argv", json.dumps(lplan.torchrun_argv(j, n), indent=1) + "\n"))
         out.append(section(f"{n.host} {lplan.env_path(j.name)}", lplan.render_env(j, n)))
@@ -115,13 +117,12 @@ def launch_scripts():
         out.append(section(f"{n.host} {lplan.unit_path(j.name)}", lplan.render_unit(j, n)))
         for path, text in lplan.render_gpumon(j, n, run.GPU_SAMPLE_S).items():
             out.append(section(f"{n.host} {path}", text))
-        scripts.append((f"{n.host} install", run.install_script(j, n)))
+        scripts.append((f"{n.host} install", run.install_script(j, n, switch)))
     scripts += [("start (GPU node)", run.start_script(j, True)),
                 ("start (CPU node)", run.start_script(j, False)),
                 ("undo (keep files)", run.undo_script(j, False)),
                 ("undo (remove files)", run.undo_script(j, True)),
                 ("stop", run.stop_script(j.name))]
-    base, h, src = "/opt/torchrig/payload", "0123456789abcdef", "fedcba9876543210"
     scripts += [("push probe", onhost.script("push/probe.sh", base=base, h=h)),
                 ("push install", onhost.script("push/install.sh", base=base, h=h, src=src)),
                 ("push switch", onhost.script("push/switch.sh", base=base, h=h))]

@@ -278,16 +278,40 @@ def test_skip_unhealthy_leaves_the_node_out_and_says_so(gate):
 
 
 def test_with_nodes_only_the_first_n_are_gated_unless_skipping(gate, monkeypatch):
+    """launch's one probe judges health: only the first N nodes are probed, unless
+    --skip-unhealthy (every selected host; the first N healthy ones are the nodes); the
+    unhealthy node is refused or left out before the version gate looks at the nodes."""
     import types
+    from torchrig.errors import TorchrigError
     from torchrig.launch import run, service
-    health_gate, hosts, seen = gate
-    monkeypatch.setattr(run, "launch", lambda fleet, hosts, o, log: [h.name for h in hosts])
+    _, hosts, seen = gate
+
+    class Judged(Exception):
+        pass
+
+    def probe_nodes(fleet, hosts, src=None):
+        seen.append([h.name for h in hosts])
+        return run.Probed(None, _report({"gpu2"}, [h.name for h in hosts]), {})
+
+    def judge_versions(rep, hosts, job):
+        raise Judged([h.name for h in hosts])
+    monkeypatch.setattr(run, "probe_nodes", probe_nodes)
+    monkeypatch.setattr(run, "judge_versions", judge_versions)
     s = types.SimpleNamespace(backend="systemd")
-    fleet = types.SimpleNamespace(hosts=[types.SimpleNamespace(name=h.name, settings=s) for h in hosts])
-    assert service.launch(fleet, run.LaunchOptions(job="j"), nodes=1) == ["gpu1"] and seen == [["gpu1"]]
-    fleet.hosts = [types.SimpleNamespace(name=h.name, settings=s) for h in hosts]
-    assert service.launch(fleet, run.LaunchOptions(job="j"), nodes=2, skip_unhealthy=True,
-                          log=lambda *_: None) == ["gpu1", "gpu3"]
+
+    def launch(nodes, **kw):
+        fleet = types.SimpleNamespace(hosts=[types.SimpleNamespace(name=h.name, settings=s)
+                                             for h in hosts], inv=None)
+        with pytest.raises(Judged) as got:
+            service.launch(fleet, run.LaunchOptions(job="j"), nodes=nodes, **kw)
+        assert [h.name for h in fleet.hosts] == got.value.args[0]  # what Ctrl-C names
+        return got.value.args[0]
+    assert launch(1) == ["gpu1"] and seen == [["gpu1"]]
+    said = []
+    assert launch(2, skip_unhealthy=True, log=said.append) == ["gpu1", "gpu3"]
+    assert seen[-1] == ["gpu1", "gpu2", "gpu3"] and said[0].startswith("left out unhealthy node(s) gpu2")
+    with pytest.raises(TorchrigError, match=r"^nothing started: unhealthy node\(s\): gpu2: xid"):
+        launch(2)
 
 
 # ------------------------------------------------------------------- Slurm drain/resume

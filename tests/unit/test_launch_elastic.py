@@ -76,8 +76,34 @@ def test_elastic_torchrun_arguments_and_unit():
     plain = job(3)
     assert "TORCHRIG_RDZV_CANDIDATES" not in plan.node_env(plain, plain.nodes[0])
     assert "RestartForceExitStatus" not in plan.render_unit(plain, plain.nodes[0])
+    assert "ExecStopPost" not in plan.render_unit(plain, plain.nodes[0])
     a = plan.torchrun_argv(plain, plain.nodes[0])
     assert a[a.index("--nnodes") + 1] == "3"
+
+
+@pytest.mark.parametrize("result,code,status,disabled", [
+    ("success", "exited", "0", True), ("exit-code", "exited", "1", False),
+    ("success", "killed", "15", False), ("signal", "killed", "9", False)])
+def test_an_elastic_unit_that_ended_on_its_own_is_disabled(tmp_path, result, code, status, disabled):
+    """The unit's ExecStopPost, run by sh as systemd would (its $$ made $): torchrun's exit 0
+    disables the unit (nothing to rejoin at boot); a failure or a signal leaves it enabled."""
+    import subprocess
+    j = job(3, min_nodes=2)
+    line = next(ln for ln in plan.render_unit(j, j.nodes[0]).splitlines()
+                if ln.startswith("ExecStopPost=+"))
+    argv = line.removeprefix("ExecStopPost=+").replace("$$", "$")
+    assert argv.startswith("/bin/sh -c '") and argv.endswith("'")
+    b = tmp_path / "bin"
+    b.mkdir()
+    (b / "systemctl").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/called\n')
+    (b / "systemctl").chmod(0o755)
+    r = subprocess.run(["sh", "-c", argv[len("/bin/sh -c '"):-1]], capture_output=True, text=True,
+                       env={"PATH": f"{b}:/usr/bin:/bin", "SERVICE_RESULT": result,
+                            "EXIT_CODE": code, "EXIT_STATUS": status})
+    assert r.returncode == 0, r.stderr
+    called = tmp_path / "called"
+    assert (called.read_text().split() if called.exists() else None) == (
+        ["disable", "--no-reload", "torchrig-exp1.service"] if disabled else None)
 
 
 def test_a_node_joins_the_first_other_candidate_that_answers():

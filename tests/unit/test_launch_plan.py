@@ -204,24 +204,46 @@ def test_busy_check_counts_stopping_jobs():
     assert "deactivating" in BUSY_UNITS and "activating" in BUSY_UNITS
 
 
-def test_launch_gate_lists_the_nodes_jobs_in_the_same_probe(tmp_path):
-    """launch's version gate and its list of the node's running jobs are one probe round trip
-    per node (verify's `also`); the refusal is decided here from that raw list."""
+def test_launch_probe_asks_health_versions_jobs_and_release_in_one_round_trip(tmp_path):
+    """launch's first probe (run.probe_nodes, the real probe on this machine): GPU health, the
+    version gate, the node's running jobs and the release in one round trip per node, as
+    root; the release found there only once pushed (push.found); the busy refusal is
+    decided here from the raw list."""
+    import os
     from types import SimpleNamespace
-    from torchrig import inventory
+    from torchrig import inventory, resources
     from torchrig.errors import TorchrigError
+    from torchrig.launch import run, stage
+    from torchrig.launch.push import push
     from torchrig.launch.run import _refuse_busy
+    from torchrig.launch.tree import payload_tree
+    from torchrig.connections import LocalConnection
     from torchrig.session import Fleet
-    from torchrig.verify.run import verify
     p = tmp_path / "inv.yml"
-    p.write_text("hosts:\n  - {name: head, connection: local}\n")
+    p.write_text(f"vars: {{prefix: {tmp_path / 'prefix'}}}\nhosts:\n  - {{name: head, connection: local}}\n")
     inv = inventory.load(p)
+    src = stage.Source(payload_tree(resources.PAYLOAD), stage.PAYLOAD_BASE, "")
     with Fleet(inv) as fleet:
         ran = []
         real = fleet.run
-        fleet.run = lambda h, cmd, **kw: ran.append(cmd) or real(h, cmd, **kw)
-        rep = verify(fleet, inv.hosts, full=False, also={"busy": ["printf", "listed"]})
-    assert len(ran) == 1 and rep.also["head"]["busy"]["out"] == "listed"
+        fleet.run = lambda h, cmd, **kw: ran.append((cmd, kw.get("root"))) or real(h, cmd, **kw)
+        got = run.probe_nodes(fleet, inv.hosts, src)
+        assert ran == [("python3 -I -", True)] and not got.versions.unreachable
+        assert got.found == {"head": run.push.Found(False)}
+        raw = got.versions.also["head"]
+        assert raw["run"]["busy"]["rc"] in (0, 1) and "health_xml" in raw["run"]
+        assert [v.host for v in got.health.hosts] == ["head"]
+        if os.geteuid() == 0:  # the push scripts chown to root
+            (tmp_path / "prefix").mkdir(mode=0o755)
+            push(LocalConnection(), src.tree, stage.push_base(src, str(tmp_path / "prefix")))
+            assert run.probe_nodes(fleet, inv.hosts, src).found == {"head": run.push.Found(True)}
+            (tmp_path / "new").mkdir()  # another tree: the delta's base is the current release
+            (tmp_path / "new" / "train.py").write_text("print('new')\n")
+            new = stage.Source(payload_tree(tmp_path / "new"), stage.PAYLOAD_BASE, "")
+            f = run.probe_nodes(fleet, inv.hosts, new).found["head"]
+            assert (f.have, f.src, f.remote) == (False, src.tree.hash, src.tree.manifest())
+            rel, sent = push(LocalConnection(), new.tree, stage.push_base(new, str(tmp_path / "prefix")), f)
+            assert sent == 1 and sorted(os.listdir(rel)) == [".complete", ".manifest.json", "train.py"]
     gpu = SimpleNamespace(name="n1", settings=SimpleNamespace(accelerator="cuda"))
     cpu = SimpleNamespace(name="n1", settings=SimpleNamespace(accelerator="cpu"))
     other = {"rc": 0, "out": "torchrig-old.service loaded active running x\n", "err": ""}

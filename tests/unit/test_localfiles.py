@@ -52,3 +52,32 @@ def test_a_link_planted_at_the_temporary_name_is_refused_not_followed(tmp_path):
     with pytest.raises(FileExistsError):
         write_atomic(tmp_path / "r.html", b"new", 0o644)
     assert victim.read_text() == "keep" and (tmp_path / "r.html").read_text() == "old"
+
+
+
+def test_early_flush_syncs_on_its_thread_as_the_file_grows_and_not_for_a_small_one(
+        tmp_path, monkeypatch):
+    import threading
+    import time
+    from torchrig import localfiles
+    synced = []
+    monkeypatch.setattr(localfiles.os, "fdatasync",
+                        lambda fd: synced.append((fd, threading.current_thread())))
+    fd = os.open(tmp_path / "part", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        small = localfiles.EarlyFlush(fd, every=1000)
+        small.wrote(999)
+        small.close()
+        assert synced == [] and small._thread is None  # no thread, no flush
+        flush = localfiles.EarlyFlush(fd, every=1000)
+        flush.wrote(600)
+        flush.wrote(600)  # past 1000: one flush on the thread
+        deadline = time.monotonic() + 10
+        while not synced and time.monotonic() < deadline:
+            time.sleep(0.005)
+        flush.wrote(600)  # 600 since: none
+        flush.close()
+        assert not flush._thread.is_alive()
+        assert [(f, t) for f, t in synced] == [(fd, flush._thread)]
+    finally:
+        os.close(fd)

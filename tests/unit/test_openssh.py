@@ -105,3 +105,26 @@ def test_a_silent_ssh_is_a_drop(tmp_path, monkeypatch):
     fake_ssh(tmp_path, monkeypatch, "sleep 30")
     with openssh.Carrier(TARGET) as over:
         assert over.stream("x", "", print, print, silence=0.3) is None
+
+
+def test_a_started_ssh_is_taken_by_the_stream_of_its_command_and_ended_otherwise(
+        tmp_path, monkeypatch):
+    """start(): ssh runs before its stdin exists (fetch overlaps its handshake with the
+    listing); the stream of the same command takes that process (one ssh, the request still
+    on stdin), another command's stream or close() ends it (no ssh left behind)."""
+    fake_ssh(tmp_path, monkeypatch, f'echo $$ >> {tmp_path}/pids\nexec bash -c "${{@: -1}}"')
+    pids = tmp_path / "pids"
+    out = bytearray()
+    with openssh.Carrier(TARGET) as over:
+        over.start("cat")
+        first = over._started[1]
+        assert over.stream("cat", "the request\n", out.extend, print, silence=30) == 0
+        assert out == b"the request\n" and first.returncode == 0
+        assert len(pids.read_text().split()) == 1  # the started one carried it
+        over.start("cat")
+        unused = over._started[1]
+        assert over.stream("echo other", "", out.extend, print, silence=30) == 0
+        assert unused.returncode is not None and out.endswith(b"other\n")
+        over.start("sleep 30")
+        left = over._started[1]
+    assert left.returncode is not None and over._started is None

@@ -140,27 +140,40 @@ def _started_reply(req):
                               "files": {"r_1/attempt_0/0/stdout.log": {"text": ""}}}}}
 
 
-def test_launch_of_two_nodes_with_nothing_to_push_is_seven_round_trips_per_node(tmp_path, monkeypatch):
-    """Per node: the health gate (root's probe: the kernel log), the version gate (with the
-    busy check), the push's probe (the release is there: HAVE), its switch, the job's files,
-    the start, one check that the workers run."""
+def _kind(command, data):
+    """What one launch call was, from what it sent."""
+    req = probe_request(data)
+    if req is not None:
+        return "probe" if "smi_query" in req.get("run", {}) else (
+            "poll" if "logs" in req.get("tree", {}) else f"probe {sorted(req)}")
+    if "systemctl start" in data:
+        return "start"
+    if "daemon-reload" in data:
+        return "install" + ("+switch" if 'mv -T "$base/.current.new"' in data else "")
+    return command[:40]
+
+
+def test_launch_of_two_nodes_with_nothing_to_push_is_four_round_trips_per_node(tmp_path, monkeypatch):
+    """Per node: one root probe asking everything known up front (GPU health, the version
+    gate, the jobs running there, the release: there already), the job's files with the
+    release made current, the start (once every node has its files), one check that the
+    workers run."""
     import json
 
     def answer(host, command, data):
         req = probe_request(data)
-        if req and "health_xml" in req.get("run", {}):
-            return 0, json.dumps({"run": {k: {"rc": 0, "out": "", "err": ""} for k in req["run"]},
-                                  "host": {"hostname": "n", "euid": 0}}), ""
         if req and "smi_query" in req.get("run", {}):
+            assert {"health_xml", "busy"} <= set(req["run"]) and any(
+                p.endswith("/.complete") for p in req["exists"]), sorted(req["run"])
             return 0, json.dumps(_gate_reply(req)), ""
         if req and "logs" in req.get("tree", {}):
             return 0, json.dumps(_started_reply(req)), ""
-        if "echo HAVE" in command:
-            return 0, "HAVE\n", ""
         return 0, "", ""
     fleet, calls = fake_fleet(monkeypatch, _inv(tmp_path), answer)
     with fleet:
         got = service.launch(fleet, run.LaunchOptions(job="j1", nproc="1", early_fail_window=0),
                              nodes=2, log=lambda *a, **k: None)
     assert got.started
-    assert per_host(calls) == {"a": 7, "b": 7}
+    assert per_host(calls) == {"a": 4, "b": 4}
+    assert [_kind(c, d) for h, c, d, _ in calls if h == "a"] == [
+        "probe", "install+switch", "start", "poll"]

@@ -18,7 +18,7 @@ LSCPU = json.dumps({"lscpu": [{"field": "CPU(s):", "data": "16"}, {"field": "Soc
 V100_SMI = {"rc": 0, "output": "0, Tesla V100S-PCIE-32GB, 570.172.08\n1, Tesla V100S-PCIE-32GB, 570.172.08"}
 H100_SMI = {"rc": 0, "output": "\n".join(f"{i}, NVIDIA H100 80GB HBM3, 570.172.08" for i in range(8))}
 SPEC = inventory.Slurm(controller="head", compute=("gpu1", "gpu2"), partition="gpu",
-                       cluster_name="lab", cgroup=True)
+                       cluster_name="lab", cgroup=True, node_timeout=60)
 
 
 def node(hostname, **over):
@@ -67,6 +67,7 @@ def test_slurm_conf_and_gres_conf_rendered_from_every_nodes_facts():
     assert cl.blocked is None and cl.munge_key == "k" * 64  # no host has a key yet
     conf = cl.files[managed.SLURM_CONF.template]
     assert "SlurmctldHost=head\n" in conf and "ClusterName=lab\n" in conf
+    assert "SlurmdTimeout=60\n" in conf
     assert ("NodeName=gpu1 NodeHostname=gpu1 CPUs=16 Sockets=2 CoresPerSocket=4 ThreadsPerCore=2 "
             "RealMemory=257000 Gres=gpu:v100s:2 State=UNKNOWN\n") in conf
     assert "NodeName=gpu2 NodeHostname=gpu2 " in conf and "Gres=gpu:h100:8 " in conf
@@ -79,10 +80,11 @@ def test_slurm_conf_and_gres_conf_rendered_from_every_nodes_facts():
     assert "ConstrainDevices=yes" in cl.files[managed.CGROUP_CONF.template]
 
 
-def test_cgroup_false_uses_linuxproc_and_no_cgroup_conf():
-    cl = slurm.plan_cluster(SPEC.model_copy(update={"cgroup": False}), cluster_facts(),
-                            new_key=lambda: "k" * 64)
+def test_cgroup_false_uses_linuxproc_and_no_cgroup_conf_and_node_timeout_is_slurmds():
+    cl = slurm.plan_cluster(SPEC.model_copy(update={"cgroup": False, "node_timeout": 30}),
+                            cluster_facts(), new_key=lambda: "k" * 64)
     conf = cl.files[managed.SLURM_CONF.template]
+    assert "SlurmdTimeout=30\n" in conf
     assert "ProctrackType=proctrack/linuxproc\n" in conf and "TaskPlugin=task/none\n" in conf
     assert "cgroup" not in "".join(ln for ln in conf.splitlines() if not ln.startswith("#"))
     assert managed.CGROUP_CONF.template not in cl.files
@@ -185,6 +187,7 @@ slurm:
     ("  controller: head\n  compute: empty\n", "slurm.compute: no hosts"),
     ("  controller: head\n  compute: train\n  partition: 'a b'\n", "field 'slurm.partition'"),
     ("  controller: head\n  compute: train\n  nodes: 3\n", "field 'slurm.nodes' is not a known key"),
+    ("  controller: head\n  compute: train\n  node_timeout: 5\n", "field 'slurm.node_timeout'"),
 ])
 def test_slurm_section_errors_name_the_field(tmp_path, section, error):
     p = tmp_path / "inv.yml"
@@ -199,7 +202,7 @@ def test_slurm_section_resolves_groups_and_versions_must_match(tmp_path):
     p.write_text(SLURM_INV + "  controller: head\n  compute: [train, head]\n")
     s = inventory.load(p).slurm
     assert s.compute == ("gpu1", "gpu2", "head") and s.hosts == ("head", "gpu1", "gpu2")
-    assert s.partition == "gpu" and s.cgroup is True
+    assert s.partition == "gpu" and s.cgroup is True and s.node_timeout == 60
     p.write_text(SLURM_INV.replace("{name: gpu2, groups: [train]}",
                                    "{name: gpu2, groups: [train], vars: {slurm_version: '23.02.1-1'}}")
                  + "  controller: head\n  compute: train\n")

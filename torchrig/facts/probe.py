@@ -21,6 +21,33 @@ def stdin(request: dict, script: Path = SCRIPT) -> str:
     return script.read_text() + f'\nmain("{b64}")\n'
 
 
+NAMED = ("run", "read", "stat", "glob", "tree")  # request keys whose value is {name: spec}
+
+
+def merge(*requests: dict) -> dict:
+    """One request asking for everything the given ones ask for (one round trip for several
+    callers' facts): their named parts joined, path and user lists joined, `host` or-ed. A
+    name (or another key) two requests give must ask for the same thing."""
+    out: dict = {}
+    for req in requests:
+        for key, want in req.items():
+            if key in NAMED:
+                got = out.setdefault(key, {})
+                clash = [k for k in want if k in got and got[k] != want[k]]
+                if clash:
+                    raise ValueError(f"probe request {key}: {clash} asked for twice, differently")
+                got.update(want)
+            elif key in ("exists", "users"):
+                out[key] = out.get(key, []) + [x for x in want if x not in out.get(key, [])]
+            elif key == "host":
+                out[key] = bool(out.get(key)) or bool(want)
+            elif key in out and out[key] != want:
+                raise ValueError(f"probe request {key}: asked for twice, differently")
+            else:
+                out[key] = want
+    return out
+
+
 def reply(rc: int, stdout: str, stderr: str, what: str = "gathering facts") -> dict:
     """The probe's JSON reply, or one error naming what failed."""
     if rc != 0:

@@ -26,10 +26,10 @@ from ..errors import TorchrigError
 from ..facts import probe
 from ..inventory import Host
 from ..job import check_job_name
-from ..localfiles import fsync_dir, write_atomic
+from ..localfiles import EarlyFlush, fsync_dir, write_atomic
 from ..onhost import HERE as ONHOST, script
 from .. import openssh
-from ..connections import ConnectionLost, stream_carried
+from ..connections import ConnectionLost, start_carried, stream_carried
 from ..quoting import sh
 from ..settings import job_folder
 from ..session import CannotConnect, Fleet, describe_error
@@ -117,16 +117,40 @@ def checked(c: dict, user: str) -> dict:
 
 def fetch(fleet: Fleet, o: FetchOptions, log: Callable[[str], None]) -> FetchResult:
     job = check_job_name(o.job)
-    host, folder, good, refused, left_out = _choose(fleet, job, o, log)
+    early = _start_early(fleet, o)
     try:
-        files = _fetch_chosen(fleet, job, host, folder, good, o, log)
+        host, folder, good, refused, left_out = _choose(fleet, job, o, log)
+        try:
+            files = _fetch_chosen(fleet, job, host, folder, good, o, log, early)
+        finally:
+            _drop(fleet, host, good, log)
     finally:
-        _drop(fleet, host, good, log)
+        if early and early[0] is not None:
+            early[0].close()  # not taken (nothing to send) or taken and closed: idempotent
     return FetchResult(job, host.name, folder, str(o.to), files, refused, left_out)
 
 
+def _start_early(fleet: Fleet, o: FetchOptions):
+    """--all from one host: the carrier decided and its `ssh` for the first read started
+    before the listing, so ssh's handshake and the node's start-up overlap the listing's round
+    trip -> (carrier or None, why not) for the first file's transfer; None when nothing was
+    started (several hosts: which one holds the checkpoints is not known yet; no --all: the
+    snapshot comes first; a failed connection: the listing reports it)."""
+    if not o.all or len(fleet.hosts) != 1:
+        return None
+    host = fleet.hosts[0]
+    try:
+        cxn = fleet.conn(host)
+        over, not_over = openssh.carrier(cxn)
+        if over is not None:
+            start_carried(over, cxn, _command(host, "read"), root=True)
+    except (TorchrigError, *DROPS):
+        return None
+    return over, not_over
+
+
 def _fetch_chosen(fleet: Fleet, job: str, host: Host, folder: str, good: list[dict],
-                  o: FetchOptions, log: Callable[[str], None]) -> list[Fetched]:
+                  o: FetchOptions, log: Callable[[str], None], early=None) -> list[Fetched]:
     to = Path(o.to)
     try:
         to.mkdir(parents=True, exist_ok=True)
@@ -138,7 +162,8 @@ def _fetch_chosen(fleet: Fleet, job: str, host: Host, folder: str, good: list[di
     files: list[Fetched] = []
     try:
         for c in good:
-            files.append(_transfer(fleet, host, folder, c, to, o.bwlimit, log))
+            files.append(_transfer(fleet, host, folder, c, to, o.bwlimit, log, early))
+            early = None  # the first file's
     finally:  # what arrived is recorded even when a later file fails
         entries = [{"job": job, "name": f.name, "step": f.step, "size": f.size,
                     "sha256": f.sha256, "node": host.name, "node_path": f"{folder}/{f.name}",
@@ -223,10 +248,11 @@ def _sha256_file(path: Path, upto: int | None = None) -> hashlib._Hash:
 
 
 def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit: int,
-              log: Callable[[str], None]) -> Fetched:
+              log: Callable[[str], None], early=None) -> Fetched:
     """One file into a partial file under `to`, resumed after drops, renamed into place when
     the SHA-256 of the bytes received is the node's. A snapshot's hash is known before the
-    transfer; --all's arrives after the last byte (the node hashes while it sends)."""
+    transfer; --all's arrives after the last byte (the node hashes while it sends). early:
+    _start_early()'s carrier, already decided."""
     name, size, digest = c["name"], c["size"], c["sha256"]
     if not plan.safe_name(name):  # candidates and all_files only pass safe names; kept anyway
         raise TorchrigError(f"{host.name}: refusing to write {name!r} (not a plain file name)")
@@ -244,6 +270,7 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
     fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     said: dict = {"ident": c["ident"]} if c.get("ident") else {}
     over: openssh.Carrier | None = None  # ssh carrying the bytes, when it can
+    flush = EarlyFlush(fd)
     try:
         try:  # two fetches appending to one partial file would garble it
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -268,6 +295,7 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
                 h.update(chunk)
                 offset += len(chunk)
                 got.transferred += len(chunk)
+                flush.wrote(len(chunk))
 
             if pipelined:  # the same file on every resume: the ident the first read gave
                 request = {"op": "read", "dir": folder, "name": name, "offset": offset,
@@ -281,7 +309,7 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
             try:
                 cxn = fleet.conn(host)
                 if not decided:  # once per file
-                    over, not_over = openssh.carrier(cxn)
+                    over, not_over = early or openssh.carrier(cxn)
                     if not_over:
                         log(f"{host.name}: {name}: carried over paramiko, not ssh ({not_over})")
                     decided = True
@@ -327,8 +355,10 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
             got.resumed_at.append(offset)
             fleet.drop(host)
             time.sleep(min(0.5 * 2 ** (drops - 1), 5))
+        flush.close()
         os.fsync(fd)
     finally:
+        flush.close()
         os.close(fd)
         if over is not None:
             over.close()

@@ -1,6 +1,7 @@
 """launch's health gate: before anything starts, a node whose GPU health is FAIL is refused
 with one error naming the host, the GPU and the reason, or left out (--skip-unhealthy, said
-so). One root probe round trip per node (verify/health_run.py), before --nodes picks them.
+so), before --nodes picks them. Health's commands (verify/health_run.py) run as root in the
+launch's first probe of each node (run.py); a Slurm launch gathers them in a probe of their own.
 With the Slurm backend the node is also drained on the controller with the reason, and
 `torchrig health --resume NODE` resumes it once its health is no longer FAIL."""
 
@@ -33,7 +34,13 @@ def gate(fleet: Fleet, hosts: list[Host], skip: bool = False, log=print,
     slurm: the unhealthy compute nodes are drained first (Slurm schedules nothing there)."""
     if not hosts:  # nothing to judge (launch's own checks name an empty selection)
         return hosts
-    rep = health_run.check(fleet, hosts)
+    return judge(fleet, health_run.check(fleet, hosts), hosts, skip, log, slurm)
+
+
+def judge(fleet: Fleet, rep, hosts: list[Host], skip: bool = False, log=print,
+          slurm: bool = False) -> list[Host]:
+    """gate()'s verdict on a health report already gathered (a systemd launch gathers it in
+    its one probe per node: run.py)."""
     if rep.unreachable:  # as launch's own gate words it
         raise TorchrigError("nothing started: " + "; ".join(
             f"{h}: {e}" for h, e in rep.unreachable.items()))

@@ -211,6 +211,7 @@ def render_unit(job: Job, n: Node) -> str:
                                    store_lost=elastic.STORE_LOST,
                                    restart_sec=elastic.RESTART_SEC,
                                    stop_record=stop_record(JOBS_DIR, job.name),
+                                   unit=unit_name(job.name),
                   job=job.name, host=n.host, node_rank=n.node_rank, nnodes=job.nnodes,
                   user=n.user, workdir=systemd_path(job.release), env_file=env_path(job.name),
                   run_id_file=managed.JOB_RUN_ID.path(job.name),

@@ -17,13 +17,14 @@ from ..resources import PAYLOAD
 from ..secrets import Redactor, is_secret
 from ..terminal import printable
 from ..settings import JOBS_DIR, job_folder, procs_per_node
-from ..verify.run import verify
+from ..verify import evaluate, health_run
+from ..verify.run import VerifyReport, verify
 from ..job import (DEFAULTS, JOB_RE, RUNNING_STATES, check_job_name, gpumon_name, job_of_unit, job_port,
                    health_record, stop_record, unit_name)
 from .plan import (Job, Node, check_env_key, job_changes, job_paths, launch_marker, parse_env, redact_env,
                    split_args, unit_path)
-from ..session import Fleet, Outcome
-from . import elastic, stage
+from ..session import Fleet, Outcome, Result
+from . import elastic, health_gate, push, stage
 from .stage import Staged
 
 GPU_SAMPLE_S = 30  # seconds between samples (GPU use for status, metrics for node_exporter)
@@ -173,15 +174,49 @@ def check_data(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print) -> 
         log(f"dataset {o.data}: the same on every node ({o.data_verify} check)")
 
 
+@dataclass
+class Probed:
+    """What launch's first probe found on each node, before anything is written."""
+    versions: VerifyReport             # verify's fast gate (.also: each node's raw reply)
+    health: VerifyReport               # GPU health, as `torchrig health` judges it
+    found: dict[str, push.Found]       # what each node holds of the release (src given)
+
+
+def probe_nodes(fleet: Fleet, hosts: list[Host], src: stage.Source | None = None) -> Probed:
+    """Launch's one probe round trip per node, as root (the kernel log that GPU health reads
+    is root's), asking at once everything known before anything is written: GPU health,
+    verify's fast version gate, the node's running jobs and (src) whether it holds the
+    release already (read only: the push's lock and touch come with the job's install)."""
+    base = stage.push_base(src, hosts[0].settings.prefix) if src else ""
+    also = probe.merge(health_run.request(), {"run": {"busy": BUSY_ARGV}},
+                       push.probe_request(base, src.tree.hash) if src else {})
+    rep = verify(fleet, hosts, full=False, also=also, root=True)
+    health = health_run.report(hosts, [
+        Result(h.name, False, error=rep.unreachable[h.name]) if h.name in rep.unreachable
+        else Result(h.name, True, rep.also[h.name]) for h in hosts])
+    found = {h: push.found(raw, base, src.tree.hash) for h, raw in rep.also.items()} if src else {}
+    return Probed(rep, health, found)
+
+
 def _gate(fleet: Fleet, hosts: list[Host], job: str) -> dict[str, str | None]:
     """verify's fast version gate and the node's running jobs, in one probe round trip per
-    host; refuses a busy node, then a failed gate; returns each node's interface."""
-    rep = verify(fleet, hosts, full=False, also={"busy": BUSY_ARGV})
+    host (a Slurm launch's: its health gate probes on its own, gate_slurm); see
+    judge_versions."""
+    rep = verify(fleet, hosts, full=False, also={"run": {"busy": BUSY_ARGV}})
+    return judge_versions(rep, hosts, job)
+
+
+def judge_versions(rep: VerifyReport, hosts: list[Host], job: str) -> dict[str, str | None]:
+    """The job's nodes (hosts, among those probed) against the probe: refuses an unreachable
+    node, a busy node, then a failed version gate; returns each node's interface."""
     if rep.unreachable:
         raise TorchrigError("nothing started: " + "; ".join(
             f"{h}: {e}" for h, e in rep.unreachable.items()))
+    names = {h.name for h in hosts}
+    rep = VerifyReport([v for v in rep.hosts if v.host in names], also=rep.also)
+    rep.gate = evaluate.version_gate(rep.hosts)
     for h in hosts:
-        _refuse_busy(h, job, rep.also[h.name]["busy"])
+        _refuse_busy(h, job, rep.also[h.name]["run"]["busy"])
     if rep.gate[0] != "PASS":
         raise TorchrigError("nothing started: the version gate failed: " + "; ".join(rep.gate[2])
                             + " (run `torchrig verify` for details, `torchrig provision` to fix)")
@@ -217,29 +252,41 @@ def _refuse_busy(h: Host, job: str, listed: dict) -> None:
                             "Stop it or choose other hosts")
 
 
-def launch(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print) -> Launched:
+def launch(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print,
+           skip_unhealthy: bool = False, pick=None) -> Launched:
+    """Start the job on the nodes, everywhere or nowhere. hosts: the nodes (with
+    skip_unhealthy: the candidates, the unhealthy ones left out, then pick(healthy) chooses
+    the nodes); fleet.hosts becomes the nodes. Round trips per node with nothing to push:
+    the probe (every check known up front), the job's files (and the release made current),
+    the start (only once every node has its files), the polls until the workers run."""
     t0 = time.monotonic()
     inv = fleet.inv
     if not hosts:
         raise TorchrigError("no hosts selected")
     check_options(o)  # before any host is touched
-    check_batch(hosts, o)
+    check_batch(hosts if pick is None else pick(hosts), o)
     src = stage.source(o, hosts[0])
-    interfaces = _gate(fleet, hosts, o.job)
+    pre = probe_nodes(fleet, hosts, None if o.dry_run else src)
+    hosts = health_gate.judge(fleet, pre.health, hosts, skip_unhealthy, log)
+    if pick is not None:
+        hosts = pick(hosts)
+        check_batch(hosts, o)
+    fleet.hosts = hosts  # what a Ctrl-C of a following task names
+    interfaces = judge_versions(pre.versions, hosts, o.job)
     check_data(fleet, hosts, o, log)
     prefix = hosts[0].settings.prefix
     if o.dry_run:
         staged = Staged(stage.release_of(src, prefix), src.support)
     else:
-        staged = stage.stage(fleet, hosts, src, log=log)
+        staged = stage.stage(fleet, hosts, src, log=log, found=pre.found, switch=False)
     job = plan_job(inv, hosts, o, staged.release, interfaces, staged)
     out = Launched(job)
     if o.dry_run:
         out.changes = _dry_run(fleet, hosts, job)
         return out
     by_name = {h.name: h for h in hosts}
-    installed = fleet.fan_out(lambda n: _install(fleet, by_name[n.host], job, n), job.nodes,
-                              name=lambda n: n.host)
+    installed = fleet.fan_out(lambda n: _install(fleet, by_name[n.host], job, n, staged.switch),
+                              job.nodes, name=lambda n: n.host)
     bad = [f"{r.host}: {r.error}" for r in installed if not r.ok]
     if bad:
         _undo(fleet, hosts, job, remove=True)
@@ -287,13 +334,14 @@ def _common(job_name: str) -> dict:
             "health_record": health_record(JOBS_DIR, job_name)}
 
 
-def install_script(job: Job, n: Node) -> str:
+def install_script(job: Job, n: Node, switch: str = "") -> str:
     """The root script that writes the job's folders (made safely: see onhost/launch/jobdirs.py),
     env file (0600, may hold secrets: sent on stdin, never in a command line), units and the GPU
-    sampler on node n, each written by the change engine's one atomic write."""
+    sampler on node n, each written by the change engine's one atomic write; first, in a
+    subshell (its own lock and folder), `switch`: the release made current (stage.Staged)."""
     files = "\n".join(ch.script for _, ch in job_changes(job, n, GPU_SAMPLE_S))
     return script("launch/install.sh", **_common(job.name), **jobdirs_values(job, n),
-                  files=Shell(files))
+                  files=Shell(files), switch=Shell(switch))
 
 
 def jobdirs_values(job: Job, n: Node) -> dict:
@@ -304,8 +352,8 @@ def jobdirs_values(job: Job, n: Node) -> dict:
                                                          [n.checkpoint_dir, job.name]]})}
 
 
-def _install(fleet: Fleet, h: Host, job: Job, n: Node) -> None:
-    r = fleet.run(h, "bash -s", root=True, timeout=120, data=install_script(job, n))
+def _install(fleet: Fleet, h: Host, job: Job, n: Node, switch: str = "") -> None:
+    r = fleet.run(h, "bash -s", root=True, timeout=120, data=install_script(job, n, switch))
     if r.exited != 0:
         raise TorchrigError(refusal(r.stderr) or f"writing the unit failed: {r.stderr.strip()[-300:]}")
 

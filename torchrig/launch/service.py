@@ -32,8 +32,9 @@ def launch(fleet: Fleet, o: run.LaunchOptions, nodes: int | str | None = None,
            time_limit: str | None = None, log=print,
            skip_unhealthy: bool = False) -> run.Launched | slurm.SlurmLaunched:
     """Start the job on its backend. A systemd job narrows the fleet's selection to its nodes
-    (what a Ctrl-C of a following task names); Slurm picks its nodes among the selected
-    compute hosts (SlurmLaunched.slurm.nodes). Unhealthy nodes are refused or left out first."""
+    (what a Ctrl-C of a following task names; run.launch, whose first probe judges health
+    too); Slurm picks its nodes among the selected compute hosts (SlurmLaunched.slurm.nodes).
+    Unhealthy nodes are refused or left out first."""
     chosen = backend or (fleet.hosts[0].settings.backend if fleet.hosts else "systemd")
     if chosen not in BACKENDS:
         raise TorchrigError(f"--backend {backend!r}: systemd or slurm")
@@ -57,9 +58,11 @@ def launch(fleet: Fleet, o: run.LaunchOptions, nodes: int | str | None = None,
     if elastic.is_elastic(span):
         o.min_nodes = span[0]
     run.check_batch(first, o)  # so is a global batch that does not divide
-    fleet.hosts = (first_nodes(health_gate.gate(fleet, fleet.hosts, True, log), nodes)
-                   if skip_unhealthy else health_gate.gate(fleet, first, False, log))
-    return run.launch(fleet, fleet.hosts, o, log=log)
+    if skip_unhealthy:  # every selected host probed; the first N healthy ones are the nodes
+        return run.launch(fleet, fleet.hosts, o, log=log, skip_unhealthy=True,
+                          pick=lambda healthy: first_nodes(healthy, nodes))
+    fleet.hosts = first
+    return run.launch(fleet, first, o, log=log)
 
 
 @dataclass

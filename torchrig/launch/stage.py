@@ -13,7 +13,7 @@ from ..inventory import Host
 from ..resources import PAYLOAD
 from ..session import Fleet
 from . import deps
-from .push import push
+from .push import Found, push, switch_script
 from .tree import SUPPORT_DIR, Tree, payload_tree, project_tree, with_support
 
 PAYLOAD_BASE = "payload"     # {prefix}/payload: torchrig's own payload's releases
@@ -37,6 +37,8 @@ class Staged:
     python: str | None = None          # the job environment's python (None: the torch venv)
     sent: int = 0                      # files sent, all nodes together
     envs: dict[str, deps.Built] | None = None
+    switch: str = ""                   # stage(switch=False): the root script that makes the
+                                       # release current, for the caller's next script per node
 
 
 def source(o, first: Host) -> Source:
@@ -55,14 +57,22 @@ def source(o, first: Host) -> Source:
                   o.allow_torch_change)
 
 
+def push_base(src: Source, prefix: str) -> str:
+    return f"{prefix}/{src.base}"
+
+
 def release_of(src: Source, prefix: str) -> str:
-    return f"{prefix}/{src.base}/releases/{src.tree.hash}"
+    return f"{push_base(src, prefix)}/releases/{src.tree.hash}"
 
 
-def stage(fleet: Fleet, hosts: list[Host], src: Source, log=print) -> Staged:
+def stage(fleet: Fleet, hosts: list[Host], src: Source, log=print,
+          found: dict[str, Found] | None = None, switch: bool = True) -> Staged:
     """Push the release to every node and make its job environment there, in one pass per
     node (nodes in parallel); anything short of every node ready is an error, and nothing
-    has started."""
+    has started. found: what each node's probe found of the release already (push.
+    probe_request, asked by the caller's probe: no round trip for it here); switch=False:
+    the release is made current by the caller's next root script on each node
+    (Staged.switch), not in a round trip of its own."""
     s = hosts[0].settings
     prefix = s.prefix
     env = None
@@ -76,7 +86,8 @@ def stage(fleet: Fleet, hosts: list[Host], src: Source, log=print) -> Staged:
 
     def one(host: Host):
         cxn = fleet.conn(host)
-        release, sent = push(cxn, src.tree, f"{prefix}/{src.base}")
+        release, sent = push(cxn, src.tree, push_base(src, prefix),
+                             (found or {}).get(host.name), switch)
         built = None
         if env is not None:
             t0 = time.monotonic()
@@ -95,7 +106,8 @@ def stage(fleet: Fleet, hosts: list[Host], src: Source, log=print) -> Staged:
     releases = {r.value[0] for r in pushed}
     if len(releases) != 1:
         raise TorchrigError(f"nothing started: the nodes hold different releases: {releases}")
-    out = Staged(releases.pop(), src.support, sent=sum(r.value[1] for r in pushed))
+    out = Staged(releases.pop(), src.support, sent=sum(r.value[1] for r in pushed),
+                 switch="" if switch else switch_script(push_base(src, prefix), src.tree.hash))
     log(f"{src.base} {out.release} on {len(hosts)} node(s) ({out.sent} file(s) sent)")
     if env is not None:
         out.envs = {r.host: r.value[2] for r in pushed}

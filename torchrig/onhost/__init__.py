@@ -17,10 +17,9 @@ and compiles every .py.
 
 from __future__ import annotations
 
+import functools
 import traceback
 from pathlib import Path
-
-import jinja2
 
 from ..errors import TorchrigError
 from ..quoting import sh
@@ -39,11 +38,18 @@ def _finalize(value) -> str:
     return value if isinstance(value, Shell) else sh(value)
 
 
-_env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE), undefined=jinja2.StrictUndefined,
-                          keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
-                          autoescape=False, finalize=_finalize)
-_env.globals["shell"] = Shell
-_env.filters["q"] = sh
+@functools.cache
+def _env():
+    """The .sh scripts' Jinja2 environment, made on first use: jinja2's import is ~0.1 s of
+    start-up that a task sending only .py scripts (fetch, status) does not need."""
+    import jinja2
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             trim_blocks=True, lstrip_blocks=True, autoescape=False,
+                             finalize=_finalize)
+    env.globals["shell"] = Shell
+    env.filters["q"] = sh
+    return env
 
 
 def names() -> list[str]:
@@ -62,8 +68,9 @@ def script(name: str, /, **values) -> str:
             raise TorchrigError(f"onhost/{name}: a Python script takes its values as argv or "
                                 "on stdin, not by substitution")
         return path.read_text()
+    import jinja2
     try:
-        return _env.get_template(name).render(**values)
+        return _env().get_template(name).render(**values)
     except jinja2.TemplateNotFound:
         raise TorchrigError(f"onhost/{name}: no such script") from None
     except jinja2.TemplateError as e:

@@ -132,6 +132,7 @@ def plan_cluster(spec: Slurm, facts: dict[str, object], new_key: Callable[[], st
                   slurm_user=USER,
                   state_dir=STATE_DIR, spool_dir=SPOOL_DIR, cgroup=spec.cgroup,
                   partition=spec.partition, nodes=nodes, kill_wait=_kill_wait(),
+                  node_timeout=spec.node_timeout,
                   def_mem_per_cpu=min(n.mem_mib // n.cpus for n in nodes))
     files = {f.template: f.render(**values) for f in (managed.SLURM_CONF, managed.GRES_CONF)}
     if spec.cgroup:

@@ -39,8 +39,15 @@ def check(fleet: Fleet, hosts: list[Host], since: datetime | None = None,
           diag: int | None = None, red: Redactor | None = None) -> VerifyReport:
     """Every host's health, FAIL / WARN / PASS per check; an unreachable host as verify says."""
     req = request(diag)
+    return report(hosts, fleet.fan_out(lambda h: gather(fleet, h, req, diag), hosts), since, red)
+
+
+def report(hosts: list[Host], results, since: datetime | None = None,
+           red: Redactor | None = None) -> VerifyReport:
+    """The health report from each host's probe result (a session Result: ok with the raw
+    reply of request()'s commands, or the host's error), redacted (pure)."""
     rep = VerifyReport()
-    for h, r in zip(hosts, fleet.fan_out(lambda h: gather(fleet, h, req, diag), hosts)):
+    for h, r in zip(hosts, results):
         if r.ok:
             rep.hosts.append(verdict(h, r.value, since))
         else:

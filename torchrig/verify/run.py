@@ -39,17 +39,17 @@ def host_opts(inv: Inventory, h: Host) -> HostOpts:
 
 
 def gather(fleet: Fleet, h: Host, opts: HostOpts, peer: dict | None, torch_runtime: bool,
-           also: dict | None = None, diag: int | None = None) -> tuple[dict, dict]:
-    """One probe round trip as the login user; the raw output is parsed here. `also`: more
-    commands for the same probe (launch's list of the node's jobs), their raw results back.
-    verify proper (torch_runtime) gathers GPU health's facts too, and DCGM's diag if asked."""
+           also: dict | None = None, diag: int | None = None, root: bool = False) -> tuple[dict, dict]:
+    """One probe round trip (as the login user, or root); the raw output is parsed here.
+    `also`: more of a probe request (probe.merge) for the same round trip (launch's: GPU
+    health, the node's jobs, the release), the raw reply back with the facts. verify proper
+    (torch_runtime) gathers GPU health's facts too, and DCGM's diag if asked."""
     req = verify_facts.probe_request(opts.venv, torch_runtime, peer, health=torch_runtime,
                                      diag=diag)
-    req["run"].update(also or {})
     r = fleet.run(h, probe.COMMAND, timeout=180 + (health_facts.DIAG_TIMEOUT[diag] if diag else 0),
-                  data=probe.stdin(req))
+                  data=probe.stdin(probe.merge(req, also or {})), root=root)
     raw = probe.reply(r.exited, r.stdout, r.stderr)
-    return verify_facts.facts(opts.venv, peer, raw), {k: raw["run"][k] for k in also or {}}
+    return verify_facts.facts(opts.venv, peer, raw), raw if also else {}
 
 
 @dataclass
@@ -58,7 +58,7 @@ class VerifyReport:
     unreachable: dict[str, str] = field(default_factory=dict)
     gate: tuple = ("PASS", {}, [])
     bandwidth: list[dict] = field(default_factory=list)  # {"scope", "hosts", "check", "result"}
-    also: dict[str, dict] = field(default_factory=dict)  # host -> verify(also=...)'s results
+    also: dict[str, dict] = field(default_factory=dict)  # host -> its raw reply (verify(also=...))
     slurm: list = field(default_factory=list)  # Checks of the inventory's Slurm cluster
 
     @property
@@ -111,10 +111,11 @@ class VerifyReport:
 
 
 def verify(fleet: Fleet, hosts: list[Host], *, bandwidth: bool = False, full: bool = True,
-           also: dict | None = None, diag: int | None = None) -> VerifyReport:
+           also: dict | None = None, diag: int | None = None, root: bool = False) -> VerifyReport:
     """full=False is launch's fast gate: versions from package metadata, no torch import, no
-    health. also: {name: argv} run in the same probe; their raw results in VerifyReport.also.
-    diag: `dcgmi diag -r N` on every host (full only)."""
+    health. also: more of a probe request for the same round trip; each host's raw reply in
+    VerifyReport.also. root: the probe as root (launch's, whose GPU health reads the kernel
+    log). diag: `dcgmi diag -r N` on every host (full only)."""
     inv = fleet.inv
     opts = {h.name: host_opts(inv, h) for h in hosts}
     first = hosts[0]
@@ -124,7 +125,7 @@ def verify(fleet: Fleet, hosts: list[Host], *, bandwidth: bool = False, full: bo
     try:
         results = fleet.fan_out(lambda h: gather(
             fleet, h, opts[h.name], peer if h is not first else None, full, also,
-            diag if full else None), hosts)
+            diag if full else None, root), hosts)
     finally:
         if listener:
             _stop_unit(fleet, first, listener)

@@ -1,7 +1,8 @@
 set -e
 base={{ base }}
 {% include "push/lock.sh" %}
-[ -f "$base/releases/{{ h }}/.complete" ] || { echo "error: release {{ h }} is missing" >&2; exit 1; }
+# missing: removed since it was found (another launch's sweep, rare): a new launch pushes it
+[ -f "$base/releases/{{ h }}/.complete" ] || { echo "error: release {{ h }} is missing on this node (removed since it was found); launch again" >&2; exit 1; }
 # newest now: the launch that pushed it writes its unit next, and the sweep below keeps it
 touch "$base/releases/{{ h }}"
 ln -sfn "releases/{{ h }}" "$base/.current.new" && mv -T "$base/.current.new" "$base/current"
