@@ -41,7 +41,7 @@ def launch(fleet: Fleet, o: run.LaunchOptions, nodes: int | str | None = None,
     span = elastic.parse_nodes(nodes)
     if chosen == "slurm":
         nodes = None if span is None else span[1]
-        if elastic.is_elastic(span):  # sbatch --nodes=MIN-MAX --no-kill (templates/slurm)
+        if elastic.is_elastic(span):  # MAX nodes, kept with --no-kill (templates/slurm)
             o.min_nodes = span[0]
         if o.dry_run:
             raise TorchrigError("--dry-run with --backend slurm: not supported (nothing is "
