@@ -158,12 +158,13 @@ class Fleet:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def preconnect(self) -> None:
-        """Open every host's connection on a thread now, while the task imports and prepares
-        what it sends: the handshakes overlap that CPU time. Each host's lock is taken here,
-        before this returns, so a conn() waits for that attempt and takes its connection or
-        its error (an unreachable host is tried once, as without this)."""
-        for h in self.hosts:
+    def preconnect(self, hosts: Iterable[Host] | None = None) -> None:
+        """Open each host's connection (of `hosts`, default every selected host) on a thread
+        now, while the task imports and prepares what it sends: the handshakes overlap that
+        CPU time. Each host's lock is taken here, before this returns, so a conn() waits for
+        that attempt and takes its connection or its error (an unreachable host is tried
+        once, as without this)."""
+        for h in self.hosts if hosts is None else hosts:
             lock = self._lock_of(h)
             lock.acquire()  # released by the thread once it has tried
             threading.Thread(target=self._open_early, args=(h, lock), daemon=True).start()

@@ -392,6 +392,21 @@ def test_job_files_go_through_the_change_engine():
         == ["-# torchrig launch ", "+# torchrig launch "]
 
 
+def test_install_reloads_systemd_only_for_the_units_it_already_holds():
+    """install.sh asks systemd, for each of the job's units written, whether its loaded copy
+    is stale (an earlier run of the job's name); a full daemon-reload only then."""
+    from torchrig.launch.run import install_script
+    j = job(1)
+    units = plan.job_units("exp1")
+    assert units == [p.rsplit("/", 1)[1] for p, _ in plan.job_changes(j, j.nodes[0], 30)
+                     if p.startswith("/etc/systemd/system/")]
+    text = install_script(j, j.nodes[0])
+    check = f"if systemctl show -p NeedDaemonReload --value {' '.join(units)} | grep -qx yes; then"
+    assert check in text
+    assert text.count("systemctl daemon-reload") == 1
+    assert text.index(check) > text.index("mv -f \"$tmp\" /etc/systemd/system/torchrig-health@exp1.timer")
+
+
 def test_a_launch_file_not_in_the_request_is_an_error():
     from torchrig.changes import managed
     from torchrig.changes.factview import Facts, FactNotRequested

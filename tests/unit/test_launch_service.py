@@ -52,6 +52,24 @@ def test_more_nodes_than_selected_is_one_error_before_any_node_is_touched(calls)
     assert calls == []
 
 
+def test_the_hosts_connected_first_are_the_nodes_launch_probes_first():
+    """What the CLI opens while it imports the launch code: a systemd job's nodes (every
+    selected host when unhealthy ones may be left out), none for Slurm (its controller comes
+    first, and Slurm picks the compute hosts)."""
+    names = lambda hosts: [h.name for h in hosts]  # noqa: E731
+    fleet = _fleet("gpu1", "gpu2", "gpu3")
+    assert names(service.first_contact(fleet, 2, None, False)) == ["gpu1", "gpu2"]
+    assert names(service.first_contact(fleet, "1:2", None, False)) == ["gpu1", "gpu2"]
+    assert names(service.first_contact(fleet, None, None, False)) == ["gpu1", "gpu2", "gpu3"]
+    assert names(service.first_contact(fleet, 2, None, True)) == ["gpu1", "gpu2", "gpu3"]
+    assert service.first_contact(fleet, 2, "slurm", False) == []
+    assert service.first_contact(_fleet("gpu1", backend="slurm"), 1, None, False) == []
+    with pytest.raises(TorchrigError, match=r"^--nodes 4: only 3 host"):
+        service.first_contact(fleet, 4, None, False)
+    with pytest.raises(TorchrigError, match="systemd or slurm"):
+        service.first_contact(fleet, 2, "k8s", False)
+
+
 SLURM = types.SimpleNamespace(controller="ctl", compute=["gpu1", "gpu2"])
 
 

@@ -148,7 +148,7 @@ def _kind(command, data):
             "poll" if "logs" in req.get("tree", {}) else f"probe {sorted(req)}")
     if "systemctl start" in data:
         return "start"
-    if "daemon-reload" in data:
+    if "NeedDaemonReload" in data:
         return "install" + ("+switch" if 'mv -T "$base/.current.new"' in data else "")
     return command[:40]
 

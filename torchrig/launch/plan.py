@@ -4,6 +4,7 @@ Pure: nothing here connects or runs anything."""
 from __future__ import annotations
 
 import os
+import posixpath
 import shlex
 from dataclasses import dataclass, field
 
@@ -18,7 +19,7 @@ from ..job import (DEFAULTS, HEALTH_WATCH_S, MEM_FILE, SAMPLER, STOP_GRACE_S, UT
                    health_record, job_folder, stop_record, unit_name)
 from ..facts.xid import app_xids
 from ..datasets.manifest import dataset_path
-from ..settings import ENV_NAME, JOBS_DIR
+from ..settings import ENV_NAME, JOBS_DIR, SYSTEMD_DIR
 
 def check_env_key(key: str, where: str) -> str:
     if not isinstance(key, str) or not ENV_NAME.fullmatch(key):
@@ -242,6 +243,11 @@ def sampler_argv(job: Job, n: Node) -> list[str]:
 def job_paths(job: str) -> list[str]:
     """Every file launch writes for the job on a node (what a failed or stopped launch removes)."""
     return [f.path(job) for f in managed.LAUNCH_FILES]
+
+
+def job_units(job: str) -> list[str]:
+    """The names of the job's systemd units on a node (its files in the systemd folder)."""
+    return [posixpath.basename(p) for p in job_paths(job) if posixpath.dirname(p) == SYSTEMD_DIR]
 
 
 def gpumon_paths(job: str) -> list[str]:

@@ -21,8 +21,8 @@ from ..verify import evaluate, health_run
 from ..verify.run import VerifyReport, verify
 from ..job import (DEFAULTS, JOB_RE, RUNNING_STATES, check_job_name, gpumon_name, job_of_unit, job_port,
                    health_record, stop_record, unit_name)
-from .plan import (Job, Node, check_env_key, job_changes, job_paths, launch_marker, parse_env, redact_env,
-                   split_args, unit_path)
+from .plan import (Job, Node, check_env_key, job_changes, job_paths, job_units, launch_marker,
+                   parse_env, redact_env, split_args, unit_path)
 from ..session import Fleet, Outcome, Result
 from . import elastic, health_gate, push, stage
 from .stage import Staged
@@ -341,7 +341,7 @@ def install_script(job: Job, n: Node, switch: str = "") -> str:
     subshell (its own lock and folder), `switch`: the release made current (stage.Staged)."""
     files = "\n".join(ch.script for _, ch in job_changes(job, n, GPU_SAMPLE_S))
     return script("launch/install.sh", **_common(job.name), **jobdirs_values(job, n),
-                  files=Shell(files), switch=Shell(switch))
+                  files=Shell(files), switch=Shell(switch), units=Shell(sh(*job_units(job.name))))
 
 
 def jobdirs_values(job: Job, n: Node) -> dict:

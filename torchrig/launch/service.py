@@ -6,11 +6,15 @@ selected hosts, or Slurm's pick), then the one call into systemd's (run.py) or S
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import TorchrigError
 from ..inventory import Host
-from ..session import Fleet, Outcome
-from . import elastic, health_gate, run, slurm
+from . import elastic
+
+if TYPE_CHECKING:
+    from ..session import Fleet, Outcome
+    from . import run, slurm
 
 BACKENDS = ("systemd", "slurm")
 
@@ -27,6 +31,24 @@ def first_nodes(hosts: list[Host], nodes: int | str | None) -> list[Host]:
     return hosts[:got[1]]
 
 
+def _backend(fleet: Fleet, backend: str | None) -> str:
+    chosen = backend or (fleet.hosts[0].settings.backend if fleet.hosts else "systemd")
+    if chosen not in BACKENDS:
+        raise TorchrigError(f"--backend {backend!r}: systemd or slurm")
+    return chosen
+
+
+def first_contact(fleet: Fleet, nodes: int | str | None, backend: str | None,
+                  skip_unhealthy: bool) -> list[Host]:
+    """The hosts a launch connects to first, before it has imported what it runs (the CLI
+    opens their connections meanwhile: Fleet.preconnect): a systemd job's nodes, or every
+    selected host when unhealthy ones may be left out; none for Slurm (the controller first,
+    and the compute hosts Slurm picks)."""
+    if _backend(fleet, backend) == "slurm":
+        return []
+    return fleet.hosts if skip_unhealthy else first_nodes(fleet.hosts, nodes)
+
+
 def launch(fleet: Fleet, o: run.LaunchOptions, nodes: int | str | None = None,
            backend: str | None = None, partition: str | None = None,
            time_limit: str | None = None, log=print,
@@ -35,9 +57,8 @@ def launch(fleet: Fleet, o: run.LaunchOptions, nodes: int | str | None = None,
     (what a Ctrl-C of a following task names; run.launch, whose first probe judges health
     too); Slurm picks its nodes among the selected compute hosts (SlurmLaunched.slurm.nodes).
     Unhealthy nodes are refused or left out first."""
-    chosen = backend or (fleet.hosts[0].settings.backend if fleet.hosts else "systemd")
-    if chosen not in BACKENDS:
-        raise TorchrigError(f"--backend {backend!r}: systemd or slurm")
+    from . import health_gate, run, slurm  # here: first_contact() is imported before them
+    chosen = _backend(fleet, backend)
     span = elastic.parse_nodes(nodes)
     if chosen == "slurm":
         nodes = None if span is None else span[1]
@@ -78,6 +99,7 @@ class Stopped:
 def stop(fleet: Fleet, job: str, log=print) -> Stopped:
     """Stop the job wherever it runs: through Slurm when the inventory's cluster knows it,
     else its units on the selected hosts."""
+    from . import run, slurm
     sj = slurm.find(fleet, job) if getattr(fleet.inv, "slurm", None) is not None else None
     if sj is not None:  # its record, read once: stop acts on it
         return Stopped(job, slurm=slurm.stop(fleet, sj, log=log))

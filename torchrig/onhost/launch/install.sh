@@ -13,5 +13,10 @@ install -d -m 0755 {{ jobs }}
 {{ files }}
 # a new launch of the job: the last run's stop record (stop.sh) no longer says anything
 rm -f {{ stop_record }} {{ health_record }}
-systemctl daemon-reload
+# systemd reads a unit it does not hold from its file when the unit is started; only a unit it
+# holds (an earlier run of this job's name, still loaded) needs a reload to see its new file.
+# A daemon-reload re-reads every unit on the node (0.2 s with 180 units), so only then
+if systemctl show -p NeedDaemonReload --value {{ units }} | grep -qx yes; then
+  systemctl daemon-reload
+fi
 systemctl reset-failed {{ name }} 2>/dev/null || true

@@ -13,6 +13,7 @@ if [ {{ firewall }} = 1 ] && ! nft list table {{ table }} >/dev/null 2>&1; then
   systemctl restart {{ firewall_unit }} && nft list table {{ table }} >/dev/null 2>&1 || {
     echo "error: torchrig's firewall table ({{ table }}) does not load on this node: the job's ports would be open to anyone; see journalctl -u {{ firewall_unit }}, or run torchrig provision" >&2; exit 3; }
 fi
-# an elastic job's unit is enabled: a node that boots again rejoins it (stop disables it)
-if [ {{ enable }} = 1 ]; then systemctl enable --quiet {{ name }}; fi
+# an elastic job's unit is enabled: a node that boots again rejoins it (stop disables it).
+# --no-reload: the link is read at boot; the running manager needs no reload of every unit
+if [ {{ enable }} = 1 ]; then systemctl enable --quiet --no-reload {{ name }}; fi
 systemctl start {{ name }}
