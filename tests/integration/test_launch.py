@@ -368,14 +368,15 @@ def test_two_jobs_and_conflicts(testbed, inventory_doc, tmp_path):
     for job, done in (("t-one", r"\d+"), ("t-two", "40")):
         out = logs(testbed, job, "-f", timeout=300)
         assert re.search(rf"^\[gpu\d/r0\] done step={done} ", out.stdout, re.M), (job, out.stdout[-2000:])
-    # launched again under its name, with other args: its units, still loaded by systemd from
-    # the first run, are read again from their new files (install reloads only then)
+    # launched again under its name with --max-steps 20: its units, still loaded by systemd
+    # from the first run, are read again from their new files (install reloads only then)
     r = launch(testbed, "t-one", "--args", "--max-steps 20 --log-every 10")
     assert r.returncode == 0, r.stderr
     ran = sh(testbed, "gpu1", "systemctl show -p ExecStart --value torchrig-t-one.service")
     assert "--max-steps 20 " in ran and "1000000" not in ran, ran
-    out = logs(testbed, "t-one", "-f", timeout=300)
-    assert re.search(r"^\[gpu\d/r0\] done step=20 ", out.stdout, re.M), out.stdout[-2000:]
+    out = logs(testbed, "t-one", "-f", timeout=300)  # resumed past step 20: ends at once
+    assert re.search(r"^\[gpu\d/r0\] done step=\d+ .*\(nothing to train: the checkpoint is at or "
+                     r"past the last step\)$", out.stdout, re.M), out.stdout[-2000:]
 
 
 def test_power_off_node_survivors_end_in_bounded_time(testbed):
