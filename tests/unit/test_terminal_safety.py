@@ -146,7 +146,7 @@ class _NoFleet:
     def __exit__(self, *a):
         return False
 
-    def preconnect(self):
+    def preconnect(self, hosts=None):
         pass
 
 
