@@ -10,6 +10,7 @@ what was checked, and remove the snapshot."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import fcntl
 import hashlib
 import json
@@ -258,11 +259,16 @@ def _transfer(fleet: Fleet, host: Host, folder: str, c: dict, to: Path, bwlimit:
         raise TorchrigError(f"{host.name}: refusing to write {name!r} (not a plain file name)")
     final = to / name
     here = final.is_file() and not final.is_symlink() and final.stat().st_size == size
+    ours = None  # this side's hash of the file here, computed while the node hashes its own
+    if here:
+        pool = concurrent.futures.ThreadPoolExecutor(1)  # hashlib lets go of the GIL
+        ours = pool.submit(lambda: _sha256_file(final).hexdigest())
+        pool.shutdown(wait=False)
     if here and digest is None:  # --all, a file of that size here: the node's hash decides
         c = {**c, **_check_one(fleet, host, folder, name)}
         digest = c["sha256"]
     got = Fetched(name, plan.step_of(name), size, digest)
-    if here and _sha256_file(final).hexdigest() == digest:
+    if ours is not None and ours.result() == digest:
         got.already, got.checked = True, checked(c, host.settings.service_user)
         return got
     pipelined = c.get("slot") is None  # --all: the file itself, its hash in the trailer
