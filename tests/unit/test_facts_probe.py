@@ -323,6 +323,40 @@ def test_launch_start_check_from_the_probe(tmp_path):
     assert job_state.started("u.service", run_probe(req)) == ("active", "success", 0)
 
 
+def test_launch_start_check_waits_on_the_node_until_its_answer_changes(tmp_path):
+    """The probe's "until": given the digest of the last answer it answers once the answer
+    differs (here: a rank folder made 0.4 s in), or after the wait with the same digest; a
+    rank writing its stdout.log changes nothing (the check reads no output)."""
+    import threading
+    import time
+    (tmp_path / "run1" / "attempt_0" / "0").mkdir(parents=True)
+    (tmp_path / "run1" / "attempt_0" / "0" / "stdout.log").write_text("x\n")
+    req = job_state.start_request("u.service", str(tmp_path))
+    req["run"]["unit"] = ["printf", "ActiveState=active\\nResult=success\\n"]
+    first = run_probe(req)
+    assert first["seen"]  # no digest given: answered at once, with its digest
+    assert job_state.started("u.service", first) == ("active", "success", 1)
+
+    again = job_state.start_request("u.service", str(tmp_path), first["seen"], 0.6)
+    again["run"] = req["run"]
+    with open(tmp_path / "run1" / "attempt_0" / "0" / "stdout.log", "a") as f:
+        f.write("step=1\n")  # output alone: no change
+    t0 = time.monotonic()
+    same = run_probe(again)
+    assert time.monotonic() - t0 >= 0.6 and same["seen"] == first["seen"]
+
+    again["until"]["seconds"] = 20
+    later = threading.Timer(0.4, lambda: (tmp_path / "run1" / "attempt_0" / "1").mkdir())
+    later.start()
+    t0 = time.monotonic()
+    changed = run_probe(again)
+    took = time.monotonic() - t0
+    later.join()
+    assert 0.4 <= took < 10, took
+    assert changed["seen"] != first["seen"]
+    assert job_state.started("u.service", changed) == ("active", "success", 2)
+
+
 def test_status_counts_restarts_as_the_metrics_and_the_report_do(capsys):
     """status showed the unit's NRestarts alone; metrics and report counted torchrun's restarts
     too. One definition now: payload/metrics.py restarts() = NRestarts + torchrun's attempt."""

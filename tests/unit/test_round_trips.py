@@ -153,6 +153,16 @@ def _kind(command, data):
     return command[:40]
 
 
+def _launch_two(tmp_path, monkeypatch, answer) -> list:
+    """A 2-node launch through fake connections answered by `answer`: the calls made."""
+    fleet, calls = fake_fleet(monkeypatch, _inv(tmp_path), answer)
+    with fleet:
+        got = service.launch(fleet, run.LaunchOptions(job="j1", nproc="1", early_fail_window=0),
+                             nodes=2, log=lambda *a, **k: None)
+    assert got.started
+    return calls
+
+
 def test_launch_of_two_nodes_with_nothing_to_push_is_four_round_trips_per_node(tmp_path, monkeypatch):
     """Per node: one root probe asking everything known up front (GPU health, the version
     gate, the jobs running there, the release: there already), the job's files with the
@@ -169,11 +179,40 @@ def test_launch_of_two_nodes_with_nothing_to_push_is_four_round_trips_per_node(t
         if req and "logs" in req.get("tree", {}):
             return 0, json.dumps(_started_reply(req)), ""
         return 0, "", ""
-    fleet, calls = fake_fleet(monkeypatch, _inv(tmp_path), answer)
-    with fleet:
-        got = service.launch(fleet, run.LaunchOptions(job="j1", nproc="1", early_fail_window=0),
-                             nodes=2, log=lambda *a, **k: None)
-    assert got.started
+    calls = _launch_two(tmp_path, monkeypatch, answer)
     assert per_host(calls) == {"a": 4, "b": 4}
     assert [_kind(c, d) for h, c, d, _ in calls if h == "a"] == [
         "probe", "install+switch", "start", "poll"]
+
+
+def test_launch_waits_on_a_slowly_spawning_node_in_one_round_trip_not_a_poll_each_250_ms(
+        tmp_path, monkeypatch):
+    """A node whose workers spawn 1.5 s after the start (a slow rendezvous): the first check
+    answers at once (nothing yet); the next one carries that answer's digest and a wait, and
+    the node answers when its state changes. The fake node here does what the probe's
+    "until" does: it holds an unchanged answer until the spawn, at most the wait asked for.
+    Polling every 250 ms, as before, took 6 or more checks."""
+    import json
+    spawn_at = {}
+
+    def answer(host, command, data):
+        req = probe_request(data)
+        if req and "smi_query" in req.get("run", {}):
+            return 0, json.dumps(_gate_reply(req)), ""
+        if req and "logs" in req.get("tree", {}):
+            until = req["until"]
+            at = spawn_at.setdefault(host, time.monotonic() + 1.5)
+            if until["seen"] == "nothing yet":  # unchanged: the node waits for the change
+                time.sleep(max(0.0, min(until["seconds"], at - time.monotonic())))
+            if time.monotonic() < at:
+                reply = _started_reply(req)
+                reply["tree"]["logs"] = {"dirs": [], "files": {}}
+                return 0, json.dumps({**reply, "seen": "nothing yet"}), ""
+            return 0, json.dumps({**_started_reply(req), "seen": "spawned"}), ""
+        return 0, "", ""
+    calls = _launch_two(tmp_path, monkeypatch, answer)
+    polls = [probe_request(d)["until"] for h, c, d, _ in calls
+             if h == "a" and _kind(c, d) == "poll"]
+    assert len(polls) == 2, polls
+    assert polls[0]["seen"] is None and polls[1]["seen"] == "nothing yet"
+    assert polls[1]["seconds"] >= 1.5

@@ -41,6 +41,12 @@ never in a command line. Keys, each optional:
            "kernel_after" true when the read could start there)
   connect  {"address", "port", "probe": bool} -> {"resolved" | "resolve_error", "route": run result,
             "reverse_error"?, "reachable", "connect_ms" | "connect_error"}
+  until    {"seconds", "every", "seen": digest | null} -> "seen": the answer's digest. The
+           answer is gathered again every `every` seconds while its digest (every key but
+           "host", whose clocks always move) is `seen`, for at most `seconds`: a caller waiting
+           for something on the host to change (a job's workers to spawn) passes the digest of
+           the last answer it got and is answered when the change happens, in one round trip,
+           instead of polling; null answers at once
 
 Files are read through descriptors, one name at a time from an O_NOFOLLOW folder descriptor:
 the last component is never a symlink (O_NOFOLLOW), only regular files are read (O_NONBLOCK,
@@ -405,6 +411,24 @@ def connect(peer):
 
 def main(request_b64):
     want = json.loads(base64.b64decode(request_b64))
+    out = answer(want)
+    until = want.get("until")
+    if until:
+        end = time.monotonic() + min(float(until["seconds"]), 60.0)
+        while digest(out) == until.get("seen") and time.monotonic() < end:
+            time.sleep(max(0.02, float(until.get("every", 0.1))))
+            out = answer(want)
+        out["seen"] = digest(out)
+    sys.stdout.write(json.dumps(out))
+
+
+def digest(out):
+    """The answer's identity for "until": every key but the host's clocks."""
+    same = {k: v for k, v in out.items() if k not in ("host", "seen")}
+    return hashlib.sha256(json.dumps(same, sort_keys=True).encode()).hexdigest()
+
+
+def answer(want):
     out = {}
     cmds = want.get("run", {})
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(want.get("jobs", 8), 32)))
@@ -445,4 +469,4 @@ def main(request_b64):
     if jour is not None:
         out["journal"] = jour.result()
     pool.shutdown()
-    sys.stdout.write(json.dumps(out))
+    return out

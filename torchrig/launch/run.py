@@ -379,11 +379,10 @@ def _start(fleet: Fleet, h: Host, job: Job) -> None:
         raise TorchrigError(refusal(r.stderr) or f"systemctl start failed: {r.stderr.strip()[-300:]}")
 
 
-# How often _confirm polls each node: 4 times a second while it waits for workers in the
-# first seconds, when they usually spawn (the operator waits on that poll's latency: up to a
-# second otherwise); else once a second (a long rendezvous, or the early-failure window after
-# the spawn, does not cost the nodes a probe every 250 ms).
-POLL_FIRST_S, POLL_FIRST_FOR_S, POLL_S = 0.25, 10.0, 1.0
+# How long one of _confirm's round trips may wait on a node for its state to change: the
+# other nodes' answers wait for it (a failure elsewhere is seen at most this late).
+WAIT_S = 2.0
+MIN_GAP_S = 0.1  # between two rounds, however often the nodes' answers change
 EARLY_LINES = 15  # stderr lines of the failing rank an early failure's error shows
 
 
@@ -392,29 +391,40 @@ def _confirm(fleet: Fleet, hosts: list[Host], job: Job, o: LaunchOptions) -> lis
     torchrun does only after the rendezvous completed; then, for the early window
     (o.early_fail_window, counted on each node from its workers' spawn), no node's unit
     failed: payload/torchrig_torchrun.py ends a first attempt whose workers all failed within
-    that window, and this reports it at once with the failing rank's last stderr lines. One
-    probe round trip per node per poll (POLL_FIRST_S, then POLL_S)."""
+    that window, and this reports it at once with the failing rank's last stderr lines. The
+    first round trip per node answers at once; each later one waits on the node until its
+    answer changes (a rank folder, the unit's state), at most WAIT_S: one round trip per
+    change, not one per poll interval, and no probe started on the node every 250 ms."""
     by_name = {n.host: n for n in job.nodes}
     deadline = time.monotonic() + o.start_timeout
-    first_until = time.monotonic() + POLL_FIRST_FOR_S
     pending = {h.name for h in hosts}
     watching: dict[str, float] = {}  # spawned node -> when (here) its early window has passed
+    seen: dict[str, str] = {}  # node -> the digest of its last answer
+    last = 0.0
     while pending or watching:
-        if pending and time.monotonic() >= deadline:
+        time.sleep(max(0.0, last + MIN_GAP_S - time.monotonic()))
+        last = time.monotonic()
+        if pending and last >= deadline:
             break
 
         def check(h: Host):
             unit = unit_name(job.name)
-            req = job_state.start_request(unit, job_folder(by_name[h.name].log_dir, job.name))
-            r = fleet.run(h, probe.COMMAND, root=True, timeout=30, data=probe.stdin(req))
+            until = deadline if h.name in pending else watching[h.name]
+            wait = max(0.0, min(WAIT_S, until - time.monotonic()))
+            req = job_state.start_request(unit, job_folder(by_name[h.name].log_dir, job.name),
+                                          seen.get(h.name), wait)
+            r = fleet.run(h, probe.COMMAND, root=True, timeout=30 + WAIT_S,
+                          data=probe.stdin(req))
             raw = probe.reply(r.exited, r.stdout, r.stderr, "checking the job's start")
-            return job_state.start_state(unit, raw)
+            return raw.get("seen"), job_state.start_state(unit, raw)
         results = fleet.fan_out(check, [h for h in hosts if h.name in pending or h.name in watching])
         now = time.monotonic()
         for r in results:
             if not r.ok:
                 return [f"{r.host}: {r.error}"]
-            state, result, workers, ago = r.value
+            digest, (state, result, workers, ago) = r.value
+            if digest:
+                seen[r.host] = digest
             if state == "failed" or (state == "inactive" and result not in ("success", "")):
                 return [_failed(fleet, hosts, job, r.host, state, result, ago)]
             if r.host in pending and (workers >= by_name[r.host].nproc
@@ -424,9 +434,6 @@ def _confirm(fleet: Fleet, hosts: list[Host], job: Job, o: LaunchOptions) -> lis
                     watching[r.host] = now + early_left(o.early_fail_window, ago)
             elif r.host in watching and (now >= watching[r.host] or state == "inactive"):
                 del watching[r.host]  # the window passed (or the job already ended cleanly)
-        if pending or watching:
-            poll = POLL_FIRST_S if pending and time.monotonic() < first_until else POLL_S
-            time.sleep(max(0.0, min([poll] + [t - time.monotonic() for t in watching.values()])))
     return [f"{h}: workers not started within {o.start_timeout}s (rendezvous incomplete?): "
             + _journal(fleet, h, hosts, job.name) for h in sorted(pending)]
 
