@@ -7,9 +7,11 @@ No default route and no forwarding: the hosts reach only the bridge.
 
 from __future__ import annotations
 
+import json
 import subprocess
 
-from .paths import BRIDGE, GATEWAY_IP, netns, veth
+from ..errors import TorchrigError
+from .paths import BRIDGE, GATEWAY_IP, SUBNET, netns, veth
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -22,7 +24,20 @@ def _exists(kind: str, name: str) -> bool:
     return _ip("link", "show", name, check=False).returncode == 0
 
 
+def taken_by(routes: list[dict], bridge: str) -> list[str]:
+    """The devices other than `bridge` in `ip -j route show <subnet>/24`'s answer."""
+    return sorted({r["dev"] for r in routes if r.get("dev") and r["dev"] != bridge})
+
+
 def ensure_bridge() -> None:
+    # another bridge on the same /24 (a second testbed left on the default subnet) would take
+    # this one's addresses: its hosts' keys would meet ours in known_hosts, traffic would split
+    others = taken_by(json.loads(_ip("-j", "route", "show", f"{SUBNET}.0/24").stdout or "[]"),
+                      BRIDGE)
+    if others:
+        raise TorchrigError(f"the testbed's subnet {SUBNET}.0/24 is already on {', '.join(others)} "
+                            "(another testbed?): set TORCHRIG_TESTBED_SUBNET (and "
+                            "TORCHRIG_TESTBED_BRIDGE, TORCHRIG_TESTBED_STATE) to a free one")
     if not _exists("link", BRIDGE):
         _ip("link", "add", BRIDGE, "type", "bridge")
         _ip("addr", "add", f"{GATEWAY_IP}/24", "dev", BRIDGE)
