@@ -16,10 +16,18 @@
 # MFU, the fused optimizer in use and a batch size > 0 (bench/gpu_check_verdict.py decides);
 # a run the budget skips is a failure that says so.
 #
+# With CANDIDATES=speed (or "NAME:FLAGS;..."), then the speed candidates: each is the compiled
+# run with its train.py flags added, alone (cand-NAME), then cand-best: the flags of every
+# candidate that beat `compiled` by 2% or more, together (the faster one where two set the same
+# option; not run if none did). The summary gives each one's tokens/s, MFU, peak memory and
+# ratio to `compiled`; a candidate whose final loss strays from compiled's fails the check.
 # Knobs (environment): PRESET (gpt2), BATCH (auto: the search's; per GPU), STEPS (60),
 # SEQ (preset default), BUDGET_S (570, whole-script wall-clock budget), COMPILE_S (300, the
 # compiled run's cap), PY (python with torch), VENV (where to create one if no python3 has torch),
-# REQUIRE_CUDA (1; 0 runs the plumbing on CPU, whose verdict fails: no MFU, no fused AdamW).
+# REQUIRE_CUDA (1; 0 runs the plumbing on CPU, whose verdict fails: no MFU, no fused AdamW),
+# CANDIDATES (none), CAND_S (150, each candidate's cap), PROFILE (none; A:B: a profiler trace of
+# steps A to B in the compiled run and in cand-best, its GPU kernels summed by bench/trace_top.py
+# into $OUT/NAME_profile.txt).
 set -u -o pipefail
 
 START=$(date +%s)
@@ -132,7 +140,53 @@ fi
 TRAIN_ARGS=("${COMMON[@]}" --batch-size "$BATCH" --log-every 10 --max-steps "$STEPS")
 run_one plain plain 90 30 120 "${TRAIN_ARGS[@]}" --out-json "$OUT/plain.json"
 run_one eager torchrun 90 30 90 "${TRAIN_ARGS[@]}" --out-json "$OUT/eager.json"
-run_one compiled torchrun "$COMPILE_S" 90 5 "${TRAIN_ARGS[@]}" --compile --out-json "$OUT/compiled.json"
+CANDIDATES=${CANDIDATES:-}
+CAND_S=${CAND_S:-150}
+# The speed candidates of issue 26, each alone: cuDNN's attention kernel (flash is torch's
+# first choice), cross-entropy in chunks (the logits never held in full), CUDA graphs for the
+# step, and Inductor's GEMM autotuning (long to compile: last, the budget may skip it).
+SPEED_CANDIDATES="cudnn:--attention cudnn;ce-chunks:--ce-chunks 16;cudagraphs:--compile-mode reduce-overhead;autotune:--compile-mode max-autotune-no-cudagraphs"
+[ "$CANDIDATES" = speed ] && CANDIDATES=$SPEED_CANDIDATES
+PROFILE=${PROFILE:-}
+rm -f "$OUT"/cand-*.{log,json} "$OUT"/*_profile.txt
+# profiled NAME: the flags that profile run NAME when PROFILE asks for it
+profiled() { [ -n "$PROFILE" ] && echo "--profile-steps $PROFILE --profile-dir $WORK/profile-$1"; }
+# top_kernels NAME: the profiled steps' GPU kernels, summed (a run without a trace: nothing)
+top_kernels() {
+    local trace=$WORK/profile-$1/trace_rank0_steps${PROFILE/:/-}.json
+    [ -n "$PROFILE" ] && [ -f "$trace" ] || return 0
+    "$PY" "$HERE/trace_top.py" "$trace" $(( ${PROFILE#*:} - ${PROFILE%:*} + 1 )) >"$OUT/$1_profile.txt" 2>&1
+}
+# shellcheck disable=SC2046
+run_one compiled torchrun "$COMPILE_S" 90 5 "${TRAIN_ARGS[@]}" --compile --out-json "$OUT/compiled.json" \
+    $(profiled compiled)
+top_kernels compiled
+
+# run_candidate NAME FLAGS [ARGS...]: the compiled run with FLAGS (word-split on purpose) and ARGS
+run_candidate() {
+    local name=$1 flags=$2; shift 2
+    echo "$flags" >"$WORK/cand-$name.flags"
+    # shellcheck disable=SC2086
+    run_one "cand-$name" torchrun "$CAND_S" 60 5 "${TRAIN_ARGS[@]}" --compile $flags "$@" \
+        --out-json "$OUT/cand-$name.json"
+}
+if [ -n "$CANDIDATES" ]; then
+    IFS=';' read -ra SPECS <<<"$CANDIDATES"
+    LATER=()  # autotune goes after cand-best: it is the slowest to compile
+    for spec in "${SPECS[@]}"; do
+        case $spec in autotune:*) LATER+=("$spec"); continue ;; esac
+        run_candidate "${spec%%:*}" "${spec#*:}"
+    done
+    BEST=$("$PY" "$HERE/gpu_check_verdict.py" best "$OUT" "$WORK")
+    if [ -n "$BEST" ]; then
+        # shellcheck disable=SC2046
+        run_candidate best "$BEST" $(profiled cand-best)
+        top_kernels cand-best
+    else
+        log "cand-best: no candidate beat compiled by 2%: not run"
+    fi
+    for spec in ${LATER[@]+"${LATER[@]}"}; do run_candidate "${spec%%:*}" "${spec#*:}"; done
+fi
 
 # ---------------------------------------------------------------- summary and verdict
 "$PY" "$HERE/gpu_check_verdict.py" "$OUT" "$WORK" "$START" "$BUDGET_S"  # its status is ours

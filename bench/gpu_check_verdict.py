@@ -2,6 +2,7 @@
 """gpu_check's summary and verdict: stdlib only, run by bench/gpu_check.sh with its python.
 
     gpu_check_verdict.py OUT WORK START_EPOCH_S BUDGET_S
+    gpu_check_verdict.py best OUT WORK      (prints cand-best's flags; nothing: none won)
 
 Reads what gpu_check.sh left: WORK/env.json, WORK/nvidia_smi.txt and, per run, WORK/NAME.rc
 ("RC WALL_S TIMEOUT_S", or "skipped LEFT_S NEED_S" when the budget skipped it), OUT/NAME.json
@@ -30,6 +31,13 @@ TRAIN_FIELDS = ("steps", "final_loss", "tokens_per_s_median", "samples_per_s_med
 # torch's "[rank0]: " prefix or not), train.py's "error: ..." or a fatal interpreter error.
 ERROR_RE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[\w.]+(?:Error|Exception)|error|Fatal Python "
                       r"error)(?::.*|$))")
+
+
+# A speed candidate (cand-NAME) counts as a win at this ratio to `compiled`'s tokens/s or more,
+# and as correct while its final loss is within LOSS_TOLERANCE (relative) of compiled's: the
+# same seed and data, so only rounding and kernel order tell them apart.
+WIN_RATIO = 1.02
+LOSS_TOLERANCE = 0.05
 
 
 def first_error_line(log_text: str) -> str | None:
@@ -134,6 +142,8 @@ def summarize(out: str, work: str, start: int, budget_s: int) -> dict:
     for name, kind in RUNS.items():
         summary[name] = info = run_info(out, work, name)
         summary["problems"] += run_problems(name, kind, info, budget_s)
+    summary["candidates"] = candidates(out, work, summary["compiled"], budget_s,
+                                       summary["problems"])
     c, e = summary["compiled"], summary["eager"]
     if is_number(c.get("tokens_per_s_median")) and is_number(e.get("tokens_per_s_median")) \
             and e["tokens_per_s_median"] > 0:
@@ -141,6 +151,53 @@ def summarize(out: str, work: str, start: int, budget_s: int) -> dict:
     summary["ok"] = not summary["problems"]
     summary["elapsed_s"] = int(time.time()) - start
     return summary
+
+
+def candidate_names(work: str) -> list[str]:
+    """The candidates gpu_check.sh ran or skipped, in the order it took them (cand-NAME.flags)."""
+    files = [f for f in os.listdir(work) if f.startswith("cand-") and f.endswith(".flags")]
+    files.sort(key=lambda f: os.stat(os.path.join(work, f)).st_mtime_ns)
+    return [f[:-len(".flags")] for f in files]
+
+
+def candidates(out: str, work: str, compiled: dict, budget_s: int, problems: list) -> dict:
+    """Each candidate's figures, its ratio to compiled and whether its loss agrees; its
+    problems are added to `problems`."""
+    result = {}
+    base_tps, base_loss = compiled.get("tokens_per_s_median"), compiled.get("final_loss")
+    for name in candidate_names(work):
+        info = run_info(out, work, name)
+        info["flags"] = (_read(os.path.join(work, f"{name}.flags")) or "").strip()
+        found = run_problems(name, "train", info, budget_s)
+        tps, loss = info.get("tokens_per_s_median"), info.get("final_loss")
+        if not found and is_number(base_tps) and base_tps > 0:
+            info["vs_compiled"] = tps / base_tps
+        if not found and is_number(base_loss) and base_loss > 0:
+            info["loss_vs_compiled"] = loss / base_loss
+            if abs(loss - base_loss) > LOSS_TOLERANCE * base_loss:
+                found.append(f"{name}: final loss {loss:.4f} strays from compiled's "
+                             f"{base_loss:.4f} by more than {LOSS_TOLERANCE:.0%}")
+        problems += found
+        result[name] = info
+    return result
+
+
+def best_flags(out: str, work: str) -> str:
+    """cand-best's flags: those of every candidate that ran correctly at WIN_RATIO x compiled's
+    tokens/s or more, the fastest first; a later one that sets an option already set is left
+    out (two --compile-mode values cannot be had together)."""
+    compiled = run_info(out, work, "compiled")
+    found = candidates(out, work, compiled, 0, [])
+    winners = sorted((info["tokens_per_s_median"], info["flags"]) for info in found.values()
+                     if info.get("vs_compiled", 0) >= WIN_RATIO
+                     and abs(info.get("loss_vs_compiled", 0) - 1) <= LOSS_TOLERANCE)
+    chosen, options = [], set()
+    for _, flags in reversed(winners):
+        opts = {w for w in flags.split() if w.startswith("--")}
+        if not opts & options:
+            chosen.append(flags)
+            options |= opts
+    return " ".join(chosen)
 
 
 def brief(summary: dict) -> dict:
@@ -151,11 +208,18 @@ def brief(summary: dict) -> dict:
                 "rc", "tokens_per_s_median", "mfu_median", "final_loss", "batch_size",
                 "precision", "optimizer", "peak_mem_gib", "peak_mem_reserved_gib")}
     b["find_batch_size"] = summary["find_batch"].get("batch_size")
+    b["candidates"] = {name: {x: c.get(x) for x in (
+        "flags", "rc", "tokens_per_s_median", "mfu_median", "vs_compiled", "final_loss",
+        "peak_mem_gib", "peak_mem_reserved_gib", "first_error")}
+        for name, c in summary.get("candidates", {}).items()}
     b["problems"] = summary["problems"]
     return b
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[0] == "best":
+        print(best_flags(argv[1], argv[2]))
+        return 0
     if len(argv) != 4:
         print("error: usage: gpu_check_verdict.py OUT WORK START_EPOCH_S BUDGET_S",
               file=sys.stderr)

@@ -15,6 +15,7 @@ import torch
 from config import TrainConfig
 from data import DataError, TokenData
 from global_batch import BatchError, grad_accum_for
+from model import CUDA_ONLY_ATTENTION
 
 DATA_ENV = "TORCHRIG_DATA"  # what `torchrig launch --data NAME` sets: the dataset's folder
 
@@ -68,6 +69,10 @@ def parse_args(argv=None) -> TrainConfig:
     cuda = torch.cuda.is_available() and cfg.device != "cpu"
     if cfg.precision == "fp16" and not cuda:
         parser.error("--precision fp16 needs CUDA (use fp32 or bf16 on CPU)")
+    if cfg.attention in CUDA_ONLY_ATTENTION and not cuda:
+        parser.error(f"--attention {cfg.attention} needs CUDA (use auto, flash or math on CPU)")
+    if cfg.compile_mode != "default" and not cfg.compile:
+        parser.error("--compile-mode needs --compile")
     if cfg.find_batch_size and not cuda and cfg.mem_budget_gb is None:
         parser.error("--find-batch-size on CPU needs --mem-budget-gb")
     if cfg.min_lr_ratio > 1:

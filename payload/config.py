@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 
 from global_batch import DEFAULT_MICRO_BATCH
-from model import PRESETS
+from model import ATTENTION_KERNELS, PRESETS
 
 # ---- value checks: each an argparse type, one clear message per bad value -------------------
 
@@ -114,6 +114,17 @@ class TrainConfig:
                                      "older ones (V100, T4); fp32 on CPU",
                              choices=["auto", "fp32", "bf16", "fp16"])
     compile: bool = _device(False, "torch.compile the model")
+    compile_mode: str = _device("default", "torch.compile's mode, with --compile (reduce-overhead: "
+                                           "CUDA graphs)",
+                                choices=["default", "reduce-overhead", "max-autotune",
+                                         "max-autotune-no-cudagraphs"])
+    attention: str = _device("auto", "the attention kernel: auto (torch's choice) or that one "
+                                     "alone (cudnn and efficient: CUDA only)",
+                             choices=["auto", *ATTENTION_KERNELS])
+    ce_chunks: int = _device(0, "cross-entropy in K chunks of the micro-batch's tokens, its "
+                                "gradients made in the forward pass: the logits (tokens x "
+                                "vocabulary) are held a chunk at a time (0: in one piece)",
+                             nonneg_int, metavar="K")
     deterministic: bool = _device(False, "deterministic algorithms: resume reproduces an "
                                          "uninterrupted run")
     init_timeout: float = _device(600.0, "process-group init (and collective) timeout, seconds",

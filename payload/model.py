@@ -21,6 +21,7 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True
+    ce_chunks: int = 0  # cross-entropy in this many chunks (ChunkedLinearCE); 0: in one piece
 
 
 # Byte-level data uses token ids 0..255. The gpt2 preset keeps GPT-2's (padded) vocabulary
@@ -31,6 +32,78 @@ PRESETS: dict[str, dict] = {
     "small": dict(n_layer=6, n_head=6, n_embd=384, vocab_size=256, seq_len=256, lr=3e-3),
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50304, seq_len=1024, lr=1e-4),
 }
+
+
+# --attention: which kernel F.scaled_dot_product_attention runs. "auto" leaves torch's choice
+# (flash first); the others enable that backend alone, so a kernel that cannot run the shapes
+# fails loudly instead of falling back. The enable_*_sdp switches are global and are read when
+# a call picks its kernel, also while torch.compile traces the model.
+ATTENTION_KERNELS = {
+    "flash": "enable_flash_sdp",
+    "cudnn": "enable_cudnn_sdp",
+    "efficient": "enable_mem_efficient_sdp",
+    "math": "enable_math_sdp",
+}
+CUDA_ONLY_ATTENTION = ("cudnn", "efficient")
+
+
+def use_attention(kind: str):
+    """Make `kind` (ATTENTION_KERNELS, or "auto") the only SDPA kernel allowed."""
+    if kind == "auto":
+        return
+    for name, switch in ATTENTION_KERNELS.items():
+        getattr(torch.backends.cuda, switch)(name == kind)
+
+
+class ChunkedLinearCE(torch.autograd.Function):
+    """Mean cross-entropy of `h @ weight.T` against `targets`, `rows` tokens at a time, with both
+    gradients made in the forward pass: the [tokens, vocab] logits and their gradient only ever
+    exist one chunk at a time. In one piece, GPT-2's 50k vocabulary at batch 123 x 1024 held a
+    23.6 GiB logits gradient on an H200. The matmuls run in `dtype` (autocast's), the softmax in
+    fp32; no FLOP is added (the backward only scales the saved gradients)."""
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, rows: int, dtype: torch.dtype):
+        n = h.size(0)
+        w = weight.to(dtype)
+        acc = torch.promote_types(dtype, torch.float32)  # the softmax's and the sums' dtype
+        grad_h = torch.empty(h.shape, dtype=dtype, device=h.device)
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=h.device)
+        total = torch.zeros((), dtype=acc, device=h.device)
+        with torch.autocast(h.device.type, enabled=False):
+            for s in range(0, n, rows):
+                hc, t = h[s:s + rows].to(dtype), targets[s:s + rows].unsqueeze(1)
+                logits = (hc @ w.t()).to(acc)
+                lse = torch.logsumexp(logits, dim=1, keepdim=True)
+                total += (lse - logits.gather(1, t)).sum()
+                g = torch.exp(logits - lse)  # softmax; minus one at the target, over n: dloss/dlogits
+                g.scatter_add_(1, t, torch.full_like(lse, -1.0))
+                g = (g / n).to(dtype)
+                grad_h[s:s + rows] = g @ w
+                grad_w += (g.t() @ hc).to(acc)
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.dtypes = (h.dtype, weight.dtype)
+        return total / n
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_h, grad_w = ctx.saved_tensors
+        h_dtype, w_dtype = ctx.dtypes
+        return (grad_h * grad_out).to(h_dtype), (grad_w * grad_out).to(w_dtype), None, None, None
+
+
+def chunked_ce_loss(h, weight, targets, rows: int, dtype: torch.dtype):
+    """ChunkedLinearCE's loss without gradients (evaluation): the same chunks, no grads made."""
+    n = h.size(0)
+    acc = torch.promote_types(dtype, torch.float32)
+    total = torch.zeros((), dtype=acc, device=h.device)
+    w = weight.to(dtype)
+    with torch.autocast(h.device.type, enabled=False):
+        for s in range(0, n, rows):
+            logits = (h[s:s + rows].to(dtype) @ w.t()).to(acc)
+            t = targets[s:s + rows].unsqueeze(1)
+            total += (torch.logsumexp(logits, dim=1, keepdim=True) - logits.gather(1, t)).sum()
+    return total / n
 
 
 class CausalSelfAttention(nn.Module):
@@ -126,7 +199,18 @@ class GPT(nn.Module):
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
             x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))
+        h = self.transformer.ln_f(x)
+        if targets is not None and self.config.ce_chunks:
+            # logits None: they are never held in full (ChunkedLinearCE). Chunks, not rows, are
+            # the option: torch.compile traces each chunk, so its compile time grows with them.
+            dev = h.device.type
+            dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
+            args = (h.view(B * T, -1), self.lm_head.weight, targets.view(-1),
+                    -(-B * T // self.config.ce_chunks), dtype)
+            if torch.is_grad_enabled():
+                return None, ChunkedLinearCE.apply(*args)
+            return None, chunked_ce_loss(*args)
+        logits = self.lm_head(h)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
@@ -134,9 +218,9 @@ class GPT(nn.Module):
 
 
 def build_model(preset: str, seq_len: int, dropout: float = 0.0,
-                vocab_size: int | None = None) -> GPT:
+                vocab_size: int | None = None, ce_chunks: int = 0) -> GPT:
     """The preset's GPT for seq_len tokens; vocab_size: the data's (a token folder's meta.json),
-    None: the preset's."""
+    None: the preset's; ce_chunks: the cross-entropy's chunks (0: in one piece)."""
     p = PRESETS[preset]
     cfg = GPTConfig(
         block_size=seq_len,
@@ -145,6 +229,7 @@ def build_model(preset: str, seq_len: int, dropout: float = 0.0,
         n_head=p["n_head"],
         n_embd=p["n_embd"],
         dropout=dropout,
+        ce_chunks=ce_chunks,
     )
     return GPT(cfg)
 

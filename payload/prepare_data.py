@@ -23,7 +23,6 @@ import argparse
 import array
 import json
 import os
-import shutil
 import sys
 
 from token_format import BYTES, ITEMSIZE, META, SPLITS, dtype_for

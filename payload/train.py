@@ -55,7 +55,7 @@ from checkpoint import Checkpointer
 from cli import parse_args, print_error
 from config import TrainConfig
 from data import DataError, TokenData, open_source, open_tokens
-from model import build_model, device_peak_flops, flops_per_token
+from model import build_model, device_peak_flops, flops_per_token, use_attention
 from optim import (autocast_ctx, enable_tf32, lr_at, make_optimizer, make_scaler, resolve_precision,
                    scaled_lr)
 from runtime import (DistCtx, StopAgreement, all_reduce_scalar, count_nodes, emit, exit_now,
@@ -78,6 +78,9 @@ def train_step(model, optimizer, micro_batches, *, device, precision="fp32", sca
     for i, (x, y) in enumerate(micro_batches):
         x = x.to(device, non_blocking=True)
         y = y.to(device, non_blocking=True)
+        # a new step for --compile-mode reduce-overhead's CUDA graphs (their outputs may be
+        # reused from here on); nothing otherwise
+        torch.compiler.cudagraph_mark_step_begin()
         sync_ctx = model.no_sync() if (is_ddp and i < k - 1) else contextlib.nullcontext()
         with sync_ctx:
             with autocast_ctx(device, precision):
@@ -156,7 +159,7 @@ class Trainer:
         # The model: the same init on every rank (DDP also broadcasts rank 0's parameters).
         torch.manual_seed(cfg.seed)
         self.raw_model = build_model(cfg.preset, cfg.seq_len, cfg.dropout,
-                                     tokens and tokens.vocab_size).to(dev)
+                                     tokens and tokens.vocab_size, cfg.ce_chunks).to(dev)
         seed_everything(cfg.seed + ctx.rank)
         self.model = self.raw_model  # what steps run: run() compiles it and wraps it in DDP
         # One process has nothing to all-reduce: DDP would only add its bucket hooks, and under
@@ -195,7 +198,7 @@ class Trainer:
                  "(nothing to train: the checkpoint is at or past the last step)")
             return 0
         if self.cfg.compile:
-            self.model = torch.compile(self.model)
+            self.model = torch.compile(self.model, mode=self.cfg.compile_mode)
         if self.use_ddp:
             self.model = DDP(self.model,
                              device_ids=[self.dev.index] if self.dev.type == "cuda" else None)
@@ -315,7 +318,8 @@ class Trainer:
             "tokens_per_step": plan.tokens_per_step, "lr": f"{plan.peak_lr:.3e}",
             "warmup": plan.warmup, "total_steps": plan.total_steps,
             "steps_per_epoch": plan.steps_per_epoch, "precision": self.precision,
-            "compile": cfg.compile, "ddp": "on" if self.use_ddp else "off",
+            "compile": cfg.compile and cfg.compile_mode, "attention": cfg.attention,
+            "ce_chunks": cfg.ce_chunks, "ddp": "on" if self.use_ddp else "off",
             "optimizer": f"adamw-{self.opt_kind}", "deterministic": cfg.deterministic,
             "data": cfg.data or "synthetic", "vocab_size": self.raw_model.config.vocab_size,
             "flops_per_token": f"{m.fpt:.3e}",
@@ -347,6 +351,9 @@ class Trainer:
                 "peak_lr": self.plan.peak_lr,
                 "precision": self.precision,
                 "compile": cfg.compile,
+                "compile_mode": cfg.compile_mode if cfg.compile else None,
+                "attention": cfg.attention,
+                "ce_chunks": cfg.ce_chunks,
                 "ddp": self.use_ddp,
                 "optimizer": f"adamw-{self.opt_kind}",
                 "device": str(self.dev),
@@ -376,6 +383,7 @@ def run(cfg: TrainConfig, ctx: DistCtx) -> int:
                         "backend": ctx.backend, "pid": os.getpid()}, all_ranks=True)
     if ctx.device.type == "cuda":
         enable_tf32()
+    use_attention(cfg.attention)
     seed_everything(cfg.seed + ctx.rank)
     tokens = open_tokens(cfg)
     if cfg.find_batch_size:

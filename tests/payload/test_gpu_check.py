@@ -22,7 +22,13 @@ import json, os, sys
 argv = sys.argv[1:]
 name = ("find_batch" if "--find-batch-size" in argv else "compiled" if "--compile" in argv
         else "eager" if "RANK" in os.environ else "plain")
+if "--out-json" in argv:  # a speed candidate's: cand-NAME.json
+    name = os.path.basename(argv[argv.index("--out-json") + 1])[:-len(".json")]
 how = dict(kv.split(":") for kv in os.environ.get("STUB_BREAK", "").split(",") if kv).get(name)
+# the candidates' flags change the stub's speed: cuDNN +10%, chunks +5%, CUDA graphs -10%
+speed = 1000.0
+for flag, factor in (("cudnn", 1.10), ("--ce-chunks", 1.05), ("reduce-overhead", 0.90)):
+    speed *= factor if flag in argv else 1.0
 if how == "exit":
     print("start rank=0 ...")
     print("Traceback (most recent call last):\n  File \"train.py\", line 1, in <module>\n"
@@ -32,8 +38,18 @@ if how == "exit":
 if name == "find_batch":
     print("probe batch_size=64 ok\nbatch_size=57")
     sys.exit(0)
-m = {"steps": 60, "final_loss": float("nan") if how == "nan" else 2.5,
-     "tokens_per_s_median": 1000.0, "mfu_median": None if how == "nomfu" else 0.4,
+if "--profile-dir" in argv:  # two kernels a step, as torch.profiler's chrome trace has them
+    steps = argv[argv.index("--profile-steps") + 1]
+    d = argv[argv.index("--profile-dir") + 1]
+    os.makedirs(d)
+    ev = [{"ph": "X", "cat": "kernel", "name": n, "ts": t, "dur": dur} for t, n, dur in (
+        (0, "sm90_xmma_gemm_bf16", 700), (700, "triton_red_fused_stub", 200),
+        (1100, "sm90_xmma_gemm_bf16", 700), (1800, "triton_red_fused_stub", 200))]
+    with open(os.path.join(d, "trace_rank0_steps" + steps.replace(":", "-") + ".json"), "w") as f:
+        json.dump({"traceEvents": ev + [{"ph": "X", "cat": "cpu_op", "name": "aten::mm",
+                                         "ts": 0, "dur": 5000}]}, f)
+m = {"steps": 60, "final_loss": {"nan": float("nan"), "stray": 2.7}.get(how, 2.5),
+     "tokens_per_s_median": speed, "mfu_median": None if how == "nomfu" else 0.4,
      "optimizer": "adamw-fused", "batch_size": int(argv[argv.index("--batch-size") + 1]),
      "losses": [[10, 5.0]], "device_name": "stub"}
 with open(argv[argv.index("--out-json") + 1], "w") as f:
@@ -92,6 +108,64 @@ def test_budget_skip_is_named_and_fails(tmp_path):
         assert any(x.startswith(f"{run}: skipped: ") and x.endswith("raise BUDGET_S (now 100)")
                    for x in s["problems"]), s["problems"]
     assert "no batch size found: the runs use --batch-size 16" in p.stderr
+
+
+def test_speed_candidates_run_alone_then_the_winners_together(tmp_path):
+    p, s = run_check(tmp_path, CANDIDATES="speed")
+    assert p.returncode == 0, p.stdout + p.stderr
+    c = s["candidates"]
+    # autotune, slowest to compile, after cand-best
+    assert list(c) == ["cand-cudnn", "cand-ce-chunks", "cand-cudagraphs", "cand-best",
+                       "cand-autotune"]
+    assert c["cand-cudnn"]["vs_compiled"] == pytest.approx(1.10)
+    assert c["cand-cudagraphs"]["vs_compiled"] == pytest.approx(0.90)
+    # the two that won, the faster first; CUDA graphs (slower) left out
+    assert c["cand-best"]["flags"] == "--attention cudnn --ce-chunks 16"
+    assert c["cand-best"]["vs_compiled"] == pytest.approx(1.155)
+    assert json.loads(p.stdout)["candidates"]["cand-ce-chunks"]["tokens_per_s_median"] == 1050.0
+    assert (tmp_path / "out" / "cand-best.log").exists()
+
+
+def test_a_candidate_whose_loss_strays_fails_the_check_and_is_not_among_the_winners(tmp_path):
+    p, s = run_check(tmp_path, CANDIDATES="cudnn:--attention cudnn;ce-chunks:--ce-chunks 4",
+                     STUB_BREAK="cand-cudnn:stray")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "FAIL cand-cudnn: final loss 2.7000 strays from compiled's 2.5000 by more than 5%" \
+        in p.stderr.splitlines()
+    assert s["candidates"]["cand-best"]["flags"] == "--ce-chunks 4"
+
+
+def test_profile_sums_the_compiled_and_best_runs_gpu_kernels(tmp_path):
+    p, s = run_check(tmp_path, CANDIDATES="cudnn:--attention cudnn", PROFILE="45:46")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert s["candidates"]["cand-best"]["flags"] == "--attention cudnn"  # not the profiler's
+    for name in ("compiled", "cand-best"):
+        text = (tmp_path / "out" / f"{name}_profile.txt").read_text().splitlines()
+        assert text[0] == "GPU busy 0.9 ms of a 1.0 ms span per step (4 kernels)"
+        assert text[2].split()[:4] == ["0.70", "77.8%", "1", "gemm"]
+    assert not (tmp_path / "out" / "cand-cudnn_profile.txt").exists()
+
+
+def test_trace_top_sums_kernels_by_name_and_family():
+    import trace_top
+    ev = [{"ph": "X", "cat": "kernel", "name": n, "ts": t, "dur": d} for n, t, d in (
+        ("pytorch_flash::flash_fwd_kernel", 0, 300), ("nvjet_tst_256x128", 300, 600),
+        ("nvjet_tst_256x128", 1000, 600), ("triton_per_fused_cross_entropy", 1600, 100))]
+    ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 9000})
+    s = trace_top.summarize({"traceEvents": ev}, steps=2)
+    assert s["kernels"] == 4 and s["busy_ms_per_step"] == pytest.approx(0.8)
+    assert s["span_ms_per_step"] == pytest.approx(0.85)
+    assert [(r["name"], r["calls_per_step"]) for r in s["top"]][0] == ("nvjet_tst_256x128", 1)
+    assert {f: v["ms_per_step"] for f, v in s["families"].items()} == pytest.approx(
+        {"gemm": 0.6, "attention": 0.15, "cross-entropy": 0.05})
+    assert trace_top.summarize({"traceEvents": []}, 1) == {"kernels": 0}
+
+
+def test_no_winner_no_best_run(tmp_path):
+    p, s = run_check(tmp_path, CANDIDATES="cudagraphs:--compile-mode reduce-overhead")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert list(s["candidates"]) == ["cand-cudagraphs"]
+    assert "cand-best: no candidate beat compiled by 2%: not run" in p.stderr
 
 
 GOOD = {"status": "ran", "rc": 0, "timeout_s": 90, "metrics": True, "final_loss": 2.5,

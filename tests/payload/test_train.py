@@ -538,6 +538,10 @@ def test_help_exits_0():
     (["--preset", "huge"], "invalid choice"),
     (["--lr", "-1"], "positive number"),
     (["--ckpt-every", "5"], "--ckpt-every needs --ckpt-dir"),
+    (["--attention", "cudnn", "--device", "cpu"], "--attention cudnn needs CUDA"),
+    (["--attention", "efficient", "--device", "cpu"], "--attention efficient needs CUDA"),
+    (["--compile-mode", "reduce-overhead"], "--compile-mode needs --compile"),
+    (["--ce-chunks", "-1"], "non-negative integer"),
 ])
 def test_cli_validation(argv, needle, capsys):
     with pytest.raises(SystemExit) as e:
@@ -554,7 +558,8 @@ FLAGS = {
     "--lr-ref-batch": 32,
     "--min-lr-ratio": 0.1, "--warmup-steps": None, "--weight-decay": 0.1, "--clip": 1.0,
     "--max-steps": None, "--epochs": None, "--seed": 1337, "--device": "auto",
-    "--precision": "auto", "--compile": False, "--deterministic": False, "--init-timeout": 600.0,
+    "--precision": "auto", "--compile": False, "--compile-mode": "default", "--attention": "auto",
+    "--ce-chunks": 0, "--deterministic": False, "--init-timeout": 600.0,
     "--eval-every": 0, "--eval-batches": 20, "--ckpt-dir": None, "--ckpt-every": 0, "--keep": 3,
     "--no-resume": False, "--log-every": 10,
     "--out-json": None, "--tensorboard": None, "--profile-steps": None, "--profile-dir": None,
@@ -643,3 +648,83 @@ def test_synthetic_data_is_deterministic_and_structured():
     seq = torch.cat([x1, y1[-1:]])
     period = next(p for p in range(2, 9) if torch.equal(seq[p:], seq[:-p]))
     assert 2 <= period <= 8 and int(seq.max()) < 256
+
+
+# ------------------------------------------------------------------ speed options (issue 26)
+
+
+@pytest.mark.parametrize("rows", [7, 64, 1000])
+def test_chunked_cross_entropy_equals_the_whole_one_in_loss_and_both_gradients(rows):
+    # fresh random inputs in float64; 7 does not divide the 96 tokens, 1000 is one chunk
+    g = torch.Generator().manual_seed(rows)
+    h = torch.randn(96, 16, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(50, 16, dtype=torch.float64, generator=g, requires_grad=True)
+    t = torch.randint(0, 50, (96,), generator=g)
+    ref = torch.nn.functional.cross_entropy(h @ w.t(), t)
+    ref_gh, ref_gw = torch.autograd.grad(ref, (h, w))
+    loss = model.ChunkedLinearCE.apply(h, w, t, rows, torch.float64)
+    gh, gw = torch.autograd.grad(2.0 * loss, (h, w))  # the upstream gradient scales both
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-6)  # summed in float32
+    assert torch.allclose(gh, 2.0 * ref_gh, atol=1e-12) and torch.allclose(gw, 2.0 * ref_gw,
+                                                                          atol=1e-12)
+    with torch.no_grad():
+        assert model.chunked_ce_loss(h, w, t, rows, torch.float64).item() == pytest.approx(
+            ref.item(), rel=1e-6)
+
+
+def test_the_model_with_chunked_cross_entropy_holds_no_logits_and_trains_the_same():
+    x = torch.randint(0, 256, (3, 64), generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, 256, (3, 64), generator=torch.Generator().manual_seed(2))
+    runs = {}
+    for chunks in (0, 5):  # 5 chunks of 39 tokens, the last of 36
+        torch.manual_seed(0)
+        m = model.build_model("tiny", 64, ce_chunks=chunks).double()
+        logits, loss = m(x, y)
+        loss.backward()
+        runs[chunks] = (logits, loss.item(), {n: p.grad for n, p in m.named_parameters()})
+    assert runs[0][0].shape == (3, 64, 256) and runs[5][0] is None
+    assert runs[5][1] == pytest.approx(runs[0][1], rel=1e-6)
+    grads0, grads5 = runs[0][2], runs[5][2]
+    # the tied embedding / lm_head weight gets both of its gradients (the plain loss runs in
+    # float32: logits.float())
+    assert all(torch.allclose(grads5[n], grads0[n], rtol=1e-4, atol=1e-7) for n in grads0)
+    unseen = sorted(set(range(256)) - set(x.flatten().tolist()))  # rows lm_head alone reaches
+    assert unseen and grads5["transformer.wte.weight"][unseen].abs().amax(1).min() > 0
+
+
+def test_attention_kernel_choice_leaves_that_one_alone_and_auto_leaves_torchs():
+    switches = {n: getattr(torch.backends.cuda, s.replace("enable_", "") + "_enabled")
+                for n, s in model.ATTENTION_KERNELS.items()}
+    before = {n: f() for n, f in switches.items()}
+    try:
+        model.use_attention("math")
+        assert {n: f() for n, f in switches.items()} == {
+            "flash": False, "cudnn": False, "efficient": False, "math": True}
+        model.use_attention("auto")  # changes nothing
+        assert switches["math"]() and not switches["flash"]()
+        q = torch.randn(1, 2, 8, 4)
+        # only the math kernel is allowed, and it runs
+        assert torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).shape \
+            == q.shape
+    finally:
+        for n, s in model.ATTENTION_KERNELS.items():
+            getattr(torch.backends.cuda, s)(before[n])
+
+
+def test_speed_options_train_on_cpu_to_the_same_losses_and_say_so(tmp_path):
+    """--ce-chunks and --attention math give the plain run's losses; the config line and
+    --out-json name the choices."""
+    runs = {}
+    for name, extra in (("plain", []), ("chunked", ["--ce-chunks", "3", "--attention", "math"])):
+        out = tmp_path / f"{name}.json"
+        p = subprocess.run([sys.executable, str(TRAIN), "--device", "cpu", "--max-steps", "6",
+                            "--log-every", "2", "--batch-size", "4", "--out-json", str(out),
+                            *extra], cwd=REPO, env=_env(), capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 0, _fail_msg(p)
+        runs[name] = (p.stdout, json.loads(out.read_text()))
+    assert {s: float(v) for s, v in steps(runs["chunked"][0]).items()} == pytest.approx(
+        {s: float(v) for s, v in steps(runs["plain"][0]).items()}, abs=2e-4)
+    assert " attention=math ce_chunks=3 " in runs["chunked"][0]
+    assert " compile=False attention=auto ce_chunks=0 " in runs["plain"][0]
+    assert (runs["chunked"][1]["attention"], runs["chunked"][1]["ce_chunks"]) == ("math", 3)
