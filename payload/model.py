@@ -35,9 +35,10 @@ PRESETS: dict[str, dict] = {
 
 
 # --attention: which kernel F.scaled_dot_product_attention runs. "auto" leaves torch's choice
-# (flash first); the others enable that backend alone, so a kernel that cannot run the shapes
-# fails loudly instead of falling back. The enable_*_sdp switches are global and are read when
-# a call picks its kernel, also while torch.compile traces the model.
+# (cuDNN's on an H200 with torch 2.11, as its profile showed); the others enable that backend
+# alone, so a kernel that cannot run the shapes fails loudly instead of falling back. The
+# enable_*_sdp switches are global and are read when a call picks its kernel, also while
+# torch.compile traces the model.
 ATTENTION_KERNELS = {
     "flash": "enable_flash_sdp",
     "cudnn": "enable_cudnn_sdp",
@@ -59,8 +60,9 @@ class ChunkedLinearCE(torch.autograd.Function):
     """Mean cross-entropy of `h @ weight.T` against `targets`, `rows` tokens at a time, with both
     gradients made in the forward pass: the [tokens, vocab] logits and their gradient only ever
     exist one chunk at a time. In one piece, GPT-2's 50k vocabulary at batch 123 x 1024 held a
-    23.6 GiB logits gradient on an H200. The matmuls run in `dtype` (autocast's), the softmax in
-    fp32; no FLOP is added (the backward only scales the saved gradients)."""
+    23.6 GiB logits gradient on an H200; in 16 chunks its peak fell from 76.7 to 49.5 GiB, at 2%
+    of the speed. The matmuls run in `dtype` (autocast's), the softmax in fp32; no FLOP is added
+    (the backward only scales the saved gradients)."""
 
     @staticmethod
     def forward(ctx, h, weight, targets, rows: int, dtype: torch.dtype):
