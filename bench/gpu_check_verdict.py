@@ -162,7 +162,7 @@ def candidate_names(work: str) -> list[str]:
 
 def candidates(out: str, work: str, compiled: dict, budget_s: int, problems: list) -> dict:
     """Each candidate's figures, its ratio to compiled and whether its loss agrees; its
-    problems are added to `problems`."""
+    problems are its "problems" and are added to `problems`."""
     result = {}
     base_tps, base_loss = compiled.get("tokens_per_s_median"), compiled.get("final_loss")
     for name in candidate_names(work):
@@ -177,6 +177,7 @@ def candidates(out: str, work: str, compiled: dict, budget_s: int, problems: lis
             if abs(loss - base_loss) > LOSS_TOLERANCE * base_loss:
                 found.append(f"{name}: final loss {loss:.4f} strays from compiled's "
                              f"{base_loss:.4f} by more than {LOSS_TOLERANCE:.0%}")
+        info["problems"] = found
         problems += found
         result[name] = info
     return result
@@ -189,8 +190,8 @@ def best_flags(out: str, work: str) -> str:
     compiled = run_info(out, work, "compiled")
     found = candidates(out, work, compiled, 0, [])
     winners = sorted((info["tokens_per_s_median"], info["flags"]) for info in found.values()
-                     if info.get("vs_compiled", 0) >= WIN_RATIO
-                     and abs(info.get("loss_vs_compiled", 0) - 1) <= LOSS_TOLERANCE)
+                     if not info["problems"] and "loss_vs_compiled" in info  # loss compared
+                     and info.get("vs_compiled", 0) >= WIN_RATIO)
     chosen, options = [], set()
     for _, flags in reversed(winners):
         opts = {w for w in flags.split() if w.startswith("--")}

@@ -56,56 +56,50 @@ def use_attention(kind: str):
         getattr(torch.backends.cuda, switch)(name == kind)
 
 
-class ChunkedLinearCE(torch.autograd.Function):
-    """Mean cross-entropy of `h @ weight.T` against `targets`, `rows` tokens at a time, with both
-    gradients made in the forward pass: the [tokens, vocab] logits and their gradient only ever
-    exist one chunk at a time. In one piece, GPT-2's 50k vocabulary at batch 123 x 1024 held a
-    23.6 GiB logits gradient on an H200; in 16 chunks its peak fell from 76.7 to 49.5 GiB, at 2%
-    of the speed. The matmuls run in `dtype` (autocast's), the softmax in fp32; no FLOP is added
-    (the backward only scales the saved gradients)."""
-
-    @staticmethod
-    def forward(ctx, h, weight, targets, rows: int, dtype: torch.dtype):
-        n = h.size(0)
-        w = weight.to(dtype)
-        acc = torch.promote_types(dtype, torch.float32)  # the softmax's and the sums' dtype
-        grad_h = torch.empty(h.shape, dtype=dtype, device=h.device)
-        grad_w = torch.zeros(weight.shape, dtype=acc, device=h.device)
-        total = torch.zeros((), dtype=acc, device=h.device)
-        with torch.autocast(h.device.type, enabled=False):
-            for s in range(0, n, rows):
-                hc, t = h[s:s + rows].to(dtype), targets[s:s + rows].unsqueeze(1)
-                logits = (hc @ w.t()).to(acc)
-                lse = torch.logsumexp(logits, dim=1, keepdim=True)
-                total += (lse - logits.gather(1, t)).sum()
+def chunked_ce(h, weight, targets, rows: int, dtype: torch.dtype, grads: bool):
+    """Mean cross-entropy of `h @ weight.T` against `targets`, `rows` tokens at a time: (loss,
+    grad_h, grad_w), the gradients made chunk by chunk when `grads` (None otherwise). The
+    matmuls run in `dtype` (autocast's), the softmax and the sums in at least fp32."""
+    n = h.size(0)
+    w = weight.to(dtype)
+    acc = torch.promote_types(dtype, torch.float32)
+    total = torch.zeros((), dtype=acc, device=h.device)
+    grad_h = torch.empty(h.shape, dtype=dtype, device=h.device) if grads else None
+    grad_w = torch.zeros(weight.shape, dtype=acc, device=h.device) if grads else None
+    with torch.autocast(h.device.type, enabled=False):
+        for s in range(0, n, rows):
+            hc, t = h[s:s + rows].to(dtype), targets[s:s + rows].unsqueeze(1)
+            logits = (hc @ w.t()).to(acc)
+            lse = torch.logsumexp(logits, dim=1, keepdim=True)
+            total += (lse - logits.gather(1, t)).sum()
+            if grads:
                 g = torch.exp(logits - lse)  # softmax; minus one at the target, over n: dloss/dlogits
                 g.scatter_add_(1, t, torch.full_like(lse, -1.0))
                 g = (g / n).to(dtype)
                 grad_h[s:s + rows] = g @ w
                 grad_w += (g.t() @ hc).to(acc)
+    return total / n, grad_h, grad_w
+
+
+class ChunkedLinearCE(torch.autograd.Function):
+    """chunked_ce with both gradients made in the forward pass: the [tokens, vocab] logits and
+    their gradient only ever exist one chunk at a time. In one piece, GPT-2's 50k vocabulary at
+    batch 123 x 1024 held a 23.6 GiB logits gradient on an H200; in 16 chunks its peak fell
+    from 76.7 to 49.5 GiB, at 2% of the speed. No FLOP is added (the backward only scales the
+    saved gradients). Without gradients (evaluation), the model calls chunked_ce itself."""
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, rows: int, dtype: torch.dtype):
+        loss, grad_h, grad_w = chunked_ce(h, weight, targets, rows, dtype, grads=True)
         ctx.save_for_backward(grad_h, grad_w)
         ctx.dtypes = (h.dtype, weight.dtype)
-        return total / n
+        return loss
 
     @staticmethod
     def backward(ctx, grad_out):
         grad_h, grad_w = ctx.saved_tensors
         h_dtype, w_dtype = ctx.dtypes
         return (grad_h * grad_out).to(h_dtype), (grad_w * grad_out).to(w_dtype), None, None, None
-
-
-def chunked_ce_loss(h, weight, targets, rows: int, dtype: torch.dtype):
-    """ChunkedLinearCE's loss without gradients (evaluation): the same chunks, no grads made."""
-    n = h.size(0)
-    acc = torch.promote_types(dtype, torch.float32)
-    total = torch.zeros((), dtype=acc, device=h.device)
-    w = weight.to(dtype)
-    with torch.autocast(h.device.type, enabled=False):
-        for s in range(0, n, rows):
-            logits = (h[s:s + rows].to(dtype) @ w.t()).to(acc)
-            t = targets[s:s + rows].unsqueeze(1)
-            total += (torch.logsumexp(logits, dim=1, keepdim=True) - logits.gather(1, t)).sum()
-    return total / n
 
 
 class CausalSelfAttention(nn.Module):
@@ -211,7 +205,7 @@ class GPT(nn.Module):
                     -(-B * T // self.config.ce_chunks), dtype)
             if torch.is_grad_enabled():
                 return None, ChunkedLinearCE.apply(*args)
-            return None, chunked_ce_loss(*args)
+            return None, chunked_ce(*args, grads=False)[0]
         logits = self.lm_head(h)
         loss = None
         if targets is not None:
