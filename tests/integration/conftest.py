@@ -250,23 +250,24 @@ class Fleet:
     def __init__(self, inv: Path):
         self.inv = inv
         self.done: dict[str, str] = {}  # host -> who provisioned it
-        # per provision of fresh hosts here: (the hosts, the wheels the index served them)
-        self.served: list[tuple[list[str], list[tuple[str, str]]]] = []
+        # per provision of fresh hosts here: (the hosts, the wheels the index served them,
+        # the .debs the apt repositories served them), each as (client, file)
+        self.served: list[tuple[list[str], list[tuple[str, str]], list[tuple[str, str]]]] = []
 
     def provisioned(self, *hosts) -> Path:
         """Provision the hosts not yet provisioned this session (all at once, with --reboot),
-        noting which wheels the testbed's index served meanwhile (its request log)."""
+        noting which wheels and .debs the testbed's server sent meanwhile (its request log)."""
         todo = [h for h in hosts if h not in self.done]
         if todo:
-            from torchrig.testbed import pyindex
-            from torchrig.testbed.paths import STATE
-            log = STATE / "http.log"
+            from torchrig.testbed import paths, pyindex
+            log = paths.http_log()
             at = log.stat().st_size if log.exists() else 0
             r, data = provision(self.inv, ",".join(todo), "--yes", "--reboot", timeout=1200)
             assert r.returncode == 0, f"provisioning {todo} for the tests failed:\n{r.stdout}\n{r.stderr}"
             with open(log, "rb") as f:
                 f.seek(at)
-                self.served.append((todo, pyindex.wheels_served(f.read().decode(errors="replace"))))
+                text = f.read().decode(errors="replace")
+            self.served.append((todo, pyindex.wheels_served(text), paths.debs_served(text)))
             for h in todo:
                 self.done[h] = "the provisioned fixture"
         return self.inv

@@ -149,19 +149,24 @@ def test_more_real_boxes_get_their_class_and_advice(testbed, tmp_path):
         machines.install_profile("gpu4", original)
 
 
-def test_a_fresh_fleet_downloaded_each_wheel_once(testbed, fleet):
+def test_a_fresh_fleet_downloaded_each_wheel_and_deb_once(testbed, fleet):
     """The provision of this file's hosts (several fresh hosts at once, by the session's fleet:
-    no provision of its own) fetched each wheel from the index once, by one host; the others
-    got them from it (provision/wheelshare.py), as the index's request log shows."""
-    several = [(hosts, served) for hosts, served in fleet.served if len(hosts) >= 2]
+    no provision of its own) fetched each wheel and each .deb from the testbed's index and apt
+    repositories once, by one host; the others got them from it (provision/wheelshare.py,
+    provision/aptshare.py), as the server's request log shows."""
+    several = [rec for rec in fleet.served if len(rec[0]) >= 2]
     if not several:
         pytest.skip("no provision of several fresh hosts in this session")
-    hosts, served = several[-1]
-    names = [name for _, name in served]
-    assert any(n.startswith("torch-") for n in names), served
-    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
-    assert {client for client, _ in served} <= {ip_of(testbed, h) for h in hosts}
-    assert len({client for client, _ in served}) == 1, served   # one host downloaded
+    hosts, wheels, debs = several[-1]
+    for served, first in ((wheels, "torch-"), (debs, "cuda/repos/")):
+        names = [name for _, name in served]
+        assert any(n.startswith(first) for n in names), served
+        assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+        assert {client for client, _ in served} <= {ip_of(testbed, h) for h in hosts}
+        assert len({client for client, _ in served}) == 1, served   # one host downloaded
+    # the driver, the toolkit, NCCL and the Debian mirror's node exporter among the .debs
+    for part in ("cuda-drivers_", "cuda-toolkit-12-8_", "libnccl2_", "debian/"):
+        assert any(part in n for _, n in debs), (part, debs)
 
 
 def _inject(inv, name, kmsg="", health=None):

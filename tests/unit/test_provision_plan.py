@@ -76,7 +76,8 @@ def test_fresh_host_plans_every_step():
     plan = {s.name: describe(s.plan(c)) for s in steps.STEPS}
     assert plan["apt-recover"] == []
     assert any("cuda-keyring" in d for d in plan["cuda-repo"])
-    assert plan["cuda-repo"][-1].startswith("apt-get update")
+    assert plan["cuda-repo"][-2].startswith("apt-get update")
+    assert plan["cuda-repo"][-1].startswith(f"write {PIN} ")  # before any install
     assert "install NVIDIA driver 570.172.08 (cuda-drivers): cuda-drivers=570.172.08-1" in plan["driver"]
     assert "hold cuda-drivers (no upgrade behind provision's back)" in plan["driver"]
     assert not any("fabricmanager" in d for d in plan["driver"])  # no NVSwitch on this box
@@ -239,7 +240,8 @@ def test_mirror_credentials_never_in_urls_plans_or_diffs():
     assert c.repo.url == "https://mirror.internal/cuda/repos/debian12/x86_64/"
     auth = [ch for ch in changes if isinstance(ch, FileChange) and ch.path == steps.AUTH_FILE][0]
     assert auth.mode == 0o600 and auth.secret and "password hunter2" in auth.content
-    assert "--netrc-file" in changes[-3].script  # the keyring download authenticates from the file
+    keyring = next(ch for ch in changes if "cuda-keyring" in ch.describe())
+    assert "--netrc-file" in keyring.script  # the keyring download authenticates from the file
 
 
 def test_venv_pins_torch_and_uses_configured_index():
@@ -519,12 +521,14 @@ PIN = "/etc/apt/preferences.d/torchrig-nvidia-driver.pref"
 def test_driver_is_pinned_at_its_exact_build_before_it_is_installed():
     """NVIDIA's metapackages depend on the driver's library and kernel-module packages with
     `>=`: a hold on the metapackage leaves those free to move under the loaded module. One
-    apt preferences pin on the exact build, written before the install, makes apt install and
-    keep exactly that build of every driver package."""
-    ch = steps.driver(ctx(fresh()))
+    apt preferences pin on the exact build, written with the repository (cuda-repo: before
+    any install, and before aptshare's download for the fleet resolves the same packages),
+    makes apt install and keep exactly that build of every driver package."""
+    ch = steps.cuda_repo(ctx(fresh()))
     pin = next(i for i, c in enumerate(ch) if isinstance(c, FileChange) and c.path == PIN)
-    install = next(i for i, d in enumerate(describe(ch)) if d.startswith("install NVIDIA driver"))
-    assert pin < install
+    names = [s.name for s in steps.STEPS]
+    assert names.index("cuda-repo") < names.index("driver")
+    assert not any(PIN in d for d in describe(steps.driver(ctx(fresh()))))
     lines = [ln for ln in ch[pin].content.splitlines() if not ln.startswith("#")]
     assert lines == ["Package: *nvidia* cuda-drivers* libcuda* libnvcuvid* libnvoptix* libxnvctrl*",
                      f"Pin: version {DEFAULTS.driver_version}-*", "Pin-Priority: 1001"]
@@ -534,8 +538,8 @@ def test_driver_is_pinned_at_its_exact_build_before_it_is_installed():
     # a pin another version of the driver asks for replaces it
     again = fresh(files={PIN: {"content": ch[pin].content, "mode": 0o644, "owner": "root",
                                "group": "root", "is_dir": False, "sha256": sha(ch[pin].content)}})
-    assert PIN not in " ".join(describe(steps.driver(ctx(again))))
-    assert PIN in " ".join(describe(steps.driver(ctx(again, driver_version="570.133.20"))))
+    assert PIN not in " ".join(describe(steps.cuda_repo(ctx(again))))
+    assert PIN in " ".join(describe(steps.cuda_repo(ctx(again, driver_version="570.133.20"))))
 
 
 def test_every_installed_package_of_the_toolkit_and_nccl_is_held():

@@ -23,6 +23,13 @@ class Cmd:
 
 
 @dataclass(frozen=True)
+class AptInstall(Cmd):
+    """An apt-get install of `specs` (name or name=version): provision/aptshare.py may have
+    the .debs they need downloaded once for the fleet and put in apt's cache before it runs."""
+    specs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class FileChange:
     path: str
     content: str | None  # None: the file must not exist

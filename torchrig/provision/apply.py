@@ -19,7 +19,7 @@ from ..session import Result, describe_error
 from ..secrets import Redactor
 from ..session import Fleet
 from ..changes.factview import fingerprint, what_changed
-from ..changes.model import FileChange, b64
+from ..changes.model import AptInstall, FileChange, b64
 from . import firewall, slurm
 from .desired import Settings
 from .engine import Plan, build_plan
@@ -136,10 +136,20 @@ def make_plan(ctx: Ctx) -> HostReport:
 
 
 def apply_host(fleet: Fleet, p: Planned, reboot: bool,
-               progress: StepProgress | None = None) -> HostReport:
+               progress: StepProgress | None = None, meet=None) -> HostReport:
     """Apply the plan the operator saw, once the host's facts still match it; reboot (with
     --reboot) when the driver needs it, then gather again and apply what remains. Each step's
-    start and end go to `progress` (see live.py)."""
+    start and end go to `progress` (see live.py). `meet` (aptshare.Meet): the host arrives
+    there before its first apt install, and leaves when this ends."""
+    try:
+        return _apply_host(fleet, p, reboot, progress, meet)
+    finally:
+        if meet is not None:
+            meet.left(p)
+
+
+def _apply_host(fleet: Fleet, p: Planned, reboot: bool, progress: StepProgress | None,
+                meet) -> HostReport:
     t0 = time.monotonic()
     host, s, plan = p.host, p.settings, p.plan
     progress = progress or StepProgress()
@@ -161,7 +171,8 @@ def apply_host(fleet: Fleet, p: Planned, reboot: bool,
         first: list[StepResult] | None = None
         for attempt in range(2):
             rep.steps = [StepResult("preflight", "ok")]
-            pending_reboot = _apply_plan(cxn, plan, s, rep, progress)
+            before_apt = (lambda: meet.arrive(p)) if meet is not None and first is None else None
+            pending_reboot = _apply_plan(cxn, plan, s, rep, progress, before_apt)
             if first is not None:
                 rep.steps = merge_steps(first, rep.steps)
             if pending_reboot and rep.rebooted:
@@ -201,9 +212,10 @@ def apply_host(fleet: Fleet, p: Planned, reboot: bool,
 
 
 def _apply_plan(cxn, plan: Plan, s: Settings, rep: HostReport,
-                progress: StepProgress) -> str | None:
-    """Run each planned step's changes as one root script. The driver state ('no-driver',
-    ...) if a step that needs the driver had to wait for it, else None."""
+                progress: StepProgress, before_apt=None) -> str | None:
+    """Run each planned step's changes as one root script; before_apt() once, before the first
+    that apt-get installs. The driver state ('no-driver', ...) if a step that needs the driver
+    had to wait for it, else None."""
     state, driver_changed, waiting = plan.driver, False, None
     for sp in plan.steps:
         step, changes = sp.step, sp.changes
@@ -224,6 +236,9 @@ def _apply_plan(cxn, plan: Plan, s: Settings, rep: HostReport,
                 rep.steps.append(StepResult(step.name, "skipped", changes=sp.describe(),
                                             error=f"driver not usable yet ({state}): reboot needed"))
                 continue
+        if before_apt is not None and any(isinstance(c, AptInstall) for c in changes):
+            before_apt()
+            before_apt = None
         t = time.monotonic()
         progress.started(rep.host, step.name, "; ".join(sp.describe()))
         r = run_root_script(cxn, step_script(step, changes, s))

@@ -15,7 +15,7 @@ import ipaddress
 import re
 
 from ..changes import managed
-from ..changes.model import Cmd, FileChange
+from ..changes.model import AptInstall, Cmd, FileChange
 from ..errors import TorchrigError
 from ..inventory import resolve
 from ..facts.netfilter import TABLE, UNIT, loaded_argv, parse_ephemeral
@@ -69,7 +69,8 @@ def plan(c) -> list[Cmd | FileChange]:
         return out
     out = []
     if c.pkg(PACKAGE) is None:
-        out.append(Cmd(f"install {PACKAGE}", f"apt_get install --no-install-recommends {PACKAGE}"))
+        out.append(AptInstall(f"install {PACKAGE}", f"apt_get install --no-install-recommends {PACKAGE}",
+                              (PACKAGE,)))
     rules = managed.FIREWALL_RULES.change(c.facts, content=render_rules(c))
     unit = managed.FIREWALL_UNIT.change(c.facts, rules=managed.FIREWALL_RULES.path())
     out += rules + unit

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from ..changes.factview import what_changed
 from ..secrets import Redactor
 from ..session import Fleet
-from . import planfile, wheelshare
+from . import aptshare, planfile, wheelshare
 from .apply import HostReport, Planned, apply_host, merge_steps, plan_hosts, scripts_for_digest
 
 
@@ -45,6 +45,7 @@ class ProvisionResult:
 
     reports: list[HostReport]
     wheels: dict = field(default_factory=dict)   # wheelshare.share's account, per set
+    debs: dict = field(default_factory=dict)     # aptshare.Meet's account, per set
 
     @property
     def ok(self) -> bool:
@@ -126,15 +127,18 @@ def save(fp: FleetPlan, path: str) -> int:
 def apply(fleet: Fleet, fp: FleetPlan, reboot: bool, progress=None) -> ProvisionResult:
     """Apply each host's plan (apply_host refuses one whose facts moved since); the hosts
     that had no plan keep their reports. First, the wheels several hosts install are fetched
-    from the index once and shared (wheelshare.py)."""
+    from the index once and shared (wheelshare.py); the .debs are, where the hosts meet
+    before their installs (aptshare.py)."""
     shared = wheelshare.share(fleet, fp.planned, progress, fp.red)
-    applied = fleet.fan_out(lambda p: apply_host(fleet, p, reboot, progress), fp.planned,
+    meet = aptshare.Meet(fleet, fp.planned, progress, fp.red)
+    applied = fleet.fan_out(lambda p: apply_host(fleet, p, reboot, progress, meet), fp.planned,
                             name=lambda p: p.host.name)
     reports = [r.value if r.ok else HostReport(r.host, ok=False, error=r.error) for r in applied]
     if any(p.ctx.cluster and p.ctx.cluster.blocked for p in fp.planned) and \
             any(r.rebooted for r in reports):
         reports = cluster_after_reboots(fleet, reports, progress)
-    return ProvisionResult(fp.red.data(reports) + fp.failed, fp.red.data(shared))
+    return ProvisionResult(fp.red.data(reports) + fp.failed, fp.red.data(shared),
+                           fp.red.data(meet.account()))
 
 
 def cluster_after_reboots(fleet: Fleet, reports: list[HostReport], progress=None) -> list[HostReport]:

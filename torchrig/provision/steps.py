@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from ..changes import managed
 from ..changes.factview import Facts
-from ..changes.model import Cmd, FileChange, b64
+from ..changes.model import AptInstall, Cmd, FileChange, b64
 from ..errors import TorchrigError
 from ..facts import netfilter, os_release, provision_facts, smi_query
 from ..onhost import script
@@ -208,7 +208,11 @@ def cuda_repo(c: Ctx) -> list[Change]:
     if out or missing:
         why = "source changed" if out else "pinned versions not in the package lists: " + ", ".join(missing)
         out.append(Cmd(f"apt-get update ({why})", "apt_get update"))
-    return out
+    # The driver's pin here, before any install: every apt-get that resolves the driver's
+    # packages (its install, and aptshare.py's download for the fleet) takes this build of
+    # every package the metapackage needs.
+    return out + managed.DRIVER_PIN.change(c.facts, globs=" ".join(DRIVER_PIN_GLOBS),
+                                           version=c.s.driver_version)
 
 
 def netrc(c: Credentialed, var: str) -> str:
@@ -224,6 +228,10 @@ def _auth_file(c: Ctx) -> list[FileChange]:
     return managed.CUDA_AUTH.change(c.facts, netrc(c.repo, 'cuda_repo_url'))
 
 
+# apt-get install's options for pinned packages (a held dependency may have to move)
+APT_PINNED = "--no-install-recommends --allow-downgrades --allow-change-held-packages"
+
+
 def _install(c: Ctx, pins: dict[str, str], what: str, family: tuple[str, ...] = ()) -> list[Change]:
     """apt-get install of the packages not at their pinned version, then hold them all, and
     every installed package matching `family` (dpkg globs: what the pinned metapackage stands
@@ -235,10 +243,9 @@ def _install(c: Ctx, pins: dict[str, str], what: str, family: tuple[str, ...] = 
         specs = [f"{p}={v}" for p, v in todo.items()]
         # held dependencies first released: apt never moves a held package to satisfy another
         unhold = [p for p in installed if c.held(p)]
-        out.append(Cmd(f"install {what}: {', '.join(specs)}",
-                       ("apt-mark unhold " + sh(*unhold) + " >/dev/null\n" if unhold else "")
-                       + "apt_get install --no-install-recommends --allow-downgrades "
-                       "--allow-change-held-packages " + sh(*specs)))
+        out.append(AptInstall(f"install {what}: {', '.join(specs)}",
+                              ("apt-mark unhold " + sh(*unhold) + " >/dev/null\n" if unhold else "")
+                              + f"apt_get install {APT_PINNED} " + sh(*specs), tuple(specs)))
     unheld = [p for p in pins if not c.held(p)] + [p for p in installed
                                                    if p not in pins and not c.held(p)]
     if todo and family:
@@ -273,8 +280,6 @@ def driver(c: Ctx) -> list[Change]:
     if bl:
         out.append(Cmd("rebuild the initramfs without nouveau",
                        "if command -v update-initramfs >/dev/null; then update-initramfs -u; fi"))
-    # the pin first: the install then takes this build of every package the metapackage needs
-    out += managed.DRIVER_PIN.change(c.facts, globs=" ".join(DRIVER_PIN_GLOBS), version=s.driver_version)
     pins = {c.driver_pkg: s.driver_deb}
     if c.nvswitch:
         pins[s.fabricmanager_pkg] = s.driver_deb
@@ -382,9 +387,9 @@ def _pip_install(s: Settings, reqs: list[str], index_url: str | None, var: str) 
 WHEELS_TMP_VENV = '"$TORCHRIG_TMP"/pip'
 
 
-def wheels_download_dir(s: Settings) -> str:
-    """Where `pip download` writes in root's wheel cache (onhost/data/node.py's `adopt` takes
-    the files from there into the cache's store)."""
+def download_dir(s: Settings) -> str:
+    """Where `pip download` and aptshare's `apt-get --download-only` write in root's cache
+    (onhost/data/node.py's `adopt` takes the files from there into the cache's store)."""
     return f"{s.wheel_cache_dir}/.torchrig/download"
 
 
@@ -392,11 +397,46 @@ def pip_download(s: Settings, p: PipInstall) -> str:
     """The root script that downloads `p`'s wheels (binary only: no package's build runs) and
     their dependencies into root's wheel cache, with the index and credentials `p` uses. pip
     comes from a throwaway venv: the host's own venv is made by its python-venv step."""
-    dest = wheels_download_dir(s)
+    dest = download_dir(s)
     return (f"python3 -m venv {WHEELS_TMP_VENV}\n"
             f"rm -rf -- {sh(dest)} && mkdir -m 0700 -- {sh(dest)}\n"
             + _pip(s, f"{WHEELS_TMP_VENV}/bin/pip", ["download", "--only-binary=:all:", "--dest", dest],
                    list(p.reqs), p.index_url, p.var))
+
+
+def apt_download(s: Settings, installs: list[list[str]]) -> str:
+    """The root script that downloads the .debs each `apt-get install specs` of `installs`
+    would (apt checks each against its signed index) into root's cache, not apt's own: nothing
+    is installed and the host's apt cache is left alone; a .deb an earlier one brought is
+    there already. Run where the host's apt is configured as its installs will find it (after
+    cuda-repo: the sources, the driver's pin, apt-get update)."""
+    dest = download_dir(s)
+    return (f"rm -rf -- {sh(dest)} && mkdir -m 0700 -- {sh(dest)} && mkdir -- {sh(dest + '/partial')}\n"
+            + "".join(f"apt_get install --download-only {APT_PINNED} "
+                      f"-o Dir::Cache::Archives={sh(dest + '/')} " + sh(*specs) + "\n"
+                      for specs in installs)
+            # what adopt takes is the .debs alone
+            + f"rm -rf -- {sh(dest + '/partial')} {sh(dest + '/lock')}\n")
+
+
+APT_ARCHIVES = "/var/cache/apt/archives"   # where apt-get install looks for a .deb first
+
+
+def apt_uris(specs: list[str]) -> str:
+    """The root script that prints, from the host's own signed index, each .deb `apt-get
+    install specs` would download: `'URI' FILE SIZE SHA256:HEX` lines (aptshare.parse_uris;
+    without ForceHash apt 2.6 prints the MD5 sum)."""
+    return (f"apt_get install --print-uris -qq -o Acquire::ForceHash=SHA256 {APT_PINNED} "
+            + sh(*specs) + "\n")
+
+
+def place_debs(folder: str, names: list[str], archives: str = APT_ARCHIVES) -> str:
+    """The root script that puts these .debs of root's cache `folder` into apt's cache, as a
+    hard link where both are on one filesystem, else a copy (apt takes a .deb of the right size
+    found there without downloading it: aptshare matched each to the host's index first)."""
+    return (f"cd -- {sh(folder)}\nfor f in {sh(*names)}; do\n"
+            f"  ln -f -- \"$f\" {sh(archives)}/ 2>/dev/null || cp -f -- \"$f\" {sh(archives)}/\n"
+            "done\n")
 
 
 def from_wheels(s: Settings, p: PipInstall, folder: str, pins: list[str], source: str) -> Cmd:
@@ -673,10 +713,11 @@ STEPS = [
     Step("cuda-repo", cuda_repo, reads=lambda s: {
         "packages": ["cuda-keyring", *_all_pins(s)],
         "available": [f"{p}={v}" for p, v in _all_pins(s).items()],
-        **managed_files(managed.CUDA_SOURCES, managed.CUDA_AUTH, absent=managed.PROVISION_ABSENT)}),
+        **managed_files(managed.CUDA_SOURCES, managed.CUDA_AUTH, managed.DRIVER_PIN,
+                        absent=managed.PROVISION_ABSENT)}),
     Step("driver", driver, reprobes_driver=True, reads=lambda s: {
         **_installs(s, *DRIVER_PACKAGE.values(), s.fabricmanager_pkg), "units": DRIVER_UNITS,
-        **managed_files(managed.NOUVEAU_BLACKLIST, managed.DRIVER_PIN, managed.UNATTENDED_HOLD)}),
+        **managed_files(managed.NOUVEAU_BLACKLIST, managed.UNATTENDED_HOLD)}),
     Step("driver-services", driver_services, needs_driver=True,
          reads=lambda s: reads(units=DRIVER_UNITS)),
     Step("cuda-toolkit", cuda_toolkit,

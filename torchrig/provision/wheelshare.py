@@ -49,7 +49,7 @@ def _share(fleet: Fleet, g: wheels.Group, progress: StepProgress) -> dict:
     local_dir = g.needers[0].settings.pip_wheels_dir
     if local_dir:  # the operator's own copy: this machine seeds one host, then node to node
         manifest, local = from_operator(local_dir)
-        p = _push(fleet, g, manifest, local, [n.host for n in g.needers])
+        p = push_set(fleet, g.name, manifest, local, [n.host for n in g.needers])
         return _installs(g, p, manifest, None, "this machine", progress)
     listed = fleet.fan_out(lambda p: transfer.last(transfer.call(
         fleet, p.host, {"op": "ls", "name": g.name, "manifests": True}, where=CACHE),
@@ -65,14 +65,15 @@ def _share(fleet: Fleet, g: wheels.Group, progress: StepProgress) -> dict:
     else:
         manifest = Manifest(held[holder.host.name]["manifest"])
         downloaded = None
-    p = _push(fleet, g, manifest, {}, [holder.host] + [
+    p = push_set(fleet, g.name, manifest, {}, [holder.host] + [
         n.host for n in g.needers if n is not holder and n.host.name not in held])
     p.from_here = False  # this machine has no copy: such a pair fails, the group uses the index
     return _installs(g, p, manifest, downloaded, holder.host.name, progress)
 
 
-def _push(fleet: Fleet, g: wheels.Group, manifest: Manifest, local: dict, hosts: list):
-    return transfer._Push(fleet, manifest, local, g.name, 0, lambda text: None,
+def push_set(fleet: Fleet, name: str, manifest: Manifest, local: dict, hosts: list):
+    """Set `name` from hosts[0] (or this machine's `local` files) to the others' root caches."""
+    return transfer._Push(fleet, manifest, local, name, 0, lambda text: None,
                           transfer.Progress(), hosts=hosts, where=CACHE)
 
 

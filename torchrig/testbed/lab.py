@@ -26,7 +26,7 @@ from ..errors import TorchrigError
 from . import aptrepo, debmirror, gpu_profiles, image, machines, net, pyindex
 from .supervisor import cgroup_dirs
 from .paths import (BRIDGE, CACHE, GATEWAY_IP, HTTP_PORT, MAX_HOSTS, STATE,
-                    base_url, host_ip, www)
+                    base_url, host_ip, http_log, www)
 
 DEFAULT_PROFILE = "v100s-nvlink-2"
 
@@ -71,7 +71,7 @@ def _serve() -> None:
     pidf = STATE / "http.pid"
     if _pid_alive(pidf):
         return
-    log = open(STATE / "http.log", "ab")
+    log = open(http_log(), "ab")
     p = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", GATEWAY_IP,
                           "--directory", str(www()), str(HTTP_PORT)],
                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -84,7 +84,7 @@ def _serve() -> None:
             return
         except OSError:
             time.sleep(0.1)
-    raise TorchrigError(f"the testbed's HTTP server did not start; see {STATE / 'http.log'}")
+    raise TorchrigError(f"the testbed's HTTP server did not start; see {http_log()}")
 
 
 def _pid_alive(pidfile: Path) -> int | None:

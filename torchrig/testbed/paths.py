@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+from urllib.parse import unquote
 
 # Survives testbed.down: the debootstrapped base image, wheels, the stand-in apt repo.
 CACHE = Path(os.environ.get("TORCHRIG_TESTBED_CACHE", "/var/cache/torchrig-testbed"))
@@ -45,6 +47,26 @@ def machine(name: str) -> str:
 
 def www() -> Path:
     return STATE / "www"
+
+
+def http_log() -> Path:
+    """The testbed server's request log (http.server's format, one line per request)."""
+    return STATE / "http.log"
+
+
+# a line of that log for a file served: client, path
+SERVED = re.compile(r'(\S+) - - \[[^\]]*\] "GET /([^ "?]+) HTTP/[0-9.]+" 200 ')
+
+
+def served(log_text: str) -> list[tuple[str, str]]:
+    """(client address, path) of each file the server sent, in order."""
+    return [(m.group(1), unquote(m.group(2))) for m in map(SERVED.match, log_text.splitlines()) if m]
+
+
+def debs_served(log_text: str) -> list[tuple[str, str]]:
+    """(client, path) of each .deb served (the stand-in CUDA repository's and the Debian
+    mirror's)."""
+    return [(c, p) for c, p in served(log_text) if p.endswith(".deb")]
 
 
 def base_url() -> str:

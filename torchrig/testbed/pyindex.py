@@ -11,11 +11,10 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from urllib.parse import unquote
 
 from ..errors import TorchrigError
 from ..settings import DEFAULTS
-from .paths import CACHE
+from .paths import CACHE, served
 
 # The testbed hosts run Debian 12's Python 3.11; torch is the CPU build (no GPU here).
 # TensorBoard and its dependencies too: provision installs it where var `tensorboard` is set.
@@ -71,11 +70,10 @@ def write_index(wheels: Path, root: Path) -> None:
         + "\n</body></html>\n")
 
 
-# a line of the index's request log (http.server's, in the testbed's http.log): a file served
-SERVED = re.compile(r'(\S+) - - \[[^\]]*\] "GET /pypi/files/([^ "?]+) HTTP/[0-9.]+" 200 ')
+FILES = "pypi/files/"   # where the index serves the wheel files
 
 
 def wheels_served(log_text: str) -> list[tuple[str, str]]:
-    """(client address, wheel file name) for each wheel the index served, in order, from its
-    request log (lab's http.log: one line per request)."""
-    return [(m.group(1), unquote(m.group(2))) for m in map(SERVED.match, log_text.splitlines()) if m]
+    """(client address, wheel file name) for each wheel the index served, in order, from the
+    testbed server's request log."""
+    return [(c, p[len(FILES):]) for c, p in served(log_text) if p.startswith(FILES)]

@@ -25,7 +25,7 @@ half-written. Ops (JSON reply on stdout, or JSON lines for the long ones; a refu
   ls       the datasets here, each checked (sizes and stat records; "full": re-hashed)
   rm       a dataset, and its objects no other dataset uses
   download one file from an HTTP(S) URL into the store (data.pull's first node)
-  adopt    the files of D/.torchrig/download (provision's `pip download`) into the store
+  adopt    the files of D/.torchrig/download (provision's pip and apt downloads) into the store
 """
 import errno
 import fcntl
@@ -581,13 +581,14 @@ def op_download(req, store):
 
 # ---- adopting: the files a command on the node put in .torchrig/download ---------------------
 
-WHEEL_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]{0,254}")
+# a wheel's name, or a .deb's as apt stores it (an epoch's ':' as %3a; '~' in versions)
+DOWNLOADED_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+%~-]{0,254}")
 
 
 def op_adopt(req, store):
     """Each regular file of D/.torchrig/download into the store, hashed (and per chunk), by
     name: the manifest's entries. The folder goes afterwards. Only root's store has one (its
-    owner put it there: provision's `pip download`, as root)."""
+    owner put it there: provision's `pip download` or `apt-get --download-only`, as root)."""
     folder = os.path.join(store.top, "download")
     lock = store.lock()
     try:
@@ -595,7 +596,7 @@ def op_adopt(req, store):
         dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
             for name in sorted(os.listdir(dfd)):
-                if not WHEEL_RE.fullmatch(name):
+                if not DOWNLOADED_RE.fullmatch(name):
                     fail(f"{folder}/{name}: not a plain file name")
                 fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
                 try:
