@@ -1,9 +1,9 @@
-"""A fresh fleet's wheels: the bytes each host pulls from the pip index and the wall time of
-a fresh provision of N hosts in parallel, this checkout (each wheel fetched once, then node
-to node: provision/wheelshare.py) against another one (e.g. the commit before it), in turn,
-round by round, on the same testbed of its own. Between runs every host is made fresh again
-(lab.reset_host). The bytes come from the testbed index's request log (http.log): each
-wheel file served, by client, at its size.
+"""A fresh fleet's wheels and .debs: the bytes each host pulls from the pip index and from the
+apt repositories, and the wall time of a fresh provision of N hosts in parallel, this checkout
+(each wheel and .deb fetched once, then node to node: provision/wheelshare.py, aptshare.py)
+against another one (e.g. the commit before it), in turn, round by round, on the same testbed
+of its own. Between runs every host is made fresh again (lab.reset_host). The bytes come from
+the testbed server's request log (http.log): each wheel and .deb served, by client, at its size.
 
     git archive BEFORE --prefix=before/ | tar -x -C DIR
     sudo .venv/bin/python bench/wheels_bench.py --compare DIR/before [--hosts 8] [--runs 3]
@@ -31,18 +31,22 @@ def reset(hosts: list[str]) -> None:
                    env={**os.environ, **ENV, "PYTHONPATH": str(REPO)})
 
 
-def pulled(since: int) -> dict[str, int]:
-    """Bytes of wheels the index served per client address since log offset `since`."""
+def pulled(since: int) -> tuple[dict[str, int], dict[str, int]]:
+    """Bytes of wheels the index served, and of .debs the apt repositories served, per client
+    address since log offset `since`."""
     sys.path.insert(0, str(REPO))
-    from torchrig.testbed import pyindex
+    from torchrig.testbed import paths, pyindex
     with open(STATE / "http.log", "rb") as f:
         f.seek(since)
-        served = pyindex.wheels_served(f.read().decode(errors="replace"))
-    files = STATE / "www" / "pypi" / "files"
-    out: dict[str, int] = {}
-    for client, name in served:
-        out[client] = out.get(client, 0) + (files / name).stat().st_size
-    return out
+        text = f.read().decode(errors="replace")
+    www = STATE / "www"
+    wheels: dict[str, int] = {}
+    for client, name in pyindex.wheels_served(text):
+        wheels[client] = wheels.get(client, 0) + (www / pyindex.FILES / name).stat().st_size
+    debs: dict[str, int] = {}
+    for client, path in paths.debs_served(text):
+        debs[client] = debs.get(client, 0) + (www / path).stat().st_size
+    return wheels, debs
 
 
 def main():
@@ -66,12 +70,14 @@ def main():
                 log = STATE / "http.log"
                 at = log.stat().st_size
                 r, dt = invoke("provision", "-i", str(INV), "--yes", "--reboot", "--json", repo=repo)
-                per = pulled(at)
-                runs[name].append({"seconds": round(dt, 1), "bytes_per_host": per})
+                per, debs = pulled(at)
+                runs[name].append({"seconds": round(dt, 1), "bytes_per_host": per,
+                                   "deb_bytes_per_host": debs})
                 print(f"{name}: fresh provision of {a.hosts} hosts: {dt:.1f}s; wheels pulled from "
                       f"the index: {sum(per.values()) / 2**20:.0f} MiB in all, by {len(per)} "
-                      f"host(s): " + ", ".join(f"{c} {b / 2**20:.0f} MiB" for c, b in sorted(per.items())),
-                      flush=True)
+                      f"host(s): " + ", ".join(f"{c} {b / 2**20:.0f} MiB" for c, b in sorted(per.items()))
+                      + f"; .debs from the apt repositories: {sum(debs.values()) / 2**20:.1f} MiB "
+                      f"in all, by {len(debs)} host(s)", flush=True)
     finally:
         if not a.keep:
             invoke("testbed.down", check=False)
@@ -82,11 +88,15 @@ def main():
         result[name] = {"seconds_median": statistics.median(secs), "seconds": secs,
                         "index_bytes_median": statistics.median(total),
                         "index_bytes_per_host_max": max(max(r["bytes_per_host"].values(), default=0) for r in rs),
-                        "hosts_pulling": [len(r["bytes_per_host"]) for r in rs], "runs": rs}
+                        "hosts_pulling": [len(r["bytes_per_host"]) for r in rs],
+                        "deb_bytes_median": statistics.median(sum(r["deb_bytes_per_host"].values()) for r in rs),
+                        "hosts_pulling_debs": [len(r["deb_bytes_per_host"]) for r in rs], "runs": rs}
     t, c = result["this"], result["compare"]
     result["ratio_seconds"] = round(t["seconds_median"] / c["seconds_median"], 2)
     result["ratio_index_bytes"] = round(t["index_bytes_median"] / max(c["index_bytes_median"], 1), 3)
-    print(f"this/compare: wall {result['ratio_seconds']}x, index bytes {result['ratio_index_bytes']}x")
+    result["ratio_deb_bytes"] = round(t["deb_bytes_median"] / max(c["deb_bytes_median"], 1), 3)
+    print(f"this/compare: wall {result['ratio_seconds']}x, index bytes {result['ratio_index_bytes']}x, "
+          f".deb bytes {result['ratio_deb_bytes']}x")
     (OUT / "wheels.json").write_text(json.dumps(result, indent=2) + "\n")
 
 
