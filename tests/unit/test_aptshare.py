@@ -110,7 +110,7 @@ class FakeMeet(aptshare.Meet):
         if self.fail:
             raise RuntimeError("apt-get --download-only failed: 404")
         self.files[g.name] = [{"path": "x.deb"}]
-        return {"shared": True, "files": 1}
+        return {"shared": True, "files": 1, "downloaded_by": g.hosts[0].host.name}
 
     def _place(self, p, g, files):
         self.calls.append(("place", p.host.name))
@@ -183,3 +183,22 @@ def test_apply_meets_once_before_the_first_step_that_apt_installs():
     _apply_plan(cxn, plan, Settings(), HostReport("a"), StepProgress(), before)
     assert seen == [1]    # once, after cuda-repo, before the driver's install
     assert len(cxn.scripts) == 3
+
+
+def test_a_step_that_waits_for_the_driver_still_meets_the_others():
+    """The seed's only install waits for the driver (a reboot away): it still arrives, after
+    cuda-repo, so the others are not held until its apply ends."""
+    step = NS(name="dcgm", needs_driver=True, reprobes_driver=False, upload=lambda s: None)
+    changes = [AptInstall("install dcgm", "echo install", ("datacenter-gpu-manager=1:3.3.9",))]
+    plan = NS(driver="not-installed", steps=[
+        NS(step=NS(name="cuda-repo", needs_driver=False, reprobes_driver=False,
+                   upload=lambda s: None), status="planned",
+           changes=[Cmd("apt-get update", "echo update")], describe=lambda: ["apt-get update"],
+           reason=None),
+        NS(step=step, status="planned", changes=changes, describe=lambda: ["install dcgm"],
+           reason=None)])
+    cxn, seen, rep = Cxn(), [], HostReport("a")
+    waiting = _apply_plan(cxn, plan, Settings(), rep, StepProgress(),
+                          lambda: seen.append(len(cxn.scripts)))
+    assert seen == [1] and waiting == "not-installed"
+    assert [(r.name, r.status) for r in rep.steps] == [("cuda-repo", "changed"), ("dcgm", "skipped")]

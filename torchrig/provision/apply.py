@@ -228,6 +228,11 @@ def _apply_plan(cxn, plan: Plan, s: Settings, rep: HostReport,
         if sp.status == "ok":
             rep.steps.append(StepResult(step.name, "ok"))
             continue
+        # before the driver check: a step that waits for the driver still downloads with
+        # the others (its packages are in the meeting's download)
+        if before_apt is not None and any(isinstance(c, AptInstall) for c in changes):
+            before_apt()
+            before_apt = None
         if step.needs_driver:
             if driver_changed:
                 state = _driver_now(cxn)
@@ -236,9 +241,6 @@ def _apply_plan(cxn, plan: Plan, s: Settings, rep: HostReport,
                 rep.steps.append(StepResult(step.name, "skipped", changes=sp.describe(),
                                             error=f"driver not usable yet ({state}): reboot needed"))
                 continue
-        if before_apt is not None and any(isinstance(c, AptInstall) for c in changes):
-            before_apt()
-            before_apt = None
         t = time.monotonic()
         progress.started(rep.host, step.name, "; ".join(sp.describe()))
         r = run_root_script(cxn, step_script(step, changes, s))

@@ -143,6 +143,8 @@ class Meet:
             self.progress.note(p.host.name, f".debs not placed ({why}): apt downloads from the index")
             return
         got.setdefault("placed", {})[p.host.name] = placed
+        self.progress.note(p.host.name, f".debs: {placed} of {got['downloaded_by']}'s download "
+                                        "in apt's cache (SHA-256 as this host's index gives)")
 
     def left(self, p: Planned) -> None:
         """The host's apply ended: a seed that never arrived (an earlier step failed, the host
