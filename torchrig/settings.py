@@ -117,9 +117,9 @@ class Settings(BaseModel):
         "hosts' platform, one version per project): it goes to one host, then node to node "
         "(hosts without internet)")
     wheel_cache_dir: str = _var("/var/lib/torchrig/wheels", "provision",
-                                "root's wheel cache (0700): when several hosts of a provision "
-                                "need the same wheels, one downloads them and the others get "
-                                "them from it over the cluster network (see docs/how-it-works.md)")
+                                "root's cache (0700): when several hosts of a provision "
+                                "need the same wheels or .debs, one downloads them and the others "
+                                "get them from it over the cluster network (see docs/how-it-works.md)")
     workdir_max_mb: int = _var(500, "launch", "the most a `launch --workdir` project may send "
                                "(MiB, after its ignore files)", ge=1)
     deps_index_url: str | None = _var(
