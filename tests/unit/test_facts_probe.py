@@ -323,14 +323,29 @@ def test_launch_start_check_from_the_probe(tmp_path):
     assert job_state.started("u.service", run_probe(req)) == ("active", "success", 0)
 
 
+def _probe_while_a_rank_appears(req, rank_dir):
+    """(the probe's answer to req, seconds it took) while rank_dir is made 0.4 s in."""
+    import threading
+    import time
+    later = threading.Timer(0.4, rank_dir.mkdir)
+    later.start()
+    t0 = time.monotonic()
+    got = run_probe(req)
+    took = time.monotonic() - t0
+    later.join()
+    return got, took
+
+
 def test_launch_start_check_waits_on_the_node_until_its_answer_changes(tmp_path):
     """The probe's "until": given the digest of the last answer it answers once the answer
     differs (here: a rank folder made 0.4 s in), or after the wait with the same digest; a
-    rank writing its stdout.log changes nothing (the check reads no output)."""
-    import threading
+    rank writing its stdout.log changes nothing (the check reads no output). With "hold"
+    (launch's look right after the start) and no digest yet, the node still waits, past its
+    own first answer."""
     import time
-    (tmp_path / "run1" / "attempt_0" / "0").mkdir(parents=True)
-    (tmp_path / "run1" / "attempt_0" / "0" / "stdout.log").write_text("x\n")
+    attempt = tmp_path / "run1" / "attempt_0"
+    (attempt / "0").mkdir(parents=True)
+    (attempt / "0" / "stdout.log").write_text("x\n")
     req = job_state.start_request("u.service", str(tmp_path))
     req["run"]["unit"] = ["printf", "ActiveState=active\\nResult=success\\n"]
     first = run_probe(req)
@@ -339,22 +354,27 @@ def test_launch_start_check_waits_on_the_node_until_its_answer_changes(tmp_path)
 
     again = job_state.start_request("u.service", str(tmp_path), first["seen"], 0.6)
     again["run"] = req["run"]
-    with open(tmp_path / "run1" / "attempt_0" / "0" / "stdout.log", "a") as f:
+    with open(attempt / "0" / "stdout.log", "a") as f:
         f.write("step=1\n")  # output alone: no change
     t0 = time.monotonic()
     same = run_probe(again)
     assert time.monotonic() - t0 >= 0.6 and same["seen"] == first["seen"]
 
     again["until"]["seconds"] = 20
-    later = threading.Timer(0.4, lambda: (tmp_path / "run1" / "attempt_0" / "1").mkdir())
-    later.start()
-    t0 = time.monotonic()
-    changed = run_probe(again)
-    took = time.monotonic() - t0
-    later.join()
+    changed, took = _probe_while_a_rank_appears(again, attempt / "1")
     assert 0.4 <= took < 10, took
     assert changed["seen"] != first["seen"]
     assert job_state.started("u.service", changed) == ("active", "success", 2)
+
+    held = job_state.start_request("u.service", str(tmp_path), wait=0.5, hold=True)
+    held["run"] = req["run"]
+    t0 = time.monotonic()
+    same = run_probe(held)  # unchanged: the whole wait
+    assert time.monotonic() - t0 >= 0.5 and same["seen"] == changed["seen"]
+    held["until"]["seconds"] = 20
+    moved, took = _probe_while_a_rank_appears(held, attempt / "2")  # a change: at once
+    assert 0.4 <= took < 10, took
+    assert job_state.started("u.service", moved) == ("active", "success", 3)
 
 
 def test_status_counts_restarts_as_the_metrics_and_the_report_do(capsys):

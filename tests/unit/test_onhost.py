@@ -9,6 +9,7 @@ import pytest
 
 from torchrig import onhost
 from torchrig.errors import TorchrigError
+from torchrig.facts import probe
 from torchrig.onhost import Shell, script
 
 HOSTILE = "a b'c $(touch /tmp/pwned) `id`;\""
@@ -34,7 +35,8 @@ VALUES = {
                         "table": Shell("inet torchrig"), "firewall_unit": "torchrig.firewall.service",
                         "unit_file": "/etc/systemd/system/torchrig-exp1.service",
                         "marker": "# launch feedc0ffee", "unit_re": r"torchrig-[a-z]+\.service",
-                        "exclusive": 0, "enable": 1},
+                        "exclusive": 0, "enable": 1,
+                        "look": Shell(probe.stdin({"host": True}).rstrip("\n"))},
     "launch/undo.sh": {**JOB, "marker": "# launch x", "unit_file": "/etc/u.service",
                        "remove": Shell("rm -f /etc/u.service && systemctl daemon-reload")},
     "launch/stop.sh": {"unit": "torchrig-exp1.service", "sampler": "torchrig-gpumon-exp1.service",

@@ -163,11 +163,20 @@ def _launch_two(tmp_path, monkeypatch, answer) -> list:
     return calls
 
 
-def test_launch_of_two_nodes_with_nothing_to_push_is_four_round_trips_per_node(tmp_path, monkeypatch):
+def _look(data):
+    """The start check a start script runs after `systemctl start` (its probe's request)."""
+    import base64
+    import json
+    import re
+    m = re.search(r'\nmain\("([A-Za-z0-9+/=]+)"\)\nTORCHRIG_PROBE\n', data)
+    return json.loads(base64.b64decode(m.group(1))) if m else None
+
+
+def test_launch_of_two_nodes_with_nothing_to_push_is_three_round_trips_per_node(tmp_path, monkeypatch):
     """Per node: one root probe asking everything known up front (GPU health, the version
     gate, the jobs running there, the release: there already), the job's files with the
-    release made current, the start (once every node has its files), one check that the
-    workers run."""
+    release made current, and the start (once every node has its files) with, in the same
+    round trip, the check that the workers run."""
     import json
 
     def answer(host, command, data):
@@ -178,41 +187,54 @@ def test_launch_of_two_nodes_with_nothing_to_push_is_four_round_trips_per_node(t
             return 0, json.dumps(_gate_reply(req)), ""
         if req and "logs" in req.get("tree", {}):
             return 0, json.dumps(_started_reply(req)), ""
+        if _look(data):
+            return 0, json.dumps(_started_reply(_look(data))), ""
         return 0, "", ""
     calls = _launch_two(tmp_path, monkeypatch, answer)
-    assert per_host(calls) == {"a": 4, "b": 4}
+    assert per_host(calls) == {"a": 3, "b": 3}
     assert [_kind(c, d) for h, c, d, _ in calls if h == "a"] == [
-        "probe", "install+switch", "start", "poll"]
+        "probe", "install+switch", "start"]
+    look = _look(calls[-1][2])
+    assert look["until"]["hold"] and look["until"]["seen"] is None and look["until"]["seconds"] > 0
 
 
 def test_launch_waits_on_a_slowly_spawning_node_in_one_round_trip_not_a_poll_each_250_ms(
         tmp_path, monkeypatch):
-    """A node whose workers spawn 1.5 s after the start (a slow rendezvous): the first check
-    answers at once (nothing yet); the next one carries that answer's digest and a wait, and
-    the node answers when its state changes. The fake node here does what the probe's
-    "until" does: it holds an unchanged answer until the spawn, at most the wait asked for.
-    Polling every 250 ms, as before, took 6 or more checks."""
+    """A node whose workers spawn 2.5 s after the start (a slow rendezvous): the start's own
+    look waits on the node past its first answer (nothing yet), up to launch's wait; the
+    next check carries that answer's digest and a wait, and the node answers when its state
+    changes. The fake node here does what the probe's "until" does: it holds an unchanged
+    answer until the spawn, at most the wait asked for. Polling every 250 ms, as before,
+    took 10 or more checks."""
     import json
     spawn_at = {}
+
+    def reply(host, req, look):
+        until = req["until"]
+        at = spawn_at.setdefault(host, time.monotonic() + 2.5)
+        if until["seen"] == "nothing yet" or (look and until.get("hold")):  # the node waits
+            time.sleep(max(0.0, min(until["seconds"], at - time.monotonic())))
+        if time.monotonic() < at:
+            r = _started_reply(req)
+            r["tree"]["logs"] = {"dirs": [], "files": {}}
+            return 0, json.dumps({**r, "seen": "nothing yet"}), ""
+        return 0, json.dumps({**_started_reply(req), "seen": "spawned"}), ""
 
     def answer(host, command, data):
         req = probe_request(data)
         if req and "smi_query" in req.get("run", {}):
             return 0, json.dumps(_gate_reply(req)), ""
         if req and "logs" in req.get("tree", {}):
-            until = req["until"]
-            at = spawn_at.setdefault(host, time.monotonic() + 1.5)
-            if until["seen"] == "nothing yet":  # unchanged: the node waits for the change
-                time.sleep(max(0.0, min(until["seconds"], at - time.monotonic())))
-            if time.monotonic() < at:
-                reply = _started_reply(req)
-                reply["tree"]["logs"] = {"dirs": [], "files": {}}
-                return 0, json.dumps({**reply, "seen": "nothing yet"}), ""
-            return 0, json.dumps({**_started_reply(req), "seen": "spawned"}), ""
+            return reply(host, req, False)
+        if _look(data):
+            return reply(host, _look(data), True)
         return 0, "", ""
+    t0 = time.monotonic()
     calls = _launch_two(tmp_path, monkeypatch, answer)
+    looks = [_look(d)["until"] for h, c, d, _ in calls if h == "a" and _look(d)]
     polls = [probe_request(d)["until"] for h, c, d, _ in calls
              if h == "a" and _kind(c, d) == "poll"]
-    assert len(polls) == 2, polls
-    assert polls[0]["seen"] is None and polls[1]["seen"] == "nothing yet"
-    assert polls[1]["seconds"] >= 1.5
+    assert len(looks) == 1 and looks[0]["hold"] and looks[0]["seconds"] == run.WAIT_S
+    assert len(polls) == 1 and polls[0]["seen"] == "nothing yet", polls
+    assert polls[0]["seconds"] > 0
+    assert time.monotonic() - t0 >= 2.5

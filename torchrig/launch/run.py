@@ -291,10 +291,13 @@ def launch(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print,
     if bad:
         _undo(fleet, hosts, job, remove=True)
         raise TorchrigError("nothing started: installing the job failed: " + "; ".join(bad))
-    started = fleet.fan_out(lambda h: _start(fleet, h, job), hosts)
+    deadline = time.monotonic() + o.start_timeout
+    logdirs = {n.host: job_folder(n.log_dir, job.name) for n in job.nodes}
+    started = fleet.fan_out(lambda h: _start(fleet, h, job, logdirs[h.name],
+                                             min(WAIT_S, o.start_timeout)), hosts)
     problems = [f"{r.host}: {r.error}" for r in started if not r.ok]
     if not problems:
-        problems = _confirm(fleet, hosts, job, o)
+        problems = _confirm(fleet, hosts, job, o, deadline, started)
     if problems:
         _undo(fleet, hosts, job, remove=False)
         raise TorchrigError(f"job {job.name} did not start on every node, so it was stopped on "
@@ -358,9 +361,11 @@ def _install(fleet: Fleet, h: Host, job: Job, n: Node, switch: str = "") -> None
         raise TorchrigError(refusal(r.stderr) or f"writing the unit failed: {r.stderr.strip()[-300:]}")
 
 
-def start_script(job: Job, exclusive: bool, firewall: bool = False) -> str:
+def start_script(job: Job, exclusive: bool, firewall: bool = False, look: dict | None = None
+                 ) -> str:
     """The root script that starts the job's unit on a node (exclusive: a GPU node; firewall:
-    the node's job-port firewall must be loaded)."""
+    the node's job-port firewall must be loaded), then runs the probe with `look` (launch's
+    first start check, job_state.start_request(hold=True)): its reply is the script's stdout."""
     from ..facts.netfilter import TABLE, UNIT
     # Starts under the lock, only the unit this launch wrote, re-checking there that the GPUs
     # are free: two launches at once of different jobs on one GPU node cannot both pass the
@@ -369,14 +374,21 @@ def start_script(job: Job, exclusive: bool, firewall: bool = False) -> str:
                   firewall=int(firewall), table=Shell(sh(*TABLE)), firewall_unit=UNIT,
                   unit_file=unit_path(job.name), marker=launch_marker(job),
                   unit_re=rf"torchrig-{JOB_RE.pattern}\.service", exclusive=int(exclusive),
-                  enable=int(job.min_nodes is not None))
+                  enable=int(job.min_nodes is not None),
+                  look=Shell(probe.stdin(look).rstrip("\n") if look else ""))
 
 
-def _start(fleet: Fleet, h: Host, job: Job) -> None:
-    script = start_script(job, h.settings.accelerator == "cuda", h.settings.firewall)
-    r = fleet.run(h, "bash -s", root=True, timeout=400, data=script)
+def _start(fleet: Fleet, h: Host, job: Job, logdir: str, wait: float):
+    """Start the unit, and in the same round trip look at its start until the node's state
+    changes or `wait` passes -> _confirm's (digest, start_state) of the node."""
+    unit = unit_name(job.name)
+    look = job_state.start_request(unit, logdir, wait=wait, hold=True)
+    script = start_script(job, h.settings.accelerator == "cuda", h.settings.firewall, look)
+    r = fleet.run(h, "bash -s", root=True, timeout=400 + wait, data=script)
     if r.exited != 0:
         raise TorchrigError(refusal(r.stderr) or f"systemctl start failed: {r.stderr.strip()[-300:]}")
+    raw = probe.reply(r.exited, r.stdout, r.stderr, "checking the job's start")
+    return raw.get("seen"), job_state.start_state(unit, raw)
 
 
 # How long one of _confirm's round trips may wait on a node for its state to change: the
@@ -386,40 +398,48 @@ MIN_GAP_S = 0.1  # between two rounds, however often the nodes' answers change
 EARLY_LINES = 15  # stderr lines of the failing rank an early failure's error shows
 
 
-def _confirm(fleet: Fleet, hosts: list[Host], job: Job, o: LaunchOptions) -> list[str]:
+def _confirm(fleet: Fleet, hosts: list[Host], job: Job, o: LaunchOptions,
+             deadline: float | None = None, first: list[Result] | None = None) -> list[str]:
     """Every node active (or already finished cleanly) with its workers spawned, which
     torchrun does only after the rendezvous completed; then, for the early window
     (o.early_fail_window, counted on each node from its workers' spawn), no node's unit
     failed: payload/torchrig_torchrun.py ends a first attempt whose workers all failed within
-    that window, and this reports it at once with the failing rank's last stderr lines. The
-    first round trip per node answers at once; each later one waits on the node until its
-    answer changes (a rank folder, the unit's state), at most WAIT_S: one round trip per
-    change, not one per poll interval, and no probe started on the node every 250 ms."""
+    that window, and this reports it at once with the failing rank's last stderr lines.
+    first: each node's look in its start's round trip (_start), which waited on the node
+    past the unit's start (None: the first round looks, answered at once); each later round
+    trip waits on the node until its answer changes (a rank folder, the unit's state), at
+    most WAIT_S: one round trip per change, not one per poll interval, and no probe started
+    on the node every 250 ms. deadline: when the workers must have spawned (by default
+    o.start_timeout from now)."""
     by_name = {n.host: n for n in job.nodes}
-    deadline = time.monotonic() + o.start_timeout
+    deadline = time.monotonic() + o.start_timeout if deadline is None else deadline
     pending = {h.name for h in hosts}
     watching: dict[str, float] = {}  # spawned node -> when (here) its early window has passed
     seen: dict[str, str] = {}  # node -> the digest of its last answer
-    last = 0.0
-    while pending or watching:
-        time.sleep(max(0.0, last + MIN_GAP_S - time.monotonic()))
-        last = time.monotonic()
-        if pending and last >= deadline:
-            break
 
-        def check(h: Host):
-            unit = unit_name(job.name)
-            until = deadline if h.name in pending else watching[h.name]
-            wait = max(0.0, min(WAIT_S, until - time.monotonic()))
-            req = job_state.start_request(unit, job_folder(by_name[h.name].log_dir, job.name),
-                                          seen.get(h.name), wait)
-            r = fleet.run(h, probe.COMMAND, root=True, timeout=30 + WAIT_S,
-                          data=probe.stdin(req))
-            raw = probe.reply(r.exited, r.stdout, r.stderr, "checking the job's start")
-            return raw.get("seen"), job_state.start_state(unit, raw)
-        results = fleet.fan_out(check, [h for h in hosts if h.name in pending or h.name in watching])
+    def check(h: Host):
+        unit = unit_name(job.name)
+        until = deadline if h.name in pending else watching[h.name]
+        wait = max(0.0, min(WAIT_S, until - time.monotonic()))
+        req = job_state.start_request(unit, job_folder(by_name[h.name].log_dir, job.name),
+                                      seen.get(h.name), wait)
+        r = fleet.run(h, probe.COMMAND, root=True, timeout=30 + WAIT_S, data=probe.stdin(req))
+        raw = probe.reply(r.exited, r.stdout, r.stderr, "checking the job's start")
+        return raw.get("seen"), job_state.start_state(unit, raw)
+
+    last = 0.0  # after the start's look (which waited on the node), the first poll at once
+    results = first
+    while pending or watching:
+        if results is None:
+            time.sleep(max(0.0, last + MIN_GAP_S - time.monotonic()))
+            last = time.monotonic()
+            if pending and last >= deadline:
+                break
+            results = fleet.fan_out(check, [h for h in hosts
+                                             if h.name in pending or h.name in watching])
         now = time.monotonic()
-        for r in results:
+        got, results = results, None
+        for r in got:
             if not r.ok:
                 return [f"{r.host}: {r.error}"]
             digest, (state, result, workers, ago) = r.value

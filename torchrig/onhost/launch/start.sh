@@ -17,3 +17,11 @@ fi
 # --no-reload: the link is read at boot; the running manager needs no reload of every unit
 if [ {{ enable }} = 1 ]; then systemctl enable --quiet --no-reload {{ name }}; fi
 systemctl start {{ name }}
+{% if look %}
+# launch's first look at the start, in this same round trip: the probe (facts/probe_host.py)
+# answers once the node's state changed from what it first saw (the workers spawned, the unit
+# failed), or after launch's wait
+python3 -I - <<'TORCHRIG_PROBE'
+{{ look }}
+TORCHRIG_PROBE
+{% endif %}
