@@ -16,12 +16,18 @@ same run:
 
 fetch's own run must carry its bytes over `ssh` (the bench stops if fetch says it fell back).
 
+--rate RATE (tc's units, e.g. 1gbit) makes the wire the limit, as between a laptop and a
+cluster: the node's own interface sends at most RATE while the bench runs (a `tbf` qdisc on
+its eth0, inside the node's network namespace; removed at the end). Without it the testbed's
+veth is as fast as the CPU, and on a small machine both ends' encryption and hashing share
+its cores.
+
 The file (random bytes, --mib MiB, default 256) is written once as checkpoint
 `ckpt_00000010.pt` of job `benchfetch` in the node's checkpoint folder, owned by the job's
 user and world-readable (scp logs in as the inventory's user); it is removed at the end.
 
     .venv/bin/python bench/fetch_bench.py INVENTORY HOST [--runs 3] [--mib 256] [--paramiko]
-        [--baseline CHECKOUT]
+        [--baseline CHECKOUT] [--rate 1gbit]
 
 Medians of --runs rounds; within a round each method runs once, fetch and scp alternating
 which goes first. Writes bench/out/fetch.json."""
@@ -29,6 +35,7 @@ which goes first. Writes bench/out/fetch.json."""
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -61,7 +68,10 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--paramiko", action="store_true", help="also fetch over paramiko")
     ap.add_argument("--baseline", help="also fetch with the torchrig checkout in this folder")
+    ap.add_argument("--rate", help="the node sends at most this (tc units, e.g. 1gbit)")
     a = ap.parse_args()
+    if a.rate and not re.fullmatch(r"[0-9]+(\.[0-9]+)?[kmg]?(bit|bps)", a.rate):
+        sys.exit(f"--rate {a.rate!r}: a tc rate such as 1gbit or 500mbit")
     inv = load(a.inventory)
     h = next(x for x in inv.hosts if x.name == a.host)
     folder = job_folder(h.settings.checkpoint_dir, JOB)
@@ -69,7 +79,9 @@ def main() -> None:
     user = h.settings.service_user
     on_node(a.inventory, a.host,
             f"mkdir -p {folder} && head -c {a.mib << 20} /dev/urandom > {path} && "
-            f"chown -R {user}: {folder} && chmod 755 {folder} && chmod 644 {path}")
+            f"chown -R {user}: {folder} && chmod 755 {folder} && chmod 644 {path}"
+            + (f" && tc qdisc replace dev eth0 root tbf rate {a.rate} burst 512kb latency 20ms"
+               if a.rate else ""))
     work = Path(tempfile.mkdtemp(prefix="fetch-bench-"))
     times = {"fetch": [], "fetch_warm": [], "scp": [], **({"fetch_paramiko": []} if a.paramiko else {}),
              **({"fetch_baseline": []} if a.baseline else {})}
@@ -129,9 +141,10 @@ def main() -> None:
                   flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        on_node(a.inventory, a.host, f"rm -rf {folder}")
+        on_node(a.inventory, a.host, f"rm -rf {folder}"
+                + ("; tc qdisc del dev eth0 root" if a.rate else ""))
     med = {k: round(statistics.median(v), 2) for k, v in times.items()}
-    res = {"host": a.host, "mib": a.mib, "runs": a.runs, "median_s": med,
+    res = {"host": a.host, "mib": a.mib, "runs": a.runs, "rate": a.rate, "median_s": med,
            "all_s": {k: [round(x, 2) for x in v] for k, v in times.items()},
            "fetch_over_scp": round(med["fetch"] / med["scp"], 2),
            "load_avg_1min": [round(x, 1) for x in loadavg],
