@@ -32,6 +32,11 @@ so a node whose agent has not looked yet sees its workers end with exit 0 and wo
 as the end of the job (exit barrier, then gone: the new world forms without it). While a node
 waits to join, a worker group that succeeded is restarted with the new membership instead;
 a job that really finished resumes at its last step and ends at once in the new world.
+Should that look come too late (the waiting node already taken into a new round: nothing
+waits any more), the node's agent goes to the exit barrier, where the other nodes never
+come, since they train on: an elastic job's agent whose workers succeeded and whose exit
+barrier then timed out rejoins the rendezvous instead of ending (its store, when it hosts
+it, stays up). A job that really finished passes the barrier at once.
 
 Run as `python -m torchrig_torchrun <torchrun arguments>` from the payload release. Standard
 library and torch only."""
@@ -114,6 +119,24 @@ def agent_class(agent_cls, exit_barrier_timeout=None, early_fail_s: float = 0.0,
             self._torchrig_exits = {}  # local rank -> (seen exited at, code) | None
             self._torchrig_pids = {}
             self._torchrig_off = not early
+            self._torchrig_missed = False  # the last exit barrier timed out
+
+        def _exit_barrier(self):
+            t = time.monotonic()
+            super()._exit_barrier()  # torch logs a timeout and carries on
+            timeout = getattr(self, "_exit_barrier_timeout", None)
+            self._torchrig_missed = timeout is not None and time.monotonic() - t >= timeout
+
+        def _invoke_run(self, *args, **kwargs):
+            while True:
+                self._torchrig_missed = False
+                result = super()._invoke_run(*args, **kwargs)
+                if not (elastic and result.state.name == "SUCCEEDED" and self._torchrig_missed):
+                    return result
+                _log("torchrig: the local workers ended cleanly, but the other nodes' agents "
+                     "did not come to the exit barrier within %ss: they train on (a membership "
+                     "change this node missed), not the end of the job; rejoining",
+                     getattr(self, "_exit_barrier_timeout", "?"))
 
         def _start_workers(self, worker_group):
             t = time.monotonic()

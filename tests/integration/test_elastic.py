@@ -33,12 +33,18 @@ def wait_world(inv, job, what: str, ok, timeout: float) -> dict:
 
 
 def units_journal(inv, job, hosts) -> str:
-    """Each host's unit state and its journal's last lines this boot (a failed wait's context)."""
+    """Each host's unit state, its agents' decisions this boot (the endpoint picked, the
+    rendezvous rounds, membership changes, exit barriers) and its journal's last lines (a
+    failed wait's context)."""
     out = []
+    decisions = "torchrig:|[Rr]endezvous|new nodes|exit barrier|other agents|Started|Deactivated"
     for h in hosts:
         out.append(f"--- {h}: " + sh(inv, h, f"systemctl show -p ActiveState,SubState,NRestarts "
                                              f"--value torchrig-{job} | paste -sd' '; journalctl -b "
-                                             f"-u torchrig-{job} --no-pager -o short-monotonic | tail -30",
+                                             f"-u torchrig-{job} --no-pager -o short-monotonic "
+                                             f"| grep -E '{decisions}' | cut -c1-300 | tail -40; "
+                                             f"echo '--- last lines:'; journalctl -b "
+                                             f"-u torchrig-{job} --no-pager -o short-monotonic | tail -15",
                                      check=False))
     return "\n".join(out)
 

@@ -120,6 +120,40 @@ def test_an_elastic_group_that_ended_cleanly_while_a_node_waits_to_join_restarts
     assert not tt.is_elastic([])
 
 
+def test_an_elastic_node_whose_exit_barrier_timed_out_rejoins(caplog):
+    """The full run's second failure: gpu4's workers ended with exit 0 (a peer's stop) after
+    the node waiting to join had already been taken into a new round, so its agent found
+    nobody waiting, went to the exit barrier and, the others training on, left after its
+    timeout: its store gone, the world re-formed without it. Now an elastic agent whose
+    workers succeeded and whose barrier timed out runs again (a new rendezvous); a barrier
+    passed in time is the job's end, and a plain job keeps torchrun's rules."""
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+
+    class Base:
+        def __init__(self, *a, exit_barrier_timeout=0.2, **k):
+            self._exit_barrier_timeout = exit_barrier_timeout
+            self.runs, self.barriers = 0, list(barriers)
+
+        def _exit_barrier(self):
+            time.sleep(self.barriers.pop(0))  # torch: logs a timeout and returns
+
+        def _invoke_run(self, role="default"):
+            self.runs += 1  # torch: rendezvous, start, monitor; on success the barrier
+            self._exit_barrier()
+            return RunResult(state=WorkerState.SUCCEEDED)
+
+    barriers = [0.25, 0.0]  # the first barrier times out (0.2 s), the second is met
+    elastic = tt.agent_class(Base, elastic=True)()
+    assert elastic._invoke_run().state == WorkerState.SUCCEEDED and elastic.runs == 2
+    assert "did not come to the exit barrier within 0.2s: they train on" in caplog.text
+    barriers = [0.0]
+    ended = tt.agent_class(Base, elastic=True)()
+    assert ended._invoke_run().state == WorkerState.SUCCEEDED and ended.runs == 1
+    barriers = [0.25]
+    plain = tt.agent_class(Base, 0.2)()
+    assert plain._invoke_run().state == WorkerState.SUCCEEDED and plain.runs == 1
+
+
 # ---- real torchrun ---------------------------------------------------------------------------
 
 FAIL = "import sys\nprint('error: unrecognized arguments: --stepz', file=sys.stderr)\nsys.exit(2)\n"
