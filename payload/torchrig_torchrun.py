@@ -36,7 +36,8 @@ Should that look come too late (the waiting node already taken into a new round:
 waits any more), the node's agent goes to the exit barrier, where the other nodes never
 come, since they train on: an elastic job's agent whose workers succeeded and whose exit
 barrier then timed out rejoins the rendezvous instead of ending (its store, when it hosts
-it, stays up). A job that really finished passes the barrier at once.
+it, stays up), using one of the job's restarts. A job that really finished passes the
+barrier at once.
 
 Run as `python -m torchrig_torchrun <torchrun arguments>` from the payload release. Standard
 library and torch only."""
@@ -133,10 +134,16 @@ def agent_class(agent_cls, exit_barrier_timeout=None, early_fail_s: float = 0.0,
                 result = super()._invoke_run(*args, **kwargs)
                 if not (elastic and result.state.name == "SUCCEEDED" and self._torchrig_missed):
                     return result
+                left = getattr(self, "_remaining_restarts", 0)
+                if left <= 0:  # each rejoin is one of the job's restarts: bounded
+                    _log("torchrig: the other nodes' agents did not come to the exit barrier; "
+                         "no restart left to rejoin with: ending")
+                    return result
+                self._remaining_restarts = left - 1
                 _log("torchrig: the local workers ended cleanly, but the other nodes' agents "
                      "did not come to the exit barrier within %ss: they train on (a membership "
-                     "change this node missed), not the end of the job; rejoining",
-                     getattr(self, "_exit_barrier_timeout", "?"))
+                     "change this node missed), not the end of the job; rejoining (%s "
+                     "restart(s) left)", getattr(self, "_exit_barrier_timeout", "?"), left - 1)
 
         def _start_workers(self, worker_group):
             t = time.monotonic()

@@ -132,6 +132,7 @@ def test_an_elastic_node_whose_exit_barrier_timed_out_rejoins(caplog):
     class Base:
         def __init__(self, *a, exit_barrier_timeout=0.2, **k):
             self._exit_barrier_timeout = exit_barrier_timeout
+            self._remaining_restarts = restarts
             self.runs, self.barriers = 0, list(barriers)
 
         def _exit_barrier(self):
@@ -142,10 +143,15 @@ def test_an_elastic_node_whose_exit_barrier_timed_out_rejoins(caplog):
             self._exit_barrier()
             return RunResult(state=WorkerState.SUCCEEDED)
 
-    barriers = [0.25, 0.0]  # the first barrier times out (0.2 s), the second is met
+    barriers, restarts = [0.25, 0.0], 3  # the first barrier times out (0.2 s), the second is met
     elastic = tt.agent_class(Base, elastic=True)()
     assert elastic._invoke_run().state == WorkerState.SUCCEEDED and elastic.runs == 2
     assert "did not come to the exit barrier within 0.2s: they train on" in caplog.text
+    assert elastic._remaining_restarts == 2  # the rejoin used one of the job's restarts
+    barriers, restarts = [0.25, 0.25, 0.25], 1  # bounded: one rejoin left, then the end
+    bounded = tt.agent_class(Base, elastic=True)()
+    assert bounded._invoke_run().state == WorkerState.SUCCEEDED and bounded.runs == 2
+    assert "no restart left to rejoin with: ending" in caplog.text
     barriers = [0.0]
     ended = tt.agent_class(Base, elastic=True)()
     assert ended._invoke_run().state == WorkerState.SUCCEEDED and ended.runs == 1
