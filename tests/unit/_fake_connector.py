@@ -57,9 +57,10 @@ def fake_fleet(monkeypatch, inv, answer, hosts=None):
     return session.Fleet(inv, hosts, parallel=4), calls
 
 
-def probe_request(data: str) -> dict | None:
-    """The request a probe's stdin carries (facts/probe.py stdin()), None for other input."""
-    m = re.search(r'\nmain\("([A-Za-z0-9+/=]+)"\)\n$', data)
+def probe_request(data: str, end: str = "$") -> dict | None:
+    """The request a probe's stdin carries (facts/probe.py stdin()), None for other input.
+    end: what follows the probe (a start script's look: its heredoc's delimiter line)."""
+    m = re.search(r'\nmain\("([A-Za-z0-9+/=]+)"\)\n' + end, data)
     return json.loads(base64.b64decode(m.group(1))) if m else None
 
 

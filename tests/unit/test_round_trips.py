@@ -165,11 +165,7 @@ def _launch_two(tmp_path, monkeypatch, answer) -> list:
 
 def _look(data):
     """The start check a start script runs after `systemctl start` (its probe's request)."""
-    import base64
-    import json
-    import re
-    m = re.search(r'\nmain\("([A-Za-z0-9+/=]+)"\)\nTORCHRIG_PROBE\n', data)
-    return json.loads(base64.b64decode(m.group(1))) if m else None
+    return probe_request(data, "TORCHRIG_PROBE\n")
 
 
 def test_launch_of_two_nodes_with_nothing_to_push_is_three_round_trips_per_node(tmp_path, monkeypatch):

@@ -387,6 +387,11 @@ def _start(fleet: Fleet, h: Host, job: Job, logdir: str, wait: float):
     r = fleet.run(h, "bash -s", root=True, timeout=400 + wait, data=script)
     if r.exited != 0:
         raise TorchrigError(refusal(r.stderr) or f"systemctl start failed: {r.stderr.strip()[-300:]}")
+    return _looked(unit, r)
+
+
+def _looked(unit: str, r) -> tuple:
+    """A start check's reply (the start script's or a poll's) -> (its digest, start_state)."""
     raw = probe.reply(r.exited, r.stdout, r.stderr, "checking the job's start")
     return raw.get("seen"), job_state.start_state(unit, raw)
 
@@ -424,8 +429,7 @@ def _confirm(fleet: Fleet, hosts: list[Host], job: Job, o: LaunchOptions,
         req = job_state.start_request(unit, job_folder(by_name[h.name].log_dir, job.name),
                                       seen.get(h.name), wait)
         r = fleet.run(h, probe.COMMAND, root=True, timeout=30 + WAIT_S, data=probe.stdin(req))
-        raw = probe.reply(r.exited, r.stdout, r.stderr, "checking the job's start")
-        return raw.get("seen"), job_state.start_state(unit, raw)
+        return _looked(unit, r)
 
     last = 0.0  # after the start's look (which waited on the node), the first poll at once
     results = first
