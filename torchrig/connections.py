@@ -96,7 +96,17 @@ class SshConnection(Connection):
             timeout=CONNECT_TIMEOUT)
 
     def open(self):
-        opened = super().open()
+        sock = None
+        if not self.is_connected and not self.gateway:  # a jump's channel: its hop's socket
+            sock = self.connect_kwargs["sock"] = nodelay_socket(self.host, int(self.port))
+        try:
+            opened = super().open()
+        except BaseException:
+            if sock is not None:
+                sock.close()
+            raise
+        finally:
+            self.connect_kwargs.pop("sock", None)
         if self.transport is not None and not getattr(self, "_watched", False):
             self._watched = True
             _watch(self)
@@ -218,6 +228,18 @@ class _feed:
             raise self.error
 
 
+def nodelay_socket(host: str, port: int) -> socket.socket:
+    """The TCP connection to an SSH server, Nagle's algorithm off. paramiko sets no socket
+    option; with Nagle on, a small SSH message sent while an earlier one is unacknowledged
+    waits for the server's delayed ACK (40 ms on Linux): measured on the testbed, 44 ms per
+    command's channel (2 ms without) and 62 ms per handshake (18 ms). paramiko writes each SSH
+    packet whole, so nothing is sent in tinier pieces for it. Errors as paramiko's own connect
+    raises them (unreachable_why reads both)."""
+    sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
 def _watch(cxn: SshConnection) -> None:
     """OpenSSH's ServerAlive*: every ALIVE_INTERVAL s a keepalive@openssh.com request that sshd
     must answer (it refuses it, which is an answer); none within ALIVE_INTERVAL * ALIVE_COUNT s
@@ -225,10 +247,15 @@ def _watch(cxn: SshConnection) -> None:
     transport = cxn.transport
     where = f"{cxn.user}@{cxn.host}" + (f":{cxn.port}" if cxn.port not in (None, 22) else "")
 
+    def keepalive():
+        try:
+            transport.global_request("keepalive@openssh.com", None, True)
+        except (EOFError, OSError, paramiko.SSHException):
+            pass  # the connection closed meanwhile (the task is done): nothing to report
+
     def probe_loop():
         while transport.is_active():
-            probe = threading.Thread(target=transport.global_request,
-                                     args=("keepalive@openssh.com", None, True), daemon=True)
+            probe = threading.Thread(target=keepalive, daemon=True)
             probe.start()
             probe.join(ALIVE_INTERVAL * ALIVE_COUNT)
             if probe.is_alive() and transport.is_active():

@@ -3,6 +3,7 @@
 import copy
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -88,6 +89,9 @@ def test_a_fleet_holds_one_connection_per_host(testbed):
                                         for _ in range(5)})
         assert all(r.ok and len(r.value) == 1 for r in seen), seen
         assert fleet.run(hosts[0], "id -u", root=True).stdout.strip() == "0"
+        # Nagle off (connections.nodelay_socket): each command's small messages go at once
+        sock = fleet.conn(hosts[0]).transport.sock
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
         assert fleet.run(hosts[0], "cat", data="on stdin").stdout == "on stdin"
         fleet.drop(hosts[0])  # as provision does across a reboot: a new connection next time
         again = fleet.run(hosts[0], "echo $SSH_CONNECTION").stdout.split()[1]

@@ -263,6 +263,20 @@ def test_an_unreachable_host_is_classified_once(exc, why):
     assert describe_error(exc) == f"unreachable: {why}"
 
 
+def test_the_ssh_socket_sends_at_once_and_fails_as_paramikos_own_connect():
+    """Nagle's algorithm is off on torchrig's SSH sockets (with it, each command waited 40 ms
+    for the server's delayed ACK); a port nobody listens on reads as every unreachable host."""
+    import socket
+    from torchrig.connections import nodelay_socket, unreachable_why
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        with nodelay_socket("127.0.0.1", port) as s:
+            assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    with pytest.raises(OSError) as e:  # the listener is gone: refused
+        nodelay_socket("127.0.0.1", port)
+    assert unreachable_why(e.value).startswith("connection refused")
+
+
 def test_a_dead_jump_host_is_named_with_its_own_address_and_hint():
     from torchrig.inventory import Host
     from torchrig.connections import JumpHostFailed
