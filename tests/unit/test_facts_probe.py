@@ -377,6 +377,29 @@ def test_launch_start_check_waits_on_the_node_until_its_answer_changes(tmp_path)
     assert job_state.started("u.service", moved) == ("active", "success", 3)
 
 
+def test_the_start_check_sees_a_spawn_between_the_units_looks_without_a_command_per_look(
+        tmp_path):
+    """"quick": between the whole answer's gatherings (every `every` s, the unit's systemctl
+    included) the node looks at the rank folders alone, so a folder made 0.4 s in is answered
+    well before the next whole look, and the command ran only for the first answer and the
+    one that changed. Without "quick" the same change waits for the next whole look."""
+    attempt = tmp_path / "run1" / "attempt_0"
+    attempt.mkdir(parents=True)
+    count = tmp_path / "count"
+    req = job_state.start_request("u.service", str(tmp_path), wait=20, hold=True)
+    req["run"]["unit"] = ["sh", "-c", f"echo >> {count}; printf 'ActiveState=active\\n'"]
+    req["until"]["every"] = 2.0
+    got, took = _probe_while_a_rank_appears(req, attempt / "0")
+    assert 0.4 <= took < 1.5, took
+    assert job_state.started("u.service", got)[2] == 1
+    assert count.read_text().count("\n") == 2
+    del req["until"]["quick"]
+    count.unlink()
+    got, took = _probe_while_a_rank_appears(req, attempt / "1")
+    assert took >= 2.0 and job_state.started("u.service", got)[2] == 2, took
+    assert count.read_text().count("\n") == 2
+
+
 def test_status_counts_restarts_as_the_metrics_and_the_report_do(capsys):
     """status showed the unit's NRestarts alone; metrics and report counted torchrun's restarts
     too. One definition now: payload/metrics.py restarts() = NRestarts + torchrun's attempt."""

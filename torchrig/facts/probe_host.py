@@ -41,9 +41,12 @@ never in a command line. Keys, each optional:
            "kernel_after" true when the read could start there)
   connect  {"address", "port", "probe": bool} -> {"resolved" | "resolve_error", "route": run result,
             "reverse_error"?, "reachable", "connect_ms" | "connect_error"}
-  until    {"seconds", "every", "seen": digest | null, "hold"?: bool} -> "seen": the answer's
-           digest. The answer is gathered again every `every` seconds while its digest (every
-           key but "host", whose clocks always move) is `seen`, for at most `seconds`: a caller
+  until    {"seconds", "every", "quick"?, "seen": digest | null, "hold"?: bool} -> "seen": the
+           answer's digest. The answer is gathered again every `every` seconds while its digest
+           (every key but "host", whose clocks always move) is `seen`, for at most `seconds`
+           (with "quick": the files alone, QUICK_KEYS, are looked at every `quick` seconds in
+           between, and the whole answer gathered at once when they changed: a folder that
+           appears is seen that soon, without a command started per look); a caller
            waiting for something on the host to change (a job's workers to spawn) passes the
            digest of the last answer it got and is answered when the change happens, in one
            round trip, instead of polling; null answers at once, unless "hold": then the first
@@ -420,16 +423,30 @@ def main(request_b64):
         seen = until.get("seen")
         if seen is None and until.get("hold"):
             seen = digest(out)
+        every = max(0.02, float(until.get("every", 0.1)))
+        quick = until.get("quick")
+        files = {k: want[k] for k in QUICK_KEYS if k in want}
+        full = time.monotonic()  # when `out` was gathered
         while digest(out) == seen and time.monotonic() < end:
-            time.sleep(max(0.02, float(until.get("every", 0.1))))
-            out = answer(want)
+            if quick:  # the files alone between full answers: no command run for them
+                time.sleep(max(0.01, float(quick)))
+                if (time.monotonic() < full + every
+                        and digest(answer(files), QUICK_KEYS) == digest(out, QUICK_KEYS)):
+                    continue
+            else:
+                time.sleep(every)
+            out, full = answer(want), time.monotonic()
         out["seen"] = digest(out)
     sys.stdout.write(json.dumps(out))
 
 
-def digest(out):
-    """The answer's identity for "until": every key but the host's clocks."""
-    same = {k: v for k, v in out.items() if k != "host"}
+# what `until`'s quick looks gather: this process's own reads of files, no command started
+QUICK_KEYS = ("read", "stat", "exists", "glob", "tree")
+
+
+def digest(out, keys=None):
+    """The answer's identity for "until": every key but the host's clocks (or `keys` only)."""
+    same = {k: v for k, v in out.items() if k != "host" and (keys is None or k in keys)}
     return hashlib.sha256(json.dumps(same, sort_keys=True).encode()).hexdigest()
 
 
