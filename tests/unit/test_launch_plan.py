@@ -393,16 +393,19 @@ def test_job_files_go_through_the_change_engine():
 
 
 def test_install_reloads_systemd_only_for_the_units_it_already_holds():
-    """install.sh asks systemd, for each of the job's units written, whether its loaded copy
-    is stale (an earlier run of the job's name); a full daemon-reload only then."""
+    """install.sh asks systemd which of the job's units written it holds (list-units: none
+    loaded for that) and, for those, whether the loaded copy is stale (an earlier run of the
+    job's name); a full daemon-reload only then."""
     from torchrig.launch.run import install_script
     j = job(1)
     units = plan.job_units("exp1")
     assert units == [p.rsplit("/", 1)[1] for p, _ in plan.job_changes(j, j.nodes[0], 30)
                      if p.startswith("/etc/systemd/system/")]
     text = install_script(j, j.nodes[0])
-    check = f"if systemctl show -p NeedDaemonReload --value {' '.join(units)} | grep -qx yes; then"
-    assert check in text
+    held = f"held=$(systemctl list-units --all --plain --no-legend {' '.join(units)} | "
+    check = ('if [ -n "$held" ] && systemctl show -p NeedDaemonReload --value $held | '
+             "grep -qx yes; then")
+    assert held in text and check in text and text.index(held) < text.index(check)
     assert text.count("systemctl daemon-reload") == 1
     assert text.index(check) > text.index("mv -f \"$tmp\" /etc/systemd/system/torchrig-health@exp1.timer")
 
