@@ -426,17 +426,18 @@ def main(request_b64):
         every = max(0.02, float(until.get("every", 0.1)))
         quick = until.get("quick")
         files = {k: want[k] for k in QUICK_KEYS if k in want}
-        full = time.monotonic()  # when `out` was gathered
-        while digest(out) == seen and time.monotonic() < end:
+        # `out`'s digests, taken once per whole answer (the quick looks compare against them)
+        mine, looked, full = digest(out), digest(out, QUICK_KEYS), time.monotonic()
+        while mine == seen and time.monotonic() < end:
             if quick:  # the files alone between full answers: no command run for them
                 time.sleep(max(0.01, float(quick)))
-                if (time.monotonic() < full + every
-                        and digest(answer(files), QUICK_KEYS) == digest(out, QUICK_KEYS)):
+                if time.monotonic() < full + every and digest(answer(files), QUICK_KEYS) == looked:
                     continue
             else:
                 time.sleep(every)
-            out, full = answer(want), time.monotonic()
-        out["seen"] = digest(out)
+            out = answer(want)
+            mine, looked, full = digest(out), digest(out, QUICK_KEYS), time.monotonic()
+        out["seen"] = mine
     sys.stdout.write(json.dumps(out))
 
 
