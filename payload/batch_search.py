@@ -64,7 +64,7 @@ def find_batch_size(cfg, ctx: DistCtx, train_step, vocab_size: int | None = None
     within --mem-budget-gb. vocab_size: the data's (None: the preset's)."""
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.preset, cfg.seq_len, cfg.dropout, vocab_size,
-                        cfg.ce_chunks).to(ctx.device)
+                        cfg.ce_chunks, cfg.ce_kernel).to(ctx.device)
     precision = resolve_precision(cfg.precision, ctx.device)
     opt, _ = make_optimizer(model, 1e-4, 0.0, ctx.device)
     vocab = model.config.vocab_size

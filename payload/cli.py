@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import os
 import sys
 
@@ -71,6 +72,13 @@ def parse_args(argv=None) -> TrainConfig:
         parser.error("--precision fp16 needs CUDA (use fp32 or bf16 on CPU)")
     if cfg.attention in CUDA_ONLY_ATTENTION and not cuda:
         parser.error(f"--attention {cfg.attention} needs CUDA (use auto, flash or math on CPU)")
+    if cfg.ce_kernel == "triton":
+        if not (cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+            parser.error("--ce-kernel triton needs CUDA (on CPU only under Triton's interpreter, "
+                         "TRITON_INTERPRET=1: for tests)")
+        if importlib.util.find_spec("triton") is None:
+            parser.error("--ce-kernel triton needs the triton package in this python (CUDA "
+                         "builds of torch install it; pip install triton)")
     if cfg.compile_mode != "default" and not cfg.compile:
         parser.error("--compile-mode needs --compile")
     if cfg.find_batch_size and not cuda and cfg.mem_budget_gb is None:

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 
 from global_batch import DEFAULT_MICRO_BATCH
-from model import ATTENTION_KERNELS, PRESETS
+from model import ATTENTION_KERNELS, CE_KERNELS, PRESETS
 
 # ---- value checks: each an argparse type, one clear message per bad value -------------------
 
@@ -125,6 +125,12 @@ class TrainConfig:
                                 "gradients made in the forward pass: the logits (tokens x "
                                 "vocabulary) are held a chunk at a time (0: in one piece)",
                              nonneg_int, metavar="K")
+    ce_kernel: str = _device("torch", "what makes the loss's logits gradient: torch (its "
+                                      "operations) or triton: one kernel a token reads its "
+                                      "logits twice and writes the gradient over them, in "
+                                      "the forward pass (in one chunk unless --ce-chunks; "
+                                      "CUDA, whose torch builds include triton)",
+                             choices=list(CE_KERNELS))
     deterministic: bool = _device(False, "deterministic algorithms: resume reproduces an "
                                          "uninterrupted run")
     init_timeout: float = _device(600.0, "process-group init (and collective) timeout, seconds",

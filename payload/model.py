@@ -1,8 +1,10 @@
 """The model: a GPT-2 style decoder (after nanoGPT), its size presets, and the FLOPs figures
-behind MFU (training FLOPs per token, the GPUs' dense peaks). Depends on torch only."""
+behind MFU (training FLOPs per token, the GPUs' dense peaks). Depends on torch only (and
+ce_kernel.py, which imports triton, for --ce-kernel triton)."""
 
 from __future__ import annotations
 
+import importlib
 import math
 import re
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     ce_chunks: int = 0  # cross-entropy in this many chunks (ChunkedLinearCE); 0: in one piece
+    ce_kernel: str = "torch"  # CE_KERNELS: "triton" trains through ChunkedLinearCE (1 chunk or more)
 
 
 # Byte-level data uses token ids 0..255. The gpt2 preset keeps GPT-2's (padded) vocabulary
@@ -48,6 +51,19 @@ ATTENTION_KERNELS = {
 CUDA_ONLY_ATTENTION = ("cudnn", "efficient")
 
 
+# --ce-kernel: what makes the training loss's logits gradient. "torch": torch's operations
+# (Inductor's kernels under --compile); "triton": ce_kernel.py's one kernel, through
+# ChunkedLinearCE (in one chunk unless --ce-chunks says more).
+CE_KERNELS = ("torch", "triton")
+
+
+def use_ce_kernel(kind: str):
+    """Register `kind`'s op before a model that uses it runs (importing ce_kernel imports
+    triton, which a torch without CUDA may lack: only when asked)."""
+    if kind == "triton":
+        importlib.import_module("ce_kernel")  # registers torch.ops.torchrig.ce_rows_
+
+
 def use_attention(kind: str):
     """Make `kind` (ATTENTION_KERNELS, or "auto") the only SDPA kernel allowed."""
     if kind == "auto":
@@ -56,10 +72,13 @@ def use_attention(kind: str):
         getattr(torch.backends.cuda, switch)(name == kind)
 
 
-def chunked_ce(h, weight, targets, rows: int, dtype: torch.dtype, grads: bool):
+def chunked_ce(h, weight, targets, rows: int, dtype: torch.dtype, grads: bool,
+               kernel: str = "torch"):
     """Mean cross-entropy of `h @ weight.T` against `targets`, `rows` tokens at a time: (loss,
     grad_h, grad_w), the gradients made chunk by chunk when `grads` (None otherwise). The
-    matmuls run in `dtype` (autocast's), the softmax and the sums in at least fp32."""
+    matmuls run in `dtype` (autocast's), the softmax and the sums in at least fp32. kernel, with
+    grads: "torch" (torch's operations) or "triton", a chunk's loss and logits gradient in one
+    kernel, written over its logits (ce_kernel.py; use_ce_kernel first registers its op)."""
     n = h.size(0)
     w = weight.to(dtype)
     acc = torch.promote_types(dtype, torch.float32)
@@ -69,13 +88,18 @@ def chunked_ce(h, weight, targets, rows: int, dtype: torch.dtype, grads: bool):
     with torch.autocast(h.device.type, enabled=False):
         for s in range(0, n, rows):
             hc, t = h[s:s + rows].to(dtype), targets[s:s + rows].unsqueeze(1)
-            logits = (hc @ w.t()).to(acc)
-            lse = torch.logsumexp(logits, dim=1, keepdim=True)
-            total += (lse - logits.gather(1, t)).sum()
+            if grads and kernel == "triton":
+                g = hc @ w.t()  # the logits; the kernel writes their gradient over them
+                total += torch.ops.torchrig.ce_rows_(g, t.view(-1), 1.0 / n).sum()
+            else:
+                logits = (hc @ w.t()).to(acc)
+                lse = torch.logsumexp(logits, dim=1, keepdim=True)
+                total += (lse - logits.gather(1, t)).sum()
+                if grads:
+                    g = torch.exp(logits - lse)  # softmax; minus one at the target, over n: dloss/dlogits
+                    g.scatter_add_(1, t, torch.full_like(lse, -1.0))
+                    g = (g / n).to(dtype)
             if grads:
-                g = torch.exp(logits - lse)  # softmax; minus one at the target, over n: dloss/dlogits
-                g.scatter_add_(1, t, torch.full_like(lse, -1.0))
-                g = (g / n).to(dtype)
                 grad_h[s:s + rows] = g @ w
                 grad_w += (g.t() @ hc).to(acc)
     return total / n, grad_h, grad_w
@@ -89,8 +113,8 @@ class ChunkedLinearCE(torch.autograd.Function):
     saved gradients). Without gradients (evaluation), the model calls chunked_ce itself."""
 
     @staticmethod
-    def forward(ctx, h, weight, targets, rows: int, dtype: torch.dtype):
-        loss, grad_h, grad_w = chunked_ce(h, weight, targets, rows, dtype, grads=True)
+    def forward(ctx, h, weight, targets, rows: int, dtype: torch.dtype, kernel: str = "torch"):
+        loss, grad_h, grad_w = chunked_ce(h, weight, targets, rows, dtype, True, kernel)
         ctx.save_for_backward(grad_h, grad_w)
         ctx.dtypes = (h.dtype, weight.dtype)
         return loss
@@ -99,7 +123,8 @@ class ChunkedLinearCE(torch.autograd.Function):
     def backward(ctx, grad_out):
         grad_h, grad_w = ctx.saved_tensors
         h_dtype, w_dtype = ctx.dtypes
-        return (grad_h * grad_out).to(h_dtype), (grad_w * grad_out).to(w_dtype), None, None, None
+        return (grad_h * grad_out).to(h_dtype), (grad_w * grad_out).to(w_dtype), None, None, None, \
+            None
 
 
 class CausalSelfAttention(nn.Module):
@@ -196,15 +221,16 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x = block(x)
         h = self.transformer.ln_f(x)
-        if targets is not None and self.config.ce_chunks:
+        chunks = self.config.ce_chunks or (1 if self.config.ce_kernel == "triton" else 0)
+        if targets is not None and chunks:
             # logits None: they are never held in full (ChunkedLinearCE). Chunks, not rows, are
             # the option: torch.compile traces each chunk, so its compile time grows with them.
             dev = h.device.type
             dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
             args = (h.view(B * T, -1), self.lm_head.weight, targets.view(-1),
-                    -(-B * T // self.config.ce_chunks), dtype)
+                    -(-B * T // chunks), dtype)
             if torch.is_grad_enabled():
-                return None, ChunkedLinearCE.apply(*args)
+                return None, ChunkedLinearCE.apply(*args, self.config.ce_kernel)
             return None, chunked_ce(*args, grads=False)[0]
         logits = self.lm_head(h)
         loss = None
@@ -214,9 +240,12 @@ class GPT(nn.Module):
 
 
 def build_model(preset: str, seq_len: int, dropout: float = 0.0,
-                vocab_size: int | None = None, ce_chunks: int = 0) -> GPT:
+                vocab_size: int | None = None, ce_chunks: int = 0,
+                ce_kernel: str = "torch") -> GPT:
     """The preset's GPT for seq_len tokens; vocab_size: the data's (a token folder's meta.json),
-    None: the preset's; ce_chunks: the cross-entropy's chunks (0: in one piece)."""
+    None: the preset's; ce_chunks: the cross-entropy's chunks (0: in one piece); ce_kernel:
+    CE_KERNELS."""
+    use_ce_kernel(ce_kernel)
     p = PRESETS[preset]
     cfg = GPTConfig(
         block_size=seq_len,
@@ -226,6 +255,7 @@ def build_model(preset: str, seq_len: int, dropout: float = 0.0,
         n_embd=p["n_embd"],
         dropout=dropout,
         ce_chunks=ce_chunks,
+        ce_kernel=ce_kernel,
     )
     return GPT(cfg)
 

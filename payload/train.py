@@ -159,7 +159,8 @@ class Trainer:
         # The model: the same init on every rank (DDP also broadcasts rank 0's parameters).
         torch.manual_seed(cfg.seed)
         self.raw_model = build_model(cfg.preset, cfg.seq_len, cfg.dropout,
-                                     tokens and tokens.vocab_size, cfg.ce_chunks).to(dev)
+                                     tokens and tokens.vocab_size, cfg.ce_chunks,
+                                     cfg.ce_kernel).to(dev)
         seed_everything(cfg.seed + ctx.rank)
         self.model = self.raw_model  # what steps run: run() compiles it and wraps it in DDP
         # One process has nothing to all-reduce: DDP would only add its bucket hooks, and under
@@ -319,7 +320,7 @@ class Trainer:
             "warmup": plan.warmup, "total_steps": plan.total_steps,
             "steps_per_epoch": plan.steps_per_epoch, "precision": self.precision,
             "compile": cfg.compile and cfg.compile_mode, "attention": cfg.attention,
-            "ce_chunks": cfg.ce_chunks, "ddp": "on" if self.use_ddp else "off",
+            "ce_chunks": cfg.ce_chunks, "ce_kernel": cfg.ce_kernel, "ddp": "on" if self.use_ddp else "off",
             "optimizer": f"adamw-{self.opt_kind}", "deterministic": cfg.deterministic,
             "data": cfg.data or "synthetic", "vocab_size": self.raw_model.config.vocab_size,
             "flops_per_token": f"{m.fpt:.3e}",
@@ -354,6 +355,7 @@ class Trainer:
                 "compile_mode": cfg.compile_mode if cfg.compile else None,
                 "attention": cfg.attention,
                 "ce_chunks": cfg.ce_chunks,
+                "ce_kernel": cfg.ce_kernel,
                 "ddp": self.use_ddp,
                 "optimizer": f"adamw-{self.opt_kind}",
                 "device": str(self.dev),

@@ -559,7 +559,7 @@ FLAGS = {
     "--min-lr-ratio": 0.1, "--warmup-steps": None, "--weight-decay": 0.1, "--clip": 1.0,
     "--max-steps": None, "--epochs": None, "--seed": 1337, "--device": "auto",
     "--precision": "auto", "--compile": False, "--compile-mode": "default", "--attention": "auto",
-    "--ce-chunks": 0, "--deterministic": False, "--init-timeout": 600.0,
+    "--ce-chunks": 0, "--ce-kernel": "torch", "--deterministic": False, "--init-timeout": 600.0,
     "--eval-every": 0, "--eval-batches": 20, "--ckpt-dir": None, "--ckpt-every": 0, "--keep": 3,
     "--no-resume": False, "--log-every": 10,
     "--out-json": None, "--tensorboard": None, "--profile-steps": None, "--profile-dir": None,
@@ -713,19 +713,44 @@ def test_attention_kernel_choice_leaves_that_one_alone_and_auto_leaves_torchs():
 
 
 def test_speed_options_train_on_cpu_to_the_same_losses_and_say_so(tmp_path):
-    """--ce-chunks and --attention math give the plain run's losses; the config line and
-    --out-json name the choices."""
+    """--ce-chunks and --attention math, and the Triton cross-entropy compiled (its kernel in
+    Triton's interpreter: there is no GPU here), give the plain run's losses; the config line
+    and --out-json name the choices."""
     runs = {}
-    for name, extra in (("plain", []), ("chunked", ["--ce-chunks", "3", "--attention", "math"])):
+    for name, extra in (("plain", []), ("chunked", ["--ce-chunks", "3", "--attention", "math"]),
+                        ("triton", ["--ce-kernel", "triton", "--compile"])):
         out = tmp_path / f"{name}.json"
         p = subprocess.run([sys.executable, str(TRAIN), "--device", "cpu", "--max-steps", "6",
                             "--log-every", "2", "--batch-size", "4", "--out-json", str(out),
-                            *extra], cwd=REPO, env=_env(), capture_output=True, text=True,
-                           timeout=120)
+                            *extra], cwd=REPO, env={**_env(), "TRITON_INTERPRET": "1"},
+                           capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, _fail_msg(p)
         runs[name] = (p.stdout, json.loads(out.read_text()))
-    assert {s: float(v) for s, v in steps(runs["chunked"][0]).items()} == pytest.approx(
-        {s: float(v) for s, v in steps(runs["plain"][0]).items()}, abs=2e-4)
-    assert " attention=math ce_chunks=3 " in runs["chunked"][0]
-    assert " compile=False attention=auto ce_chunks=0 " in runs["plain"][0]
+    for name in ("chunked", "triton"):
+        assert {s: float(v) for s, v in steps(runs[name][0]).items()} == pytest.approx(
+            {s: float(v) for s, v in steps(runs["plain"][0]).items()}, abs=2e-4)
+    assert " attention=math ce_chunks=3 ce_kernel=torch " in runs["chunked"][0]
+    assert " compile=False attention=auto ce_chunks=0 ce_kernel=torch " in runs["plain"][0]
+    assert " compile=default attention=auto ce_chunks=0 ce_kernel=triton " in runs["triton"][0]
     assert (runs["chunked"][1]["attention"], runs["chunked"][1]["ce_chunks"]) == ("math", 3)
+    assert (runs["triton"][1]["compile"], runs["triton"][1]["ce_kernel"]) == (True, "triton")
+
+
+def test_the_triton_cross_entropy_is_refused_where_it_cannot_run(monkeypatch, capsys):
+    """On CPU outside Triton's interpreter, and in a python without triton: one message, exit 2,
+    before any model is built."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(SystemExit) as e:
+        cli.parse_args(["--device", "cpu", "--ce-kernel", "triton"])
+    assert e.value.code == 2
+    assert "--ce-kernel triton needs CUDA (on CPU only under Triton's interpreter" \
+        in capsys.readouterr().err
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert cli.parse_args(["--device", "cpu", "--ce-kernel", "triton"]).ce_kernel == "triton"
+    real = cli.importlib.util.find_spec
+    monkeypatch.setattr(cli.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "triton" else real(name, *a))
+    with pytest.raises(SystemExit) as e:
+        cli.parse_args(["--device", "cpu", "--ce-kernel", "triton"])
+    assert e.value.code == 2
+    assert "--ce-kernel triton needs the triton package in this python" in capsys.readouterr().err
