@@ -89,7 +89,7 @@ def test_a_fleet_holds_one_connection_per_host(testbed):
                                         for _ in range(5)})
         assert all(r.ok and len(r.value) == 1 for r in seen), seen
         assert fleet.run(hosts[0], "id -u", root=True).stdout.strip() == "0"
-        # Nagle off (connections.nodelay_socket): each command's small messages go at once
+        # Nagle off (connections.ssh_socket): each command's small messages go at once
         sock = fleet.conn(hosts[0]).transport.sock
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
         assert fleet.run(hosts[0], "cat", data="on stdin").stdout == "on stdin"

@@ -263,17 +263,28 @@ def test_an_unreachable_host_is_classified_once(exc, why):
     assert describe_error(exc) == f"unreachable: {why}"
 
 
-def test_the_ssh_socket_sends_at_once_and_fails_as_paramikos_own_connect():
+def test_the_ssh_socket_sends_and_acknowledges_at_once_and_fails_as_paramikos_own_connect():
     """Nagle's algorithm is off on torchrig's SSH sockets (with it, each command waited 40 ms
-    for the server's delayed ACK); a port nobody listens on reads as every unreachable host."""
+    for the server's delayed ACK), and every read is acknowledged at once (sshd's own Nagle
+    held each connection's first channel 40 ms for a delayed ACK); a port nobody listens on
+    reads as every unreachable host."""
     import socket
-    from torchrig.connections import nodelay_socket, unreachable_why
+    from torchrig.connections import CONNECT_TIMEOUT, ssh_socket, unreachable_why
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
-        with nodelay_socket("127.0.0.1", port) as s:
+        with ssh_socket("127.0.0.1", port) as s:
             assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+            assert s.gettimeout() == CONNECT_TIMEOUT  # paramiko's connect timeout, kept
+            peer, _ = server.accept()
+            with peer:
+                # delayed ACKs, as the kernel chooses them in a busy exchange; then a read
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 0)
+                assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK) == 0
+                peer.sendall(b"hostkeys-00")
+                assert s.recv(64) == b"hostkeys-00"
+                assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK) == 1
     with pytest.raises(OSError) as e:  # the listener is gone: refused
-        nodelay_socket("127.0.0.1", port)
+        ssh_socket("127.0.0.1", port)
     assert unreachable_why(e.value).startswith("connection refused")
 
 
