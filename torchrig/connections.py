@@ -238,7 +238,11 @@ class _AckAtOnce(socket.socket):
 
     def recv(self, *args):
         data = super().recv(*args)
-        self.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+        if data:  # b"": the peer closed, nothing to acknowledge
+            try:
+                self.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+            except OSError:  # closed here meanwhile (paramiko's close, from another thread)
+                pass
         return data
 
 
