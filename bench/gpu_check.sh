@@ -143,11 +143,11 @@ run_one eager torchrun 90 30 90 "${TRAIN_ARGS[@]}" --out-json "$OUT/eager.json"
 CANDIDATES=${CANDIDATES:-}
 CAND_S=${CAND_S:-150}
 # The speed candidates of issue 26, each alone: the cross-entropy's loss and gradient in one
-# Triton kernel (payload/ce_kernel.py; first: the one not yet measured on a GPU), cuDNN's
-# attention kernel (where torch would choose another), cross-entropy in chunks (the logits never
-# held in full), CUDA graphs for the step, and Inductor's GEMM autotuning (long to compile:
-# last, the budget may skip it).
-SPEED_CANDIDATES="ce-triton:--ce-kernel triton;cudnn:--attention cudnn;ce-chunks:--ce-chunks 16;cudagraphs:--compile-mode reduce-overhead;autotune:--compile-mode max-autotune-no-cudagraphs"
+# Triton kernel (payload/ce_kernel.py), Inductor's own kernels tuned by coordinate descent (these
+# two first: not yet measured on a GPU), cuDNN's attention kernel (where torch would choose
+# another), cross-entropy in chunks (the logits never held in full), CUDA graphs for the step,
+# and Inductor's GEMM autotuning (long to compile: last, the budget may skip it).
+SPEED_CANDIDATES="ce-triton:--ce-kernel triton;tune:--compile-tune;cudnn:--attention cudnn;ce-chunks:--ce-chunks 16;cudagraphs:--compile-mode reduce-overhead;autotune:--compile-mode max-autotune-no-cudagraphs"
 [ "$CANDIDATES" = speed ] && CANDIDATES=$SPEED_CANDIDATES
 PROFILE=${PROFILE:-}
 rm -f "$OUT"/cand-*.{log,json} "$OUT"/*_profile.txt

@@ -81,6 +81,8 @@ def parse_args(argv=None) -> TrainConfig:
                          "builds of torch install it; pip install triton)")
     if cfg.compile_mode != "default" and not cfg.compile:
         parser.error("--compile-mode needs --compile")
+    if cfg.compile_tune and not cfg.compile:
+        parser.error("--compile-tune needs --compile")
     if cfg.find_batch_size and not cuda and cfg.mem_budget_gb is None:
         parser.error("--find-batch-size on CPU needs --mem-budget-gb")
     if cfg.min_lr_ratio > 1:

@@ -118,6 +118,10 @@ class TrainConfig:
                                            "CUDA graphs)",
                                 choices=["default", "reduce-overhead", "max-autotune",
                                          "max-autotune-no-cudagraphs"])
+    compile_tune: bool = _device(False, "with --compile: Inductor times launch settings of its "
+                                        "own kernels and keeps the fastest (coordinate descent: "
+                                        "max-autotune's part without its matmul search; a "
+                                        "longer compile)")
     attention: str = _device("auto", "the attention kernel: auto (torch's choice) or that one "
                                      "alone (cudnn and efficient: CUDA only)",
                              choices=["auto", *ATTENTION_KERNELS])

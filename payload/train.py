@@ -106,6 +106,16 @@ def train_step(model, optimizer, micro_batches, *, device, precision="fp32", sca
     return total, grad_norm
 
 
+def compiled(model, cfg: TrainConfig):
+    """torch.compile of the model in --compile-mode; --compile-tune turns on max-autotune's
+    coordinate descent alone (torch.compile takes a mode or options, not both; Inductor reads
+    the setting as it makes each kernel, on the first steps)."""
+    if cfg.compile_tune:
+        import torch._inductor.config as inductor_config
+        inductor_config.coordinate_descent_tuning = True
+    return torch.compile(model, mode=cfg.compile_mode)
+
+
 @dataclass(frozen=True)
 class Plan:
     """The run's batch and schedule, from the config, the world size and this rank's share of
@@ -199,7 +209,7 @@ class Trainer:
                  "(nothing to train: the checkpoint is at or past the last step)")
             return 0
         if self.cfg.compile:
-            self.model = torch.compile(self.model, mode=self.cfg.compile_mode)
+            self.model = compiled(self.model, self.cfg)
         if self.use_ddp:
             self.model = DDP(self.model,
                              device_ids=[self.dev.index] if self.dev.type == "cuda" else None)
@@ -320,7 +330,8 @@ class Trainer:
             "warmup": plan.warmup, "total_steps": plan.total_steps,
             "steps_per_epoch": plan.steps_per_epoch, "precision": self.precision,
             "compile": cfg.compile and cfg.compile_mode, "attention": cfg.attention,
-            "ce_chunks": cfg.ce_chunks, "ce_kernel": cfg.ce_kernel, "ddp": "on" if self.use_ddp else "off",
+            "ce_chunks": cfg.ce_chunks, "ce_kernel": cfg.ce_kernel,
+            "compile_tune": cfg.compile and cfg.compile_tune, "ddp": "on" if self.use_ddp else "off",
             "optimizer": f"adamw-{self.opt_kind}", "deterministic": cfg.deterministic,
             "data": cfg.data or "synthetic", "vocab_size": self.raw_model.config.vocab_size,
             "flops_per_token": f"{m.fpt:.3e}",
@@ -356,6 +367,7 @@ class Trainer:
                 "attention": cfg.attention,
                 "ce_chunks": cfg.ce_chunks,
                 "ce_kernel": cfg.ce_kernel,
+                "compile_tune": cfg.compile and cfg.compile_tune,
                 "ddp": self.use_ddp,
                 "optimizer": f"adamw-{self.opt_kind}",
                 "device": str(self.dev),

@@ -117,9 +117,10 @@ def test_speed_candidates_run_alone_then_the_winners_together(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     c = s["candidates"]
     # autotune, slowest to compile, after cand-best
-    assert list(c) == ["cand-ce-triton", "cand-cudnn", "cand-ce-chunks", "cand-cudagraphs",
-                       "cand-best", "cand-autotune"]
+    assert list(c) == ["cand-ce-triton", "cand-tune", "cand-cudnn", "cand-ce-chunks",
+                       "cand-cudagraphs", "cand-best", "cand-autotune"]
     assert c["cand-ce-triton"]["flags"] == "--ce-kernel triton"
+    assert c["cand-tune"]["flags"] == "--compile-tune"
     assert c["cand-ce-triton"]["vs_compiled"] == pytest.approx(1.01)  # not a winner
     assert c["cand-cudnn"]["vs_compiled"] == pytest.approx(1.10)
     assert c["cand-cudagraphs"]["vs_compiled"] == pytest.approx(0.90)

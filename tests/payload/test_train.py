@@ -541,6 +541,7 @@ def test_help_exits_0():
     (["--attention", "cudnn", "--device", "cpu"], "--attention cudnn needs CUDA"),
     (["--attention", "efficient", "--device", "cpu"], "--attention efficient needs CUDA"),
     (["--compile-mode", "reduce-overhead"], "--compile-mode needs --compile"),
+    (["--compile-tune"], "--compile-tune needs --compile"),
     (["--ce-chunks", "-1"], "non-negative integer"),
 ])
 def test_cli_validation(argv, needle, capsys):
@@ -558,7 +559,8 @@ FLAGS = {
     "--lr-ref-batch": 32,
     "--min-lr-ratio": 0.1, "--warmup-steps": None, "--weight-decay": 0.1, "--clip": 1.0,
     "--max-steps": None, "--epochs": None, "--seed": 1337, "--device": "auto",
-    "--precision": "auto", "--compile": False, "--compile-mode": "default", "--attention": "auto",
+    "--precision": "auto", "--compile": False, "--compile-mode": "default",
+    "--compile-tune": False, "--attention": "auto",
     "--ce-chunks": 0, "--ce-kernel": "torch", "--deterministic": False, "--init-timeout": 600.0,
     "--eval-every": 0, "--eval-batches": 20, "--ckpt-dir": None, "--ckpt-every": 0, "--keep": 3,
     "--no-resume": False, "--log-every": 10,
@@ -713,12 +715,13 @@ def test_attention_kernel_choice_leaves_that_one_alone_and_auto_leaves_torchs():
 
 
 def test_speed_options_train_on_cpu_to_the_same_losses_and_say_so(tmp_path):
-    """--ce-chunks and --attention math, and the Triton cross-entropy compiled (its kernel in
-    Triton's interpreter: there is no GPU here), give the plain run's losses; the config line
-    and --out-json name the choices."""
+    """--ce-chunks and --attention math, and the Triton cross-entropy compiled with Inductor's
+    kernels tuned (its kernel in Triton's interpreter: there is no GPU here; Inductor's CPU
+    kernels are C++, which the tuning leaves as they are), give the plain run's losses; the
+    config line and --out-json name the choices."""
     runs = {}
     for name, extra in (("plain", []), ("chunked", ["--ce-chunks", "3", "--attention", "math"]),
-                        ("triton", ["--ce-kernel", "triton", "--compile"])):
+                        ("triton", ["--ce-kernel", "triton", "--compile", "--compile-tune"])):
         out = tmp_path / f"{name}.json"
         p = subprocess.run([sys.executable, str(TRAIN), "--device", "cpu", "--max-steps", "6",
                             "--log-every", "2", "--batch-size", "4", "--out-json", str(out),
@@ -731,9 +734,29 @@ def test_speed_options_train_on_cpu_to_the_same_losses_and_say_so(tmp_path):
             {s: float(v) for s, v in steps(runs["plain"][0]).items()}, abs=2e-4)
     assert " attention=math ce_chunks=3 ce_kernel=torch " in runs["chunked"][0]
     assert " compile=False attention=auto ce_chunks=0 ce_kernel=torch " in runs["plain"][0]
-    assert " compile=default attention=auto ce_chunks=0 ce_kernel=triton " in runs["triton"][0]
+    assert " compile=default attention=auto ce_chunks=0 ce_kernel=triton compile_tune=True " \
+        in runs["triton"][0]
+    assert " ce_kernel=torch compile_tune=False " in runs["plain"][0]
     assert (runs["chunked"][1]["attention"], runs["chunked"][1]["ce_chunks"]) == ("math", 3)
-    assert (runs["triton"][1]["compile"], runs["triton"][1]["ce_kernel"]) == (True, "triton")
+    assert (runs["triton"][1]["compile"], runs["triton"][1]["ce_kernel"],
+            runs["triton"][1]["compile_tune"]) == (True, "triton", True)
+    assert runs["plain"][1]["compile_tune"] is False
+
+
+@pytest.mark.parametrize("tune", [False, True])
+def test_compile_tune_turns_on_inductors_coordinate_descent_alone(tune, monkeypatch):
+    """--compile-tune is max-autotune's coordinate descent without its matmul search: the
+    setting Inductor reads as it makes each kernel, on for the run; the mode is left as asked."""
+    import torch._inductor.config as inductor_config
+    monkeypatch.setattr(inductor_config, "coordinate_descent_tuning", False)
+    monkeypatch.setattr(inductor_config, "max_autotune", False)
+    cfg = config.TrainConfig(compile=True, compile_tune=tune, compile_mode="reduce-overhead")
+    seen = {}
+    monkeypatch.setattr(torch, "compile", lambda m, mode: seen.update(mode=mode) or m)
+    m = torch.nn.Linear(2, 2)
+    assert train.compiled(m, cfg) is m
+    assert seen == {"mode": "reduce-overhead"}
+    assert (inductor_config.coordinate_descent_tuning, inductor_config.max_autotune) == (tune, False)
 
 
 def test_the_triton_cross_entropy_is_refused_where_it_cannot_run(monkeypatch, capsys):
