@@ -3,7 +3,6 @@ it): it renders with no network, every plot draws one marker per data point, and
 reaches the console. The negative controls show the checks can fail."""
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -109,7 +109,8 @@ def test_a_group_that_cannot_share_stays_on_the_index_and_says_why(monkeypatch):
 def test_swap_replaces_only_the_index_install():
     from torchrig.provision import wheelshare
     a = planned("a")
-    pip, tb = wheels.pip_of(a), a.plan.steps[1].changes[2]
+    tb = a.plan.steps[1].changes[2]
+    assert wheels.pip_of(a) is not None  # the index install, before
     new = Cmd("from the cache", "true")
     wheelshare.swap(a, new)
     assert a.plan.steps[1].changes[1:] == [new, tb] and wheels.pip_of(a) is None

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import TorchrigError
 from ..localfiles import write_atomic
+
+if TYPE_CHECKING:  # imported when a report is made (plotly is checked first)
+    from . import data
 
 
 def make(fleet, job: str, out_dir: str, red) -> tuple[Path, "data.JobReport"]:

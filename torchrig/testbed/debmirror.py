@@ -81,7 +81,7 @@ def ensure_mirror(base: Path, log=print) -> Path:
     if r.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
         raise TorchrigError("apt-get download failed for the testbed's Debian mirror (does this "
-                            f"machine's apt reach a Debian 12 mirror? try `apt-get update`):\n"
+                            "machine's apt reach a Debian 12 mirror? try `apt-get update`):\n"
                             + r.stderr.strip()[-1500:])
     home, _ = signing_key()
     publish(tmp, home, "torchrig testbed mirror of Debian packages")
