@@ -18,7 +18,8 @@ import pytest
 from torchrig import inventory
 from torchrig.facts import job_state, probe
 from torchrig.launch import plan
-from torchrig.launch.run import EARLY_SLACK_S, LaunchOptions, _confirm, early_left, plan_job
+from torchrig.launch.run import (EARLY_SLACK_S, WAIT_S, LaunchOptions, _confirm, early_left,
+                                 plan_job)
 from torchrig.session import fan_out
 
 SECRET = "hf_s3cretvalue0123456789"
@@ -137,6 +138,20 @@ def test_a_unit_failed_without_rank_output_shows_its_journal(tmp_path):
     nodes = Nodes(tmp_path, {"n1": ["failed/exit-code"], "n2": ["active/success"]})
     problems = _confirm(nodes, nodes.hosts, job, o)
     assert problems == ["n1: unit failed (exit-code): journal line"]
+
+
+def test_a_failure_on_one_node_is_reported_while_another_still_waits_on_its_own(tmp_path):
+    """Each node is watched on its own: n1's unit fails on its second look while n2 (not
+    spawned yet) waits on its node for a change, up to WAIT_S; n1's failure is reported at
+    once, not when n2's wait ends (a round of every node's answers would take WAIT_S)."""
+    o, job = _job(tmp_path, window=0)
+    nodes = Nodes(tmp_path, {"n1": ["active/success", "failed/exit-code"],
+                             "n2": ["active/success"]})
+    t = time.monotonic()
+    problems = _confirm(nodes, nodes.hosts, job, o)
+    took = time.monotonic() - t
+    assert problems == ["n1: unit failed (exit-code): journal line"]
+    assert took < WAIT_S / 2, took
 
 
 def test_the_early_window_reaches_the_node_and_is_counted_from_the_spawn(tmp_path):

@@ -191,24 +191,23 @@ def test_launch_of_two_nodes_with_nothing_to_push_is_three_round_trips_per_node(
     assert [_kind(c, d) for h, c, d, _ in calls if h == "a"] == [
         "probe", "install+switch", "start"]
     look = _look(calls[-1][2])
-    assert look["until"]["hold"] and look["until"]["seen"] is None and look["until"]["seconds"] > 0
+    assert look["until"]["seen"] is None and look["until"]["seconds"] == 0  # answered at once
 
 
 def test_launch_waits_on_a_slowly_spawning_node_in_one_round_trip_not_a_poll_each_250_ms(
         tmp_path, monkeypatch):
     """A node whose workers spawn 2.5 s after the start (a slow rendezvous): the start's own
-    look waits on the node past its first answer (nothing yet), up to launch's wait; the
-    next check carries that answer's digest and a wait, and the node answers when its state
-    changes. The fake node here does what the probe's "until" does: it holds an unchanged
-    answer until the spawn, at most the wait asked for. Polling every 250 ms, as before,
-    took 10 or more checks."""
+    look answers at once (nothing yet); the next check carries that answer's digest and
+    launch's wait, and the node answers when its state changes. The fake node here does what
+    the probe's "until" does: it holds an unchanged answer until the spawn, at most the wait
+    asked for. Polling every 250 ms, as before, took 10 or more checks."""
     import json
     spawn_at = {}
 
     def reply(host, req, look):
         until = req["until"]
         at = spawn_at.setdefault(host, time.monotonic() + 2.5)
-        if until["seen"] == "nothing yet" or (look and until.get("hold")):  # the node waits
+        if until["seen"] == "nothing yet":  # the node waits
             time.sleep(max(0.0, min(until["seconds"], at - time.monotonic())))
         if time.monotonic() < at:
             r = _started_reply(req)
@@ -230,7 +229,7 @@ def test_launch_waits_on_a_slowly_spawning_node_in_one_round_trip_not_a_poll_eac
     looks = [_look(d)["until"] for h, c, d, _ in calls if h == "a" and _look(d)]
     polls = [probe_request(d)["until"] for h, c, d, _ in calls
              if h == "a" and _kind(c, d) == "poll"]
-    assert len(looks) == 1 and looks[0]["hold"] and looks[0]["seconds"] == run.WAIT_S
+    assert len(looks) == 1 and looks[0]["seconds"] == 0
     assert len(polls) == 1 and polls[0]["seen"] == "nothing yet", polls
-    assert polls[0]["seconds"] > 0
+    assert polls[0]["seconds"] == run.WAIT_S
     assert time.monotonic() - t0 >= 2.5

@@ -89,24 +89,20 @@ def follow(kept: dict, raw: dict, util_tail: int) -> None:
     kept["util"] = raw["read"]["util"]
 
 
-def start_request(unit: str, logdir: str, seen: str | None = None, wait: float = 0.0,
-                  hold: bool = False) -> dict:
+def start_request(unit: str, logdir: str, seen: str | None = None, wait: float = 0.0) -> dict:
     """What launch asks while a job starts: the unit's state, the newest attempt's rank
     folders (torchrun makes them once the rendezvous completed, as it spawns the workers) and
     the node's clock (how long ago that was). seen: the digest of the last answer (its
     "seen"): the node answers when that changed, or after `wait` seconds (the probe's
-    "until"), so a node spawning slowly costs a round trip per change, not per poll; hold:
-    no answer yet, wait past the first look (asked right after the start, which cannot have
-    spawned anything). Between the unit's looks (systemctl, every UNTIL_EVERY_S) the node
+    "until"), so a node spawning slowly costs a round trip per change, not per poll. Between the unit's looks (systemctl, every UNTIL_EVERY_S) the node
     looks at the rank folders alone every UNTIL_QUICK_S: a spawn is seen that soon (a look
     every UNTIL_EVERY_S cost launch a tenth of a second on average; a command started every
     UNTIL_QUICK_S slowed the start itself on small hosts). Nothing of the rank files is read
     (their names only): the answer changes with the job's state, not with its output."""
     tree = {**_ranks_tree(logdir, 0), "read": {"name": "stdout.log", "tail": 0}}
     return {"run": {"unit": systemd.show_argv([unit], START_PROPS)}, "tree": {"logs": tree},
-            "host": True, "until": {"seconds": wait if seen or hold else 0,
-                                    "every": UNTIL_EVERY_S, "seen": seen,
-                                    "quick": UNTIL_QUICK_S, **({"hold": True} if hold else {})}}
+            "host": True, "until": {"seconds": wait if seen else 0, "every": UNTIL_EVERY_S,
+                                    "seen": seen, "quick": UNTIL_QUICK_S}}
 
 
 UNTIL_EVERY_S = 0.2  # how often a node looks again while launch waits on it (systemctl show, reads)

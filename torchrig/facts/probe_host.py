@@ -41,7 +41,7 @@ never in a command line. Keys, each optional:
            "kernel_after" true when the read could start there)
   connect  {"address", "port", "probe": bool} -> {"resolved" | "resolve_error", "route": run result,
             "reverse_error"?, "reachable", "connect_ms" | "connect_error"}
-  until    {"seconds", "every", "quick"?, "seen": digest | null, "hold"?: bool} -> "seen": the
+  until    {"seconds", "every", "quick"?, "seen": digest | null} -> "seen": the
            answer's digest. The answer is gathered again every `every` seconds while its digest
            (every key but "host", whose clocks always move) is `seen`, for at most `seconds`
            (with "quick": the files alone, QUICK_KEYS, are looked at every `quick` seconds in
@@ -49,9 +49,7 @@ never in a command line. Keys, each optional:
            appears is seen that soon, without a command started per look); a caller
            waiting for something on the host to change (a job's workers to spawn) passes the
            digest of the last answer it got and is answered when the change happens, in one
-           round trip, instead of polling; null answers at once, unless "hold": then the first
-           answer's own digest is the one to wait past (a caller that knows the first look can
-           only say "not yet": launch, looking right after it started the unit)
+           round trip, instead of polling; null answers at once
 
 Files are read through descriptors, one name at a time from an O_NOFOLLOW folder descriptor:
 the last component is never a symlink (O_NOFOLLOW), only regular files are read (O_NONBLOCK,
@@ -421,8 +419,6 @@ def main(request_b64):
     if until:
         end = time.monotonic() + min(float(until["seconds"]), 60.0)
         seen = until.get("seen")
-        if seen is None and until.get("hold"):
-            seen = digest(out)
         every = max(0.02, float(until.get("every", 0.1)))
         quick = until.get("quick")
         files = {k: want[k] for k in QUICK_KEYS if k in want}

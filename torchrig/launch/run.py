@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from ..job import (DEFAULTS, JOB_RE, RUNNING_STATES, check_job_name, gpumon_name
                    health_record, stop_record, unit_name)
 from .plan import (Job, Node, check_env_key, job_changes, job_paths, job_units, launch_marker,
                    parse_env, redact_env, split_args, unit_path)
-from ..session import Fleet, Outcome, Result
+from ..session import Fleet, Outcome, Result, describe_error
 from . import elastic, health_gate, push, stage
 from .stage import Staged
 
@@ -258,7 +260,7 @@ def launch(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print,
     skip_unhealthy: the candidates, the unhealthy ones left out, then pick(healthy) chooses
     the nodes); fleet.hosts becomes the nodes. Round trips per node with nothing to push:
     the probe (every check known up front), the job's files (and the release made current),
-    the start (only once every node has its files), the polls until the workers run."""
+    the start (only once every node has its files), the waits until the workers run."""
     t0 = time.monotonic()
     inv = fleet.inv
     if not hosts:
@@ -293,8 +295,7 @@ def launch(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print,
         raise TorchrigError("nothing started: installing the job failed: " + "; ".join(bad))
     deadline = time.monotonic() + o.start_timeout
     logdirs = {n.host: job_folder(n.log_dir, job.name) for n in job.nodes}
-    started = fleet.fan_out(lambda h: _start(fleet, h, job, logdirs[h.name],
-                                             min(WAIT_S, o.start_timeout)), hosts)
+    started = fleet.fan_out(lambda h: _start(fleet, h, job, logdirs[h.name]), hosts)
     problems = [f"{r.host}: {r.error}" for r in started if not r.ok]
     if not problems:
         problems = _confirm(fleet, hosts, job, o, deadline, started)
@@ -365,7 +366,7 @@ def start_script(job: Job, exclusive: bool, firewall: bool = False, look: dict |
                  ) -> str:
     """The root script that starts the job's unit on a node (exclusive: a GPU node; firewall:
     the node's job-port firewall must be loaded), then runs the probe with `look` (launch's
-    first start check, job_state.start_request(hold=True)): its reply is the script's stdout."""
+    first start check, job_state.start_request): its reply is the script's stdout."""
     from ..facts.netfilter import TABLE, UNIT
     # Starts under the lock, only the unit this launch wrote, re-checking there that the GPUs
     # are free: two launches at once of different jobs on one GPU node cannot both pass the
@@ -378,13 +379,14 @@ def start_script(job: Job, exclusive: bool, firewall: bool = False, look: dict |
                   look=Shell(probe.stdin(look).rstrip("\n") if look else ""))
 
 
-def _start(fleet: Fleet, h: Host, job: Job, logdir: str, wait: float):
-    """Start the unit, and in the same round trip look at its start until the node's state
-    changes or `wait` passes -> _confirm's (digest, start_state) of the node."""
+def _start(fleet: Fleet, h: Host, job: Job, logdir: str):
+    """Start the unit, and in the same round trip look at it once -> _confirm's (digest,
+    start_state) of the node. The look does not wait: every node's start must be answered
+    before any is undone (a node still starting would start after its undo)."""
     unit = unit_name(job.name)
-    look = job_state.start_request(unit, logdir, wait=wait, hold=True)
+    look = job_state.start_request(unit, logdir)
     script = start_script(job, h.settings.accelerator == "cuda", h.settings.firewall, look)
-    r = fleet.run(h, "bash -s", root=True, timeout=400 + wait, data=script)
+    r = fleet.run(h, "bash -s", root=True, timeout=400, data=script)
     if r.exited != 0:
         raise TorchrigError(refusal(r.stderr) or f"systemctl start failed: {r.stderr.strip()[-300:]}")
     return _looked(unit, r)
@@ -396,10 +398,11 @@ def _looked(unit: str, r) -> tuple:
     return raw.get("seen"), job_state.start_state(unit, raw)
 
 
-# How long one of _confirm's round trips may wait on a node for its state to change: the
-# other nodes' answers wait for it (a failure elsewhere is seen at most this late).
-WAIT_S = 2.0
-MIN_GAP_S = 0.1  # between two rounds, however often the nodes' answers change
+# How long one of _confirm's round trips may wait on a node for its state to change. Nothing
+# else waits for it (each node is watched on its own); a new round trip after it starts with
+# a new process on the node, a moment in which a change is seen late.
+WAIT_S = 10.0
+MIN_GAP_S = 0.1  # between two of a node's round trips, however often its answer changes
 EARLY_LINES = 15  # stderr lines of the failing rank an early failure's error shows
 
 
@@ -410,56 +413,81 @@ def _confirm(fleet: Fleet, hosts: list[Host], job: Job, o: LaunchOptions,
     (o.early_fail_window, counted on each node from its workers' spawn), no node's unit
     failed: payload/torchrig_torchrun.py ends a first attempt whose workers all failed within
     that window, and this reports it at once with the failing rank's last stderr lines.
-    first: each node's look in its start's round trip (_start), which waited on the node
-    past the unit's start (None: the first round looks, answered at once); each later round
-    trip waits on the node until its answer changes (a rank folder, the unit's state), at
-    most WAIT_S: one round trip per change, not one per poll interval, and no probe started
-    on the node every 250 ms. deadline: when the workers must have spawned (by default
-    o.start_timeout from now)."""
+    Each node is watched on its own thread: its round trips wait on the node until its answer
+    changes (a rank folder, the unit's state), at most WAIT_S, so a node costs a round trip
+    per change, not per poll, and its answer is acted on when it comes: a failure on one node
+    is reported while the others still wait on theirs (their waits end when the caller's undo
+    changes their units). first: each node's look in its start's round trip (_start; None:
+    each node's first look answers at once). deadline: when the workers must have spawned (by
+    default o.start_timeout from now)."""
     by_name = {n.host: n for n in job.nodes}
     deadline = time.monotonic() + o.start_timeout if deadline is None else deadline
-    pending = {h.name for h in hosts}
-    watching: dict[str, float] = {}  # spawned node -> when (here) its early window has passed
-    seen: dict[str, str] = {}  # node -> the digest of its last answer
+    unit = unit_name(job.name)
+    firsts = {r.host: r for r in first or []}
+    pending = {h.name for h in hosts}  # not yet spawned (each node's thread takes its own out)
+    stop = threading.Event()  # a problem was found: the other nodes' threads look no more
 
-    def check(h: Host):
-        unit = unit_name(job.name)
-        until = deadline if h.name in pending else watching[h.name]
-        wait = max(0.0, min(WAIT_S, until - time.monotonic()))
+    def look(h: Host, seen: str | None, until: float):
+        wait = max(0.0, min(WAIT_S, until - time.monotonic())) if seen else 0.0
         req = job_state.start_request(unit, job_folder(by_name[h.name].log_dir, job.name),
-                                      seen.get(h.name), wait)
+                                      seen, wait)
         r = fleet.run(h, probe.COMMAND, root=True, timeout=30 + WAIT_S, data=probe.stdin(req))
         return _looked(unit, r)
 
-    last = 0.0  # after the start's look (which waited on the node), the first poll at once
-    results = first
-    while pending or watching:
-        if results is None:
-            time.sleep(max(0.0, last + MIN_GAP_S - time.monotonic()))
-            last = time.monotonic()
-            if pending and last >= deadline:
-                break
-            results = fleet.fan_out(check, [h for h in hosts
-                                             if h.name in pending or h.name in watching])
-        now = time.monotonic()
-        got, results = results, None
-        for r in got:
-            if not r.ok:
-                return [f"{r.host}: {r.error}"]
-            digest, (state, result, workers, ago) = r.value
-            if digest:
-                seen[r.host] = digest
+    def watch(h: Host) -> str | None:
+        """The node's problem (TIMED_OUT: its workers did not spawn by the deadline), or None
+        once it is confirmed."""
+        got = firsts.get(h.name)
+        if got is not None and not got.ok:
+            return f"{h.name}: {got.error}"
+        answer = got.value if got is not None else None
+        seen, window_end, last = None, None, 0.0
+        while not stop.is_set():
+            if answer is None:
+                time.sleep(max(0.0, last + MIN_GAP_S - time.monotonic()))
+                last = time.monotonic()
+                if window_end is None and last >= deadline:
+                    return TIMED_OUT
+                answer = look(h, seen, deadline if window_end is None else window_end)
+            now = time.monotonic()
+            digest, (state, result, workers, ago) = answer
+            answer, seen = None, digest or seen
             if state == "failed" or (state == "inactive" and result not in ("success", "")):
-                return [_failed(fleet, hosts, job, r.host, state, result, ago)]
-            if r.host in pending and (workers >= by_name[r.host].nproc
-                                      or (state == "inactive" and workers)):
-                pending.discard(r.host)
-                if o.early_fail_window > 0 and state != "inactive":
-                    watching[r.host] = now + early_left(o.early_fail_window, ago)
-            elif r.host in watching and (now >= watching[r.host] or state == "inactive"):
-                del watching[r.host]  # the window passed (or the job already ended cleanly)
-    return [f"{h}: workers not started within {o.start_timeout}s (rendezvous incomplete?): "
-            + _journal(fleet, h, hosts, job.name) for h in sorted(pending)]
+                return _failed(fleet, hosts, job, h.name, state, result, ago)
+            if window_end is None and (workers >= by_name[h.name].nproc
+                                       or (state == "inactive" and workers)):
+                pending.discard(h.name)
+                if o.early_fail_window <= 0 or state == "inactive":
+                    return None
+                window_end = now + early_left(o.early_fail_window, ago)
+            elif window_end is not None and (now >= window_end or state == "inactive"):
+                return None  # the window passed (or the job already ended cleanly)
+        return None
+
+    def guarded(h: Host) -> str | None:
+        try:
+            return watch(h)
+        except Exception as e:  # noqa: BLE001 - a node's error is that node's problem
+            return f"{h.name}: {describe_error(e)}"
+
+    pool = ThreadPoolExecutor(max_workers=max(1, len(hosts)))
+    try:
+        for f in as_completed([pool.submit(guarded, h) for h in hosts]):
+            problem = f.result()
+            if problem is None:
+                continue
+            stop.set()
+            if problem != TIMED_OUT:
+                return [problem]
+            return [f"{h}: workers not started within {o.start_timeout}s (rendezvous "
+                    "incomplete?): " + _journal(fleet, h, hosts, job.name)
+                    for h in sorted(pending)]
+        return []
+    finally:
+        pool.shutdown(wait=False)  # a thread still waiting on its node ends on its own
+
+
+TIMED_OUT = "timed out"  # a node's watch: the deadline passed before its workers spawned
 
 
 EARLY_SLACK_S = 1.0  # the node ends its run and its unit fails within this after the window
