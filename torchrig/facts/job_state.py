@@ -94,8 +94,9 @@ def start_request(unit: str, logdir: str, seen: str | None = None, wait: float =
     folders (torchrun makes them once the rendezvous completed, as it spawns the workers) and
     the node's clock (how long ago that was). seen: the digest of the last answer (its
     "seen"): the node answers when that changed, or after `wait` seconds (the probe's
-    "until"), so a node spawning slowly costs a round trip per change, not per poll. Between the unit's looks (systemctl, every UNTIL_EVERY_S) the node
-    looks at the rank folders alone every UNTIL_QUICK_S: a spawn is seen that soon (a look
+    "until"), so a node spawning slowly costs a round trip per change, not per poll (no
+    digest: answered at once). Between the unit's looks (systemctl, every UNTIL_EVERY_S) the
+    node looks at the rank folders alone every UNTIL_QUICK_S: a spawn is seen that soon (a look
     every UNTIL_EVERY_S cost launch a tenth of a second on average; a command started every
     UNTIL_QUICK_S slowed the start itself on small hosts). Nothing of the rank files is read
     (their names only): the answer changes with the job's state, not with its output."""

@@ -428,7 +428,7 @@ def _confirm(fleet: Fleet, hosts: list[Host], job: Job, o: LaunchOptions,
     stop = threading.Event()  # a problem was found: the other nodes' threads look no more
 
     def look(h: Host, seen: str | None, until: float):
-        wait = max(0.0, min(WAIT_S, until - time.monotonic())) if seen else 0.0
+        wait = max(0.0, min(WAIT_S, until - time.monotonic()))  # none without `seen`
         req = job_state.start_request(unit, job_folder(by_name[h.name].log_dir, job.name),
                                       seen, wait)
         r = fleet.run(h, probe.COMMAND, root=True, timeout=30 + WAIT_S, data=probe.stdin(req))
