@@ -23,8 +23,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.requirements import InvalidRequirement, Requirement
-
 from ..errors import TorchrigError
 from ..onhost import Shell, script
 from ..quoting import sh
@@ -107,6 +105,8 @@ def from_pyproject(path: Path) -> Requirements | None:
 def check_torch(reqs: Requirements, torch_version: str, allow: bool) -> None:
     """A line that names torch with a version the provisioned one does not satisfy would
     replace it: refused, naming the line, unless the operator allows it."""
+    # imported here: a payload launch reads no requirements, and packaging is not free to import
+    from packaging.requirements import InvalidRequirement, Requirement
     for line in reqs.lines:
         if line.startswith("-"):
             continue

@@ -14,7 +14,6 @@ import base64
 import io
 import json
 import re
-import tarfile
 from dataclasses import dataclass, field
 
 from ..errors import TorchrigError
@@ -24,6 +23,7 @@ from .tree import Tree, tree_hash
 
 
 def _tar(tree: Tree, files: list[str]) -> str:
+    import tarfile  # only when something is sent (its import is not free on launch's path)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for rel in files:

@@ -20,10 +20,12 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import pathspec
+from typing import TYPE_CHECKING
 
 from ..errors import TorchrigError
+
+if TYPE_CHECKING:  # imported where a project's patterns are read: not on a payload launch's path
+    import pathspec
 
 # never sent from a user's project (a `.torchrigignore` line `!pattern` brings one back,
 # except .git/ and virtualenvs: see _walk)
@@ -94,6 +96,7 @@ def payload_tree(root: Path) -> Tree:
 def _patterns(root: Path) -> pathspec.GitIgnoreSpec:
     """IGNORED, then every .gitignore (a nested one's patterns made relative to the top, as git
     applies them to its own folder), then .torchrigignore: the last match decides."""
+    import pathspec  # imported here: only a project (--workdir) has patterns to read
     lines = list(IGNORED)
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in NEVER_DIRS)
