@@ -73,12 +73,15 @@ def floor_command(u: dict, tag: str) -> str:
     logdir = f"/var/log/torchrig/{tag}"
     argv[argv.index("--log-dir") + 1] = logdir
     props = [f"-p EnvironmentFile={shlex.quote(e)}" for e in u["env"]]
+    # one sudo for the whole wait, as launch's node-side wait is one process: a sudo per look
+    # (PAM, a journal line) made the floor's own polling the heaviest load on 8 busy nodes
+    wait = (f"until [ \"$(find {logdir} -mindepth 3 -maxdepth 3 -type d | wc -l)\" -ge {NPROC} ]; "
+            "do sleep 0.05; done")
     return (f"sudo install -d -o {u['User']} -g {u['User']} -m 750 {logdir} && "
             f"sudo systemd-run --quiet --unit={tag} --uid={u['User']} --gid={u['User']} "
             f"--working-directory={shlex.quote(u['WorkingDirectory'])} {' '.join(props)} "
             f"--setenv=PET_RDZV_ID={tag} -- {shlex.join(argv)} && "
-            f"until [ \"$(sudo find {logdir} -mindepth 3 -maxdepth 3 -type d | wc -l)\" -ge {NPROC} ]; "
-            "do sleep 0.05; done")
+            f"sudo sh -c {shlex.quote(wait)}")
 
 
 def floor(inv, hosts, units: dict, tag: str) -> float:
