@@ -56,11 +56,12 @@ def stamp(line):
 
 
 def kernel_text(journal, dmesg):
-    """(text, source) of the kernel log from {"rc", "out"} of JOURNAL's and DMESG's runs: the
-    journal's when it has kernel lines, else dmesg's; source None when neither could be read.
-    An empty journal is no proof: a user outside systemd-journal sees only their own journal
-    (exit 0, nothing); a container's journal has no kernel lines."""
-    if journal.get("rc") == 0 and journal.get("out", "").strip():
+    """(text, source) of the kernel log from {"rc", "out", "lines"?} of JOURNAL's and DMESG's
+    runs: the journal's when it has kernel lines, else dmesg's; source None when neither could
+    be read. An empty journal is no proof: a user outside systemd-journal sees only their own
+    journal (exit 0, nothing); a container's journal has no kernel lines. "lines": how many
+    lines the command printed, where the probe kept only some of them (its "keep")."""
+    if journal.get("rc") == 0 and (journal.get("out", "").strip() or journal.get("lines")):
         return journal["out"], "journalctl -k"
     if dmesg.get("rc") == 0:
         return dmesg.get("out", ""), "dmesg"

@@ -522,3 +522,22 @@ def test_probe_merge_joins_requests_and_refuses_a_name_asked_two_ways():
         probe.merge({"run": {"a": ["x"]}}, {"run": {"a": ["z"]}})
     with pytest.raises(ValueError, match="connect: asked for twice"):
         probe.merge({"connect": {"port": 1}}, {"connect": {"port": 2}})
+
+
+def test_a_run_with_keep_ships_only_matching_lines_the_newest_under_its_cap():
+    """A long log filtered on the node: only the lines with the text, the newest when they
+    exceed the cap (the old capped() kept a log's first bytes: its newest lines were lost),
+    and how many lines the command printed, so that 'nothing matched' is not 'nothing read'."""
+    log = ("import sys\nfor i in range(50000):\n"
+           "    print('line %06d Xid %d' % (i, i) if i % 1000 == 0 else 'line %06d noise' % i)")
+    got = run_probe({"run": {
+        "all": {"argv": ["python3", "-c", log], "keep": "Xid"},
+        "newest": {"argv": ["python3", "-c", log], "keep": "Xid", "max_bytes": 100},
+        "none": {"argv": ["python3", "-c", log], "keep": "no such text"}}})["run"]
+    assert got["all"]["lines"] == 50000 and "cut" not in got["all"]
+    assert got["all"]["out"].splitlines() == ["line %06d Xid %d" % (i, i) for i in range(0, 50000, 1000)]
+    newest = got["newest"]["out"].splitlines()
+    assert newest[-1] == "line 049000 Xid 49000" and len(got["newest"]["out"]) <= 100
+    assert newest == ["line %06d Xid %d" % (i, i) for i in range(50000 - 1000 * len(newest), 50000, 1000)]
+    assert got["newest"]["cut"]["dropped_bytes"] == len(got["all"]["out"]) - len(got["newest"]["out"])
+    assert got["none"] == {"rc": 0, "out": "", "err": "", "lines": 50000}

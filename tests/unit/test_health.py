@@ -353,3 +353,41 @@ def test_resume_refuses_a_node_still_unhealthy_and_resumes_a_fixed_one(gate):
     assert fleet.ran == [("gpu3", "scontrol update nodename=gpu1 state=resume", True)]
     with pytest.raises(TorchrigError, match="not a compute node"):
         health_gate.resume(fleet, types.SimpleNamespace(name="gpu9"))
+
+
+def test_the_newest_xid_of_a_kernel_log_past_the_probes_cap_is_found(tmp_path):
+    """GPU health's own kernel-log commands (health_facts.RUN) through the real probe, with
+    journalctl and dmesg replaced by scripts printing a log of 40 MB whose one Xid is its last
+    line: the node keeps the Xid lines, so the newest fault is judged, not cut off."""
+    import subprocess
+    import sys
+    from torchrig.facts import health_facts, probe
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    xid_line = next(ln for ln in fixture("xid_01_journal_xid79_fallen_off_bus_gist.txt").splitlines()
+                    if "NVRM: Xid" in ln)
+    assert xid.KEEP in xid_line
+    (bins / "journalctl").write_text(
+        "#!/usr/bin/python3\nimport sys\nline = b'2026-12-03T10:00:00+0000 h kernel: ' + b'n' * 60 + b'\\n'\n"
+        "for _ in range(400000): sys.stdout.buffer.write(line)\n"
+        f"print({xid_line!r})\n")
+    (bins / "dmesg").write_text("#!/bin/sh\necho 'dmesg: read kernel buffer failed: Operation not permitted' >&2; exit 1\n")
+    for f in bins.iterdir():
+        f.chmod(0o755)
+    req = {"run": {k: v for k, v in health_facts.RUN.items() if k.startswith("kernel_")}}
+    r = subprocess.run([sys.executable, "-I", "-"], input=probe.stdin(req), capture_output=True,
+                       text=True, timeout=120, env={"PATH": f"{bins}:/usr/bin:/bin"})
+    facts = probe.reply(r.returncode, r.stdout, r.stderr)["run"]
+    assert facts["kernel_journal"]["lines"] == 400001 and len(r.stdout) < 10_000
+    c = health.xid_check(facts, {}, None)
+    assert c.status == FAIL and "Xid 79" in c.detail, c.detail
+
+
+def test_a_filtered_journal_that_read_lines_is_read_even_without_an_xid():
+    """The probe keeps only Xid lines: an empty journal output with lines read is a journal
+    read (PASS), not one to replace with dmesg; with no line read, dmesg decides as before."""
+    journal = {"rc": 0, "out": "", "err": "", "lines": 1200}
+    denied = {"rc": 1, "out": "", "err": "dmesg: read kernel buffer failed: Operation not permitted"}
+    assert health.xid_check({"kernel_journal": journal, "kernel_dmesg": denied}, {}, None).status == PASS
+    empty = {**journal, "lines": 0}
+    assert health.xid_check({"kernel_journal": empty, "kernel_dmesg": denied}, {}, None).status == NOT_RUN

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from . import nvlink, smi_xml, xid
 
-# name in the probe's reply -> argv. The kernel log since boot can be long: the probe's caps
-# (probe_host.MAX_BYTES) bound it, and the parser keeps only the Xid lines.
+# name in the probe's reply -> argv (or a run spec). The kernel log since boot can be long
+# (past the probe's cap, which keeps a command's first bytes): the node keeps only its newest
+# lines that can be Xid lines (xid.KEEP), and the parser reads the Xids from those.
 RUN = {"health_xml": smi_xml.COMMAND, "nvlink_status": nvlink.STATUS,
-       "nvlink_errors": nvlink.ERRORS, "kernel_journal": xid.JOURNAL, "kernel_dmesg": xid.DMESG}
+       "nvlink_errors": nvlink.ERRORS,
+       "kernel_journal": {"argv": xid.JOURNAL, "keep": xid.KEEP},
+       "kernel_dmesg": {"argv": xid.DMESG, "keep": xid.KEEP}}
 DIAG_LEVELS = (1, 2, 3)
 DIAG_TIMEOUT = {1: 300, 2: 900, 3: 3600}  # dcgmi diag -r 3 takes ~10 min on an 8-GPU node
 

@@ -5,10 +5,12 @@ so every parser lives on the operator side (torchrig/facts/) and is tested from 
 
 The request travels on stdin with the script (facts/probe.py appends `main("<base64 JSON>")`),
 never in a command line. Keys, each optional:
-  run      {name: argv | {"argv": argv, "timeout": s, "max_line": n, "max_bytes": n}}
+  run      {name: argv | {"argv": argv, "timeout": s, "max_line": n, "max_bytes": n, "keep": text}}
            -> {name: {"rc", "out", "err", "cut"?}}: the output streamed from the command, each
            line at most max_line bytes and max_bytes in all (MAX_LINE, MAX_BYTES by default; the
-           rest is read and dropped); "cut" says what a cap cut (see capped())
+           rest is read and dropped); "cut" says what a cap cut (see capped()). With "keep":
+           only the lines containing that text, the newest max_bytes of them, and "lines": how
+           many lines the command printed (a long log filtered here, not shipped whole)
   jobs     how many commands run at once (default 8)
   read     {name: {"path", "limit", "tail": bool, "first_line": bool, "follow": bool, "since"?}}
            -> {name: {"text", "first_line"} | None}; with "since" (a tail read of a file that
@@ -58,6 +60,7 @@ link in a job's folder may be another user's file). Nothing here writes anything
 """
 import base64
 import codecs
+import collections
 import concurrent.futures
 import glob
 import grp
@@ -117,8 +120,29 @@ def capped(stream, max_line, max_bytes):
     return b"".join(kept).decode(errors="replace"), cut
 
 
-def run(argv, timeout=60, max_line=MAX_LINE, max_bytes=MAX_BYTES):
-    """The command's exit status and its output, streamed and capped (see capped())."""
+def kept(stream, max_line, max_bytes, text):
+    """(text, cut, lines read) of a binary stream read to its end: only the lines containing
+    `text`, and of those the newest max_bytes (the older are dropped, counted in cut like
+    capped()'s): a log's newest matching lines are the ones that matter."""
+    want, out, total, cut, count = text.encode(), collections.deque(), 0, {}, 0
+    for line in lines(stream, max_line, cut):
+        count += 1
+        if want not in line:
+            continue
+        out.append(line)
+        total += len(line)
+        while total > max_bytes:
+            old = out.popleft()
+            total -= len(old)
+            cut["dropped_bytes"] = cut.get("dropped_bytes", 0) + len(old)
+    if cut:
+        cut.update(max_line=max_line, max_bytes=max_bytes)
+    return b"".join(out).decode(errors="replace"), cut, count
+
+
+def run(argv, timeout=60, max_line=MAX_LINE, max_bytes=MAX_BYTES, keep=None):
+    """The command's exit status and its output, streamed and capped (see capped(); with
+    `keep`, filtered: see kept())."""
     try:
         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
@@ -136,7 +160,10 @@ def run(argv, timeout=60, max_line=MAX_LINE, max_bytes=MAX_BYTES):
     err = {}
     t = threading.Thread(target=lambda: err.update(r=capped(p.stderr, max_line, MAX_ERR)))
     t.start()
-    out, cut = capped(p.stdout, max_line, max_bytes)
+    if keep is None:
+        out, cut = capped(p.stdout, max_line, max_bytes)
+    else:
+        out, cut, count = kept(p.stdout, max_line, max_bytes, keep)
     t.join()
     rc = p.wait()
     timer.cancel()
@@ -145,6 +172,8 @@ def run(argv, timeout=60, max_line=MAX_LINE, max_bytes=MAX_BYTES):
     if timed_out.is_set():
         return {"rc": 124, "out": "", "err": "%s: timed out after %ss" % (argv[0], timeout)}
     got = {"rc": rc, "out": out, "err": err["r"][0]}
+    if keep is not None:
+        got["lines"] = count
     if cut:
         got["cut"] = cut
     return got
@@ -302,7 +331,6 @@ def keep_lines(numbered, keep, others=5000, cut=None):
     MAX_RANKS ranks and MAX_KEPT bytes in all (a worker can write any `[defaultN]:` line to
     its journal), what that left out counted in `cut`. The operator's `status --watch` keeps
     its journal with it too (logs/diagnose.py)."""
-    import collections
     other = collections.deque(maxlen=others)
     ranks = {}
     for i, line in numbered:
@@ -455,7 +483,8 @@ def answer(want):
     for name, c in cmds.items():
         c = c if isinstance(c, dict) else {"argv": c}
         started[name] = pool.submit(run, c["argv"], c.get("timeout", 60),
-                                    c.get("max_line", MAX_LINE), c.get("max_bytes", MAX_BYTES))
+                                    c.get("max_line", MAX_LINE), c.get("max_bytes", MAX_BYTES),
+                                    c.get("keep"))
     jour = pool.submit(journal, want["journal"]) if want.get("journal") else None
     # while the commands run, the file system
     out["read"] = {n: text_only(read(r["path"], limit=r.get("limit", 1 << 20), tail=r.get("tail", False),

@@ -18,6 +18,9 @@ from ._text import normalize
 _watch = payload_module("healthwatch")
 JOURNAL = _watch.JOURNAL
 DMESG = _watch.DMESG
+# what every Xid line holds (XID_LINE's "NVRM: Xid", loosely): the probe keeps only the kernel
+# log's lines with it, the newest, instead of shipping a log that can outgrow its cap whole
+KEEP = "Xid"
 kernel_text = _watch.kernel_text
 short_bus = _watch.short_bus
 
