@@ -66,9 +66,10 @@ def unit_of(inv, h, job: str) -> dict:
     return u
 
 
-def floor_command(u: dict, tag: str) -> str:
+def floor_command(u: dict, tag: str, keep: bool = False) -> str:
     """systemd-run of the unit's torchrun under a new name, rendezvous id and log folder; wait
-    until its workers' rank folders exist; then stop it."""
+    until its workers' rank folders exist. keep: the unit stays loaded once torchrun exited
+    (its timestamps are read afterwards: bench/launch_phases.py); the caller stops it."""
     argv = list(u["argv"])
     logdir = f"/var/log/torchrig/{tag}"
     argv[argv.index("--log-dir") + 1] = logdir
@@ -78,7 +79,7 @@ def floor_command(u: dict, tag: str) -> str:
     wait = (f"until [ \"$(find {logdir} -mindepth 3 -maxdepth 3 -type d | wc -l)\" -ge {NPROC} ]; "
             "do sleep 0.05; done")
     return (f"sudo install -d -o {u['User']} -g {u['User']} -m 750 {logdir} && "
-            f"sudo systemd-run --quiet --unit={tag} --uid={u['User']} --gid={u['User']} "
+            f"sudo systemd-run --quiet {'--remain-after-exit ' if keep else ''}--unit={tag} --uid={u['User']} --gid={u['User']} "
             f"--working-directory={shlex.quote(u['WorkingDirectory'])} {' '.join(props)} "
             f"--setenv=PET_RDZV_ID={tag} -- {shlex.join(argv)} && "
             f"sudo sh -c {shlex.quote(wait)}")
