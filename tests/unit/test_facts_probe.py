@@ -185,6 +185,31 @@ def test_commands_run_concurrently_within_the_bound(tmp_path):
     assert most_at_once(2, 3, 1.5) == 2    # never more than the bound
 
 
+def test_a_calls_error_is_raised_where_its_result_is_taken():
+    from torchrig.facts import probe_host
+    gate = probe_host.threading.BoundedSemaphore(1)
+    ok, bad = probe_host.Later(gate, divmod, 7, 2), probe_host.Later(gate, divmod, 1, 0)
+    assert ok.result() == (3, 1)
+    with pytest.raises(ZeroDivisionError):
+        bad.result()
+
+
+def test_a_probe_starts_without_the_modules_only_some_requests_need():
+    """A probe's own start is paid on every node at every round trip: what only a connection
+    check (socket) or a hash (hashlib) needs is imported there, and no thread pool module
+    (concurrent.futures brings logging); the answers are unchanged."""
+    src = "import sys\n" + probe.stdin({"host": True, "run": {"a": ["true"]}}) + (
+        "\nprint(sorted({'concurrent.futures', 'logging', 'socket', 'hashlib'} & set(sys.modules)),"
+        " file=sys.stderr)\n")
+    r = subprocess.run([sys.executable, "-I", "-"], input=src, capture_output=True, text=True,
+                       timeout=60)
+    got = probe.reply(r.returncode, r.stdout, "")
+    assert r.stderr.strip() == "[]"
+    assert got["host"]["hostname"] == os.uname().nodename and got["run"]["a"]["rc"] == 0
+    assert run_probe({"stat": {__file__: False}})["stat"][__file__]["sha256"] == (
+        __import__("hashlib").sha256(open(__file__, "rb").read()).hexdigest())
+
+
 def test_a_missing_command_a_timeout_and_raw_streams():
     got = run_probe({"run": {"missing": ["torchrig-no-such-tool"],
                              "slow": {"argv": ["sleep", "30"], "timeout": 1},
