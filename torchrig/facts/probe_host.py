@@ -525,11 +525,12 @@ class Later:
     """fn(*args) on a thread of its own once `gate` (at most `jobs` at once) lets it; result()
     waits for it and returns its value or raises its error. What the probe used of
     concurrent.futures' pool, whose import (it brings logging) was a fifth of every probe's
-    start on a node."""
+    start on a node. Not a daemon: as with the pool, the probe ends only once its commands
+    did, also when it fails before their results are taken."""
 
     def __init__(self, gate, fn, *args):
         self._value, self._error = None, None
-        self._thread = threading.Thread(target=self._call, args=(gate, fn, args), daemon=True)
+        self._thread = threading.Thread(target=self._call, args=(gate, fn, args))
         self._thread.start()
 
     def _call(self, gate, fn, args):
