@@ -66,12 +66,21 @@ def unit_of(inv, h, job: str) -> dict:
     return u
 
 
+def log_dir(u: dict) -> str:
+    """The unit's torchrun --log-dir."""
+    return u["argv"][u["argv"].index("--log-dir") + 1]
+
+
+def floor_log_dir(tag: str) -> str:
+    return f"/var/log/torchrig/{tag}"
+
+
 def floor_command(u: dict, tag: str, keep: bool = False) -> str:
     """systemd-run of the unit's torchrun under a new name, rendezvous id and log folder; wait
     until its workers' rank folders exist. keep: the unit stays loaded once torchrun exited
     (its timestamps are read afterwards: bench/launch_phases.py); the caller stops it."""
     argv = list(u["argv"])
-    logdir = f"/var/log/torchrig/{tag}"
+    logdir = floor_log_dir(tag)
     argv[argv.index("--log-dir") + 1] = logdir
     props = [f"-p EnvironmentFile={shlex.quote(e)}" for e in u["env"]]
     # one sudo for the whole wait, as launch's node-side wait is one process: a sudo per look
@@ -85,21 +94,24 @@ def floor_command(u: dict, tag: str, keep: bool = False) -> str:
             f"sudo sh -c {shlex.quote(wait)}")
 
 
-def floor(inv, hosts, units: dict, tag: str) -> float:
+def floor(inv, hosts, units: dict, tag: str, read=None) -> tuple[float, list]:
+    """The floor's seconds, and read(h) of each node's floor taken before it is stopped (its
+    unit then stays loaded after torchrun exited: floor_command's keep; [] without read)."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(len(hosts)) as pool:
         rs = list(pool.map(lambda h: subprocess.run(
-            ssh(inv, h) + [floor_command(units[h.name], tag)], capture_output=True, text=True,
-            timeout=300), hosts))
+            ssh(inv, h) + [floor_command(units[h.name], tag, keep=read is not None)],
+            capture_output=True, text=True, timeout=300), hosts))
     dt = time.perf_counter() - t0
     for h, r in zip(hosts, rs):
         if r.returncode != 0:
             sys.exit(f"floor on {h.name} failed: {r.stderr[-1500:]}")
+    got = [read(h) for h in hosts] if read else []
     with ThreadPoolExecutor(len(hosts)) as pool:
         list(pool.map(lambda h: subprocess.run(
-            ssh(inv, h) + [f"sudo systemctl stop {tag}; sudo rm -rf /var/log/torchrig/{tag}"],
+            ssh(inv, h) + [f"sudo systemctl stop {tag}; sudo rm -rf {floor_log_dir(tag)}"],
             capture_output=True), hosts))
-    return dt
+    return dt, got
 
 
 def timed(inv, inv_path: str, hosts, job: str, repo: Path, keep_units=False):
@@ -140,7 +152,7 @@ def main():
                 cdt = timed(inv, inv_path, hosts, job + "-c", other)[0]
             if a.compare and i:
                 times["compare"].append(cdt)
-            fdt = floor(inv, hosts, units, f"{job}-openssh")
+            fdt = floor(inv, hosts, units, f"{job}-openssh")[0]
             if i:
                 times["launch"].append(dt)
                 times["floor"].append(fdt)

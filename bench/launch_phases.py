@@ -17,13 +17,12 @@ import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent)]
 
-from launch_floor import NPROC, OUT, floor_command, invoke, ssh, unit_of  # noqa: E402
+from launch_floor import NPROC, OUT, floor, floor_log_dir, invoke, log_dir, ssh, unit_of  # noqa: E402
 from torchrig import inventory  # noqa: E402
 from torchrig.job import unit_name  # noqa: E402
 
@@ -66,12 +65,12 @@ def phases(t0: float, t1: float, nodes: list[dict]) -> dict:
     res = {"before": max(n["start"] for n in nodes) - t0,
            "spawn": max(max(n["ranks"]) - n["start"] for n in nodes),
            "after": t1 - last}
-    for s in SIDE_UNITS:
-        runs = [n[s] for n in nodes if n.get(s, {}).get("ExecMainStartTimestamp")]
-        if runs:
-            res[f"{s}_at"] = min(r["ExecMainStartTimestamp"] - n["start"] for r, n in zip(runs, nodes))
+    for s in SIDE_UNITS:  # each run against its own node's start
+        ran = [(n[s], n["start"]) for n in nodes if n.get(s, {}).get("ExecMainStartTimestamp")]
+        if ran:
+            res[f"{s}_at"] = min(r["ExecMainStartTimestamp"] - start for r, start in ran)
             res[f"{s}_took"] = max((r["ExecMainExitTimestamp"] or t1) - r["ExecMainStartTimestamp"]
-                                   for r in runs)
+                                   for r, _ in ran)
     return res
 
 
@@ -94,25 +93,13 @@ def main():
                "--nproc-per-node", str(NPROC), "--early-fail-window", "0")
         t1 = time.time()
         units = {h.name: unit_of(inv, h, job) for h in hosts}
-        got = [node_times(inv, h, unit_name(job), (u := units[h.name])["argv"][
-            u["argv"].index("--log-dir") + 1], job) for h in hosts]
+        got = [node_times(inv, h, unit_name(job), log_dir(units[h.name]), job) for h in hosts]
         invoke("stop", "-i", inv_path, "-H", sel, "--job", job)
         tag = f"{job}-openssh"
         f0 = time.time()
-        with ThreadPoolExecutor(len(hosts)) as pool:
-            rs = list(pool.map(lambda h: subprocess.run(
-                ssh(inv, h) + [floor_command(units[h.name], tag, keep=True)], capture_output=True,
-                text=True, timeout=300), hosts))
-        f1 = time.time()
-        if any(r.returncode for r in rs):
-            sys.exit(f"floor failed: {[r.stderr[-800:] for r in rs]}")
-        fgot = [node_times(inv, h, tag + ".service", f"/var/log/torchrig/{tag}", None)
-                for h in hosts]
-        with ThreadPoolExecutor(len(hosts)) as pool:
-            list(pool.map(lambda h: subprocess.run(
-                ssh(inv, h) + [f"sudo systemctl stop {tag}; sudo rm -rf /var/log/torchrig/{tag}"],
-                capture_output=True), hosts))
-        lp, fp = phases(t0, t1, got), phases(f0, f1, fgot)
+        fdt, fgot = floor(inv, hosts, units, tag, read=lambda h: node_times(
+            inv, h, tag + ".service", floor_log_dir(tag), None))
+        lp, fp = phases(t0, t1, got), phases(f0, f0 + fdt, fgot)
         print(f"round {i}: launch " + " ".join(f"{k} {v:.2f}" for k, v in lp.items())
               + " | floor " + " ".join(f"{k} {v:.2f}" for k, v in fp.items()), flush=True)
         if i:
