@@ -87,7 +87,7 @@ class Settings(BaseModel):
                               shown="the one for that CUDA")
     pip_trusted_host: str | None = _var(None, "provision", "a plain-HTTP mirror pip may trust")
     prefix: str = _var("/opt/torchrig", "provision, launch, verify",
-                       "root's folder: venv, payload releases, nccl-tests")
+                       "root's folder: venv, payload releases, nccl-tests, the jobs' home")
     data_dir: str = _var("/srv/torchrig/data", "provision, launch",
                          "the service user's data folder (TORCHRIG_DATA_DIR)")
     checkpoint_dir: str = _var("/srv/torchrig/checkpoints", "provision, launch",
@@ -240,6 +240,13 @@ class Settings(BaseModel):
     @property
     def venv(self) -> str:
         return f"{self.prefix}/venv"
+
+    @property
+    def service_home(self) -> str:
+        """The service user's home: its jobs' HOME (caches: Hugging Face, torch.hub, Triton,
+        Inductor, CUDA's JIT), the service user's own. Inside root's prefix, so that nobody
+        else can put anything in its place; launch makes it (onhost/launch/jobdirs.py)."""
+        return f"{self.prefix}/home"
 
     @property
     def fabricmanager_pkg(self) -> str:

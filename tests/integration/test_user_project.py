@@ -44,6 +44,11 @@ def _env_of(out: str) -> str:
 
 
 def test_a_project_runs_with_its_dependency_installed_once(testbed, project):
+    # another local user on the rank-0 node makes Inductor's default cache folder first
+    # (/tmp/torchinductor_<service user>), to fill it with the compiled code a job would run
+    planted = "/tmp/torchinductor_torchrig"
+    sh(testbed, "gpu1", f"rm -rf {planted}; runuser -u nobody -- mkdir -m 0777 {planted} && "
+                        f"runuser -u nobody -- touch {planted}/planted")
     r = launch(testbed, "u-script", "--workdir", str(project), "--args", "--steps 3")
     assert r.returncode == 0, r.stdout + r.stderr
     env = _env_of(_said(r))
@@ -51,6 +56,16 @@ def test_a_project_runs_with_its_dependency_installed_once(testbed, project):
     assert "gpu4: job environment built in" in _said(r), _said(r)
     out = _ran(testbed, "u-script")
     assert "six 1.16.0 world 4" in out and "finished 3 steps" in out, out
+    # the job has a home it can write (torch.hub's folder made there), Inductor caches in it,
+    # and its /tmp is its own: the planted folder is not the job's, and is left as it was
+    home = "/opt/torchrig/home"
+    assert (f"hub {home}/.cache/torch/hub inductor {home}/.cache/torchinductor tmp []"
+            in out), out
+    got = sh_each(testbed, "gpu1", {"home": f"stat -c '%U %a' {home}",
+                                    "hub": f"stat -c %U {home}/.cache/torch/hub",
+                                    "planted": f"ls -A {planted}; stat -c %U {planted}"})
+    assert got == {"home": "torchrig 700", "hub": "torchrig", "planted": "planted\nnobody"}, got
+    sh(testbed, "gpu1", f"rm -rf {planted}")
     # it prints no progress lines: status shows the last line rank 0 printed
     st = status(testbed, "u-script")[1]["nodes"]["gpu1"]
     assert st["progress"] is None and st["last_line"] == "finished 3 steps", st

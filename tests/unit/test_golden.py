@@ -96,7 +96,8 @@ def test_provision_preamble_golden():
 def _job():
     nodes = [lplan.Node(f"gpu{i + 1}", f"10.0.0.{i + 1}", i, "/opt/torchrig/venv", "torchrig",
                         "/var/log/torchrig", "/srv/torchrig/checkpoints", "/srv/torchrig/data", 2,
-                        "eth0", env={"NCCL_DEBUG": "WARN"}) for i in range(2)]
+                        "eth0", env={"NCCL_DEBUG": "WARN"}, home="/opt/torchrig/home")
+             for i in range(2)]
     return lplan.Job(name="exp1", script="train.py", args=["--max-steps", "100", "it's \"quoted\""],
                      max_restarts=3, rdzv_port=29412, nodes=nodes,
                      release="/opt/torchrig/payload/releases/0123456789abcdef",

@@ -215,3 +215,42 @@ def test_the_table_sanitises_what_a_job_wrote(capsys):
     assert "\x1b" not in out and "\x07" not in out
     assert "running for 1m05s" in out and "ended 2023-11-14" in out
     assert "a:stopped, b" in out or "a:stopped" in out
+
+
+def _make(arg: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-I", "-", json.dumps(arg)],
+                          input=script("launch/jobdirs.py"), capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="jobdirs.py walks root-owned folders only")
+def test_the_service_users_home_is_made_its_own_0700_and_a_planted_link_is_refused():
+    import pwd
+    import shutil
+    import tempfile
+    tmp = Path(tempfile.mkdtemp(prefix="torchrig-unit-", dir="/var/lib"))  # root's chain
+    try:
+        os.chmod(tmp, 0o755)
+        nobody = pwd.getpwnam("nobody")
+        home = tmp / "prefix" / "home"
+        arg = {"user": "nobody", "dirs": [], "home": str(home)}
+        assert _make(arg).returncode == 0
+        st = home.stat()
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (nobody.pw_uid, nobody.pw_gid, 0o700)
+        assert (home.parent.stat().st_uid, home.parent.stat().st_mode & 0o777) == (0, 0o755)
+        os.chmod(home, 0o777)                          # made right again at the next launch
+        assert _make(arg).returncode == 0 and home.stat().st_mode & 0o777 == 0o700
+        victim = tmp / "victim"
+        victim.mkdir(mode=0o755)
+        home.rmdir()
+        home.symlink_to(victim)                        # root's prefix is not the job's: only root
+        r = _make(arg)                                 # could plant it, and it is still not followed
+        assert r.returncode == 3 and "is a symlink: torchrig does not follow" in r.stderr
+        assert victim.stat().st_uid == 0 and victim.stat().st_mode & 0o777 == 0o755
+        home.unlink()
+        os.chmod(home.parent, 0o777)                   # a prefix others can write: nothing made
+        r = _make(arg)
+        assert r.returncode == 3 and "root creates job folders only where root alone" in r.stderr
+        assert not home.exists()
+    finally:
+        shutil.rmtree(tmp)

@@ -436,3 +436,28 @@ def test_a_project_job_runs_its_module_with_its_environment_and_support_files():
     assert "PYTHONPATH" not in plan.node_env(p, p.nodes[0])
     assert plan.sampler_argv(p, p.nodes[0])[2] == f"{p.release}/gpumon.py"
     assert plan.torchrun_argv(p, p.nodes[0])[0] == f"{p.nodes[0].venv}/bin/python"
+
+
+def test_the_job_gets_a_home_it_can_write_and_inductor_caches_there_not_in_the_shared_tmp():
+    """HOME is the service user's home under the prefix (made by launch's jobdirs.py), whatever
+    an older node's passwd says; Inductor's cache is there, not /tmp/torchinductor_<user>,
+    which another local user could make first; the inventory's env still has the last word."""
+    from torchrig.inventory import Host
+    from torchrig.launch.run import _node
+    from torchrig.settings import Settings
+
+    def node(**vars):
+        h = Host(name="gpu1", connection="ssh", address="10.0.0.1", port=None, user=None,
+                 identity_file=None, jump=None, gpus=2, groups=(),
+                 settings=Settings.model_validate({"prefix": "/srv/tr", **vars}))
+        return _node(None, h, 0, "gpu", "eth0")
+    def one(n):
+        return plan.Job("exp1", "train.py", [], 0, 29412, [n], "/r")
+    n = node()
+    assert n.home == "/srv/tr/home" == Settings.model_validate({"prefix": "/srv/tr"}).service_home
+    env = plan.node_env(one(n), n)
+    assert env["HOME"] == "/srv/tr/home"
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == "/srv/tr/home/.cache/torchinductor"
+    mine = node(env={"HOME": "/data/me"})
+    assert plan.node_env(one(mine), mine)["HOME"] == "/data/me"
+    assert "\nPrivateTmp=yes\n" in plan.render_unit(one(n), n)

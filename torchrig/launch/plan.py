@@ -59,6 +59,7 @@ class Node:
     metrics_dir: str | None = None   # node_exporter's textfile folder (None: no .prom file)
     gpu_metrics: bool = True         # False where dcgm-exporter exports the GPU series
     firewall: bool = False           # provision's job-port firewall: the job needs it loaded
+    home: str | None = None          # the service user's home, the job's HOME (Settings.service_home)
 
 
 @dataclass
@@ -170,6 +171,13 @@ def node_env(job: Job, n: Node) -> dict[str, str]:
         # a user's project: its folder first (its own packages, from any script's folder), then
         # torchrig's support files (the bounded torchrun, `import progress`)
         env["PYTHONPATH"] = f"{job.release}:{job.release}/{job.support}"
+    if n.home:
+        # a home the job can write (its caches: Hugging Face, torch.hub, Triton, CUDA's JIT)
+        # whatever the node's passwd says (nodes provisioned before it had one); Inductor's
+        # cache there too, kept between launches, never /tmp/torchinductor_<user>, a path
+        # any local user could make first and fill with the compiled code the job then runs
+        env["HOME"] = n.home
+        env["TORCHINDUCTOR_CACHE_DIR"] = f"{n.home}/.cache/torchinductor"
     if n.interface:
         env["NCCL_SOCKET_IFNAME"] = n.interface
         env["GLOO_SOCKET_IFNAME"] = n.interface

@@ -134,7 +134,7 @@ def _node(inv: Inventory, h: Host, rank: int, nproc: str, interface: str | None)
     return Node(h.name, h.address, rank, s.venv, s.service_user, s.log_dir, s.checkpoint_dir,
                 s.data_dir, n, interface, s.job_env,
                 metrics_dir=s.metrics_dir if s.node_exporter else None, gpu_metrics=s.gpu_metrics,
-                firewall=s.firewall)
+                firewall=s.firewall, home=s.service_home)
 
 
 def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
@@ -350,10 +350,11 @@ def install_script(job: Job, n: Node, switch: str = "") -> str:
 
 def jobdirs_values(job: Job, n: Node) -> dict:
     """onhost/launch/jobdirs.sh's values: jobdirs.py, and its argument: the job's log and
-    checkpoint folders, the user's."""
+    checkpoint folders and the service user's home, the user's."""
     return {"dirs_script": Shell(script("launch/jobdirs.py")),
             "dirs": json.dumps({"user": n.user, "dirs": [[n.log_dir, job.name],
-                                                         [n.checkpoint_dir, job.name]]})}
+                                                         [n.checkpoint_dir, job.name]],
+                                "home": n.home})}
 
 
 def _install(fleet: Fleet, h: Host, job: Job, n: Node, switch: str = "") -> None:

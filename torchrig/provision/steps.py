@@ -503,7 +503,7 @@ def service_user(c: Ctx) -> list[Change]:
     out: list[Change] = []
     if not c.facts.user(s.service_user):
         out.append(Cmd(f"create the service user {s.service_user}",
-                       sh("useradd", "--system", "--user-group", "--home-dir", s.prefix,
+                       sh("useradd", "--system", "--user-group", "--home-dir", s.service_home,
                           "--no-create-home", "--shell", "/usr/sbin/nologin", s.service_user)))
     for path, mode, owner in dirs(s):
         cur = c.facts.dir(path)

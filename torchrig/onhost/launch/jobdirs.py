@@ -1,6 +1,7 @@
 """Runs ON THE NODE as root (python3 -I -, inside launch's install script): the job's folders
 <root>/<job> (log and checkpoint), owned by the service user.
-argv[1]: JSON {"user": U, "dirs": [[ROOT, JOB], ...]}
+argv[1]: JSON {"user": U, "dirs": [[ROOT, JOB], ...], "home": PATH or null}: PATH, the
+       service user's home (its parent root's), made the same way, 0700
    or: JSON {"remove": [[ROOT, JOB], ...]}: `torchrig jobs --prune --with-logs/--with-checkpoints`
        removes ROOT/JOB (ROOT reached as below, nothing created): a symlink or file in JOB's
        place is unlinked, never followed; a folder goes with shutil.rmtree through descriptors
@@ -79,20 +80,20 @@ def shutil_safe():
     return getattr(shutil.rmtree, "avoids_symlink_attacks", False) and sys.version_info >= (3, 11)
 
 
-def job_dir(root, job, uid, gid):
+def job_dir(root, job, uid, gid, mode=0o750, instead="choose another --job"):
     fd = safe_dir(root)
     try:
-        os.mkdir(job, 0o750, dir_fd=fd)
+        os.mkdir(job, mode, dir_fd=fd)
     except FileExistsError:
         pass
     st = os.stat(job, dir_fd=fd, follow_symlinks=False)
     if not stat.S_ISDIR(st.st_mode):
         kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a folder"
         fail(f"{root}/{job} exists and is {kind}: torchrig does not follow or replace it; "
-             f"remove it (as root) or choose another --job")
+             f"remove it (as root) or {instead}")
     jfd = os.open(job, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
     os.fchown(jfd, uid, gid)
-    os.fchmod(jfd, 0o750)
+    os.fchmod(jfd, mode)
     os.close(jfd)
     os.close(fd)
 
@@ -134,3 +135,6 @@ except KeyError:
     fail(f"no service user {a['user']!r} on this host: run `torchrig provision` first")
 for root, job in a["dirs"]:
     job_dir(root, job, pw.pw_uid, pw.pw_gid)
+if a.get("home"):
+    job_dir(os.path.dirname(a["home"]), os.path.basename(a["home"]), pw.pw_uid, pw.pw_gid,
+            0o700, "set var prefix elsewhere")

@@ -25,6 +25,13 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     if rank == 0:
         print(f"six {six.__version__} world {dist.get_world_size()} cwd {os.getcwd()}", flush=True)
+        # what libraries do with the home and /tmp: torch.hub (like Hugging Face's cache) makes
+        # its folder under ~/.cache; torch.compile's Inductor picks its cache folder
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+        os.makedirs(torch.hub.get_dir(), exist_ok=True)
+        print(f"hub {torch.hub.get_dir()} inductor {cache_dir()} "
+              f"tmp {sorted(n for n in os.listdir('/tmp') if n.startswith('torchinductor'))}",
+              flush=True)
     for step in range(1, a.steps + 1):
         x = torch.randn(16, 8)
         loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
