@@ -33,3 +33,14 @@ def test_no_wait_and_no_message_when_nobody_builds(tmp_path, monkeypatch):
     with lab._cache_lock(said.append):
         pass
     assert said == []
+
+
+def test_a_base_image_another_testbeds_hosts_stand_on_is_in_use():
+    """A new recipe's base removes the old ones, but not one a running testbed's overlays use
+    (removing it pulled files such as sudoers from under those hosts)."""
+    from torchrig.testbed import image
+    mounts = ("overlay /var/lib/torchrig-testbed-tests/hosts/gpu1/root overlay rw,relatime,"
+              "lowerdir=/var/cache/torchrig-testbed/base-0123456789ab,upperdir=/var/lib/x/upper,"
+              "workdir=/var/lib/x/work 0 0\n"
+              "/dev/sda1 /var/cache/torchrig-testbed/base-ffffffffffff ext4 rw 0 0\n")
+    assert image.in_use(mounts) == {"/var/cache/torchrig-testbed/base-0123456789ab"}

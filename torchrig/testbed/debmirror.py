@@ -42,18 +42,35 @@ def closure_names(depends_output: str) -> list[str]:
                    if line and not line[0].isspace() and not line.startswith("<")})
 
 
-def base_installed(base: Path) -> set[str]:
-    """Package names installed in the base image (read from its dpkg database)."""
+def base_installed(base: Path) -> dict[str, str]:
+    """{package: version} installed in the base image (read from its dpkg database)."""
     r = _run(["dpkg-query", f"--admindir={base / 'var/lib/dpkg'}", "-W",
-              "-f", "${Package} ${db:Status-Abbrev}\n"], text=True)
-    return {line.split()[0] for line in r.stdout.splitlines()
-            if len(line.split()) > 1 and line.split()[1].startswith("ii")}
+              "-f", "${Package} ${db:Status-Abbrev} ${Version}\n"], text=True)
+    return {f[0]: f[2] for f in (line.split() for line in r.stdout.splitlines())
+            if len(f) > 2 and f[1].startswith("ii")}
+
+
+def candidates(policy_output: str) -> dict[str, str]:
+    """{package: the version apt would install} from `apt-cache policy NAME...` output."""
+    out, name = {}, None
+    for line in policy_output.splitlines():
+        if line and not line[0].isspace() and line.endswith(":"):
+            name = line[:-1].split(":")[0]
+        elif name and line.strip().startswith("Candidate:"):
+            out[name] = line.split(":", 1)[1].strip()
+    return out
 
 
 def needed(packages: list[str], base: Path) -> list[str]:
-    """The dependency closure of `packages` on this (operator) machine's apt, minus the base."""
+    """The dependency closure of `packages` on this (operator) machine's apt, less what the
+    base has at the version apt would fetch. A base package at another version stays in: a
+    package of the closure may need exactly the newer one (python3.11-dev needs its
+    python3.11), which the hosts' apt then takes from the mirror, as a server's would."""
     deps = _run(["apt-cache", "depends", "--recurse", *_NO_OPTIONAL, *packages], text=True)
-    return sorted(set(closure_names(deps.stdout)) - base_installed(base))
+    names = closure_names(deps.stdout)
+    have = base_installed(base)
+    want = candidates(_run(["apt-cache", "policy", *names], text=True).stdout)
+    return sorted(n for n in names if n not in have or have[n] != want.get(n))
 
 
 def mirror_path(base: Path) -> Path:

@@ -79,10 +79,26 @@ def ensure_base(log=print) -> Path:
     _post(tmp)
     tmp.rename(final)
     (final / ".torchrig-complete").write_text(json.dumps(RECIPE) + "\n")
+    used = in_use()
     for old in CACHE.glob("base-*"):
-        if old != final and old.is_dir():
+        if old != final and old.is_dir() and str(old) not in used:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def in_use(mounts: str | None = None) -> set[str]:
+    """The base images an overlay mount stands on (another testbed on this machine, made
+    before the recipe changed: removing its base would pull its hosts' files from under them)."""
+    if mounts is None:
+        mounts = Path("/proc/mounts").read_text()
+    out = set()
+    for line in mounts.splitlines():
+        f = line.split()
+        if len(f) >= 4 and f[2] == "overlay":
+            for opt in f[3].split(","):
+                if opt.startswith("lowerdir="):
+                    out.update(opt.removeprefix("lowerdir=").split(":"))
+    return out
 
 
 def _post(root: Path) -> None:
