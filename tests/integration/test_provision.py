@@ -104,7 +104,7 @@ def test_fresh_provision_waits_for_lock_reboots_and_converges(testbed, fleet):
     assert rep["rebooted"] is True
     # the first apt step waited for the holder instead of failing
     assert st["cuda-repo"]["status"] == "changed" and st["cuda-repo"]["seconds"] >= hold_s
-    for name in ("driver", "cuda-toolkit", "nccl", "python-venv", "service-user"):
+    for name in ("base-packages", "driver", "cuda-toolkit", "nccl", "python-venv", "service-user"):
         assert st[name]["status"] == "changed", st[name]
     assert st["driver-services"]["status"] in ("changed", "ok")
 
@@ -116,7 +116,11 @@ def test_fresh_provision_waits_for_lock_reboots_and_converges(testbed, fleet):
         "active": "systemctl is-active nvidia-fabricmanager nvidia-persistenced",
         "modes": "stat -c '%n %a %U:%G' /opt/torchrig /etc/torchrig /srv/torchrig/data "
                  "/srv/torchrig/checkpoints /var/log/torchrig",
-        "src": "cat /etc/apt/sources.list.d/torchrig-cuda.sources"})
+        "src": "cat /etc/apt/sources.list.d/torchrig-cuda.sources",
+        # the testbed's image is a bare server's: no venv pip, no compiler (testbed/image.py)
+        "base": "dpkg-query -W -f='${Package} ${Status}\\n' python3-venv python3-dev "
+                "build-essential; command -v gcc g++ make",
+        "home": "getent passwd torchrig | cut -d: -f6"})
     pkgs = got["pkgs"]
     assert pkgs.split() == ["cuda-toolkit-12-8=12.8.93-1", "libnccl-dev=2.26.2-1+cuda12.8",
                             "libnccl2=2.26.2-1+cuda12.8", "nvidia-fabricmanager-570=570.172.08-1",
@@ -135,6 +139,10 @@ def test_fresh_provision_waits_for_lock_reboots_and_converges(testbed, fleet):
                                   "/var/log/torchrig 755 root:root"]
     src = got["src"]
     assert "Suites: /" in src and "Signed-By: /usr/share/keyrings/cuda-archive-keyring.gpg" in src
+    assert got["base"].splitlines() == [
+        "python3-venv install ok installed", "python3-dev install ok installed",
+        "build-essential install ok installed", "/usr/bin/gcc", "/usr/bin/g++", "/usr/bin/make"]
+    assert got["home"] == "/opt/torchrig/home"
 
 
 STAMPS = ("sha256sum /var/log/dpkg.log /var/log/apt/history.log; "

@@ -49,7 +49,9 @@ def test_a_project_runs_with_its_dependency_installed_once(testbed, project):
     planted = "/tmp/torchinductor_torchrig"
     sh(testbed, "gpu1", f"rm -rf {planted}; runuser -u nobody -- mkdir -m 0777 {planted} && "
                         f"runuser -u nobody -- touch {planted}/planted")
-    r = launch(testbed, "u-script", "--workdir", str(project), "--args", "--steps 3")
+    # torch.compile: Inductor builds its C++ kernels with the node's compiler and Python.h
+    # (provision's base packages), into the job's home
+    r = launch(testbed, "u-script", "--workdir", str(project), "--args", "--steps 3 --compile")
     assert r.returncode == 0, r.stdout + r.stderr
     env = _env_of(_said(r))
     assert "gpu1: job environment built in" in _said(r), _said(r)
@@ -63,7 +65,10 @@ def test_a_project_runs_with_its_dependency_installed_once(testbed, project):
             in out), out
     got = sh_each(testbed, "gpu1", {"home": f"stat -c '%U %a' {home}",
                                     "hub": f"stat -c %U {home}/.cache/torch/hub",
-                                    "planted": f"ls -A {planted}; stat -c %U {planted}"})
+                                    "planted": f"ls -A {planted}; stat -c %U {planted}",
+                                    "kernels": f"find {home}/.cache/torchinductor -name '*.so' "
+                                               "-user torchrig | wc -l"})
+    assert int(got.pop("kernels")) > 0, got
     assert got == {"home": "torchrig 700", "hub": "torchrig", "planted": "planted\nnobody"}, got
     sh(testbed, "gpu1", f"rm -rf {planted}")
     # it prints no progress lines: status shows the last line rank 0 printed

@@ -30,7 +30,7 @@ def first_pass(p, reboot, progress):
 def run(monkeypatch, rebooted_any=True):
     calls = []
 
-    def apply_host(fleet, p, reboot, progress=None, meet=None):
+    def apply_host(fleet, p, reboot, progress=None, meet=None, wheel_meet=None):
         calls.append((p.host.name, reboot))
         if len(calls) <= len(HOSTS):
             rep = first_pass(p, reboot, progress)

@@ -84,6 +84,13 @@ def test_fresh_host_plans_every_step():
     assert any("cuda-toolkit-12-8=12.8.93-1" in d for d in plan["cuda-toolkit"])
     assert any("libnccl2=2.26.2-1+cuda12.8" in d for d in plan["nccl"])
     assert plan["python-venv"][0] == "create the venv /opt/torchrig/venv"
+    # a bare server's python3 has no pip for its venvs, and no compiler or Python.h
+    base = next(s for s in steps.STEPS if s.name == "base-packages").plan(c)
+    assert [ch.script for ch in base] == [
+        "apt_get install --no-install-recommends python3-venv python3-dev build-essential"]
+    assert base[0].specs == ("python3-venv", "python3-dev", "build-essential")  # shared .debs
+    order = [s.name for s in steps.STEPS]
+    assert order.index("base-packages") < min(order.index("python-venv"), order.index("nccl-tests"))
     assert any(d.startswith("directory /srv/torchrig/checkpoints (0755 root:root") for d in plan["service-user"])
 
 
@@ -575,3 +582,11 @@ def test_facts_of_a_glob_nobody_asked_for_are_refused():
     assert c.facts.installed(("libnccl*",)) == {"libnccl2": "1"}
     with pytest.raises(FactNotRequested):
         c.facts.installed(("libfoo*",))
+
+
+def test_base_packages_installs_only_what_is_missing():
+    some = ctx(fresh(packages={"python3-venv": "3.11.2-1+b1", "build-essential": "12.9"}))
+    step = next(s for s in steps.STEPS if s.name == "base-packages")
+    assert [ch.specs for ch in step.plan(some)] == [("python3-dev",)]
+    done = ctx(fresh(packages=dict.fromkeys(steps.BASE_PACKAGES, "1")))
+    assert step.plan(done) == []

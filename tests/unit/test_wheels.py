@@ -175,3 +175,89 @@ def test_an_empty_operator_folder_is_one_clear_reason(tmp_path):
     from torchrig.provision import wheelshare
     with pytest.raises(TorchrigError, match=r"var pip_wheels_dir: no .whl file in .*pip download"):
         wheelshare.from_operator(str(tmp_path))
+
+
+# ---- the meeting: the share runs where the seed is about to pip install ------------------------
+
+def test_the_wheels_meet_shares_in_the_first_needers_arrival_and_the_others_wait(monkeypatch):
+    import threading
+    from torchrig.provision import wheelshare
+    a, b, c = planned("a"), planned("b"), planned("c")
+    calls = []
+
+    def fake(fleet, g, progress=None, red=None):
+        calls.append([p.host.name for p in g.needers])
+        for n in g.needers:
+            wheelshare.swap(n, Cmd("from the cache", "echo cached"))
+        return {"shared": True}
+    monkeypatch.setattr(wheelshare, "share_group", fake)
+    m = wheelshare.Meet(None, [a, b, c])
+    waiting = [threading.Thread(target=m.arrive, args=(p,)) for p in (b, c)]
+    for t in waiting:
+        t.start()
+    for t in waiting:
+        t.join(0.3)
+    assert all(t.is_alive() for t in waiting) and calls == []   # nobody goes before the seed
+    m.arrive(a)
+    for t in waiting:
+        t.join(5)
+    assert not any(t.is_alive() for t in waiting) and calls == [["a", "b", "c"]]
+    m.arrive(a)                                                  # after a reboot: not again
+    assert calls == [["a", "b", "c"]] and list(m.account().values()) == [{"shared": True}]
+    assert all(wheels.pip_of(p) is None for p in (a, b, c))      # each installs from its cache
+
+
+def test_a_wheel_seed_that_stops_before_its_pip_install_releases_the_others():
+    import threading
+    from torchrig.provision import wheelshare
+    a, b = planned("a"), planned("b")
+    notes = []
+    m = wheelshare.Meet(None, [a, b], NS(note=lambda host, text: notes.append((host, text))))
+    t = threading.Thread(target=m.arrive, args=(b,))
+    t.start()
+    m.left(b)      # not the seed: changes nothing
+    t.join(0.3)
+    assert t.is_alive()
+    m.left(a)      # the seed's apply ended (an earlier step failed) without arriving
+    t.join(5)
+    assert not t.is_alive()
+    why = "a, which was to fetch them, stopped before its pip install"
+    assert list(m.account().values()) == [{"error": why}]
+    assert notes == [("b", f"wheels not shared ({why}): pip installs from the index")]
+    assert wheels.pip_of(b) is not None                          # b installs from the index
+
+
+def test_apply_meets_before_the_pip_step_and_runs_what_the_meeting_swapped_in():
+    """The seed's pip download needs the venv module's pip, which base-packages installs on a
+    bare host: the meeting is after it, and the pip step's changes are read after the meeting."""
+    from torchrig.provision.apply import HostReport, _apply_plan
+    from torchrig.provision.live import StepProgress
+
+    class Cxn:
+        scripts = []
+
+        def run_input(self, command, data, timeout, root=False):
+            self.scripts.append(data)
+            return NS(exited=0, stdout="", stderr="")
+
+    def sp(name, changes):
+        st = NS(step=NS(name=name, needs_driver=False, reprobes_driver=False,
+                        upload=lambda s: None), status="planned", changes=changes, reason=None)
+        st.describe = lambda: [c.summary for c in st.changes]
+        return st
+    p = planned("a")
+    venv = p.plan.steps[1]
+    index_install = wheels.pip_of(p)
+    plan = NS(driver="ok", steps=[sp("base-packages", [Cmd("install python3-venv", "echo base")]),
+                                  sp("python-venv", venv.changes)])
+    cxn, seen = Cxn(), []
+
+    def meet():
+        seen.append(len(cxn.scripts))
+        plan.steps[1].changes = [Cmd("from the cache", "echo cached")]
+    rep = HostReport("a")
+    _apply_plan(cxn, plan, Settings(), rep, StepProgress(), None, meet)
+    assert seen == [1]                     # after base-packages, before the pip step
+    assert "echo cached" in cxn.scripts[1] and index_install.script not in cxn.scripts[1]
+    assert [(s.name, s.status) for s in rep.steps] == [("base-packages", "changed"),
+                                                       ("python-venv", "changed")]

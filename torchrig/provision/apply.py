@@ -25,6 +25,7 @@ from .desired import Settings
 from .engine import Plan, build_plan
 from .live import StepProgress
 from .steps import Ctx, Step, Upload, driver_state, fact_request
+from .wheels import STEP as WHEELS_STEP
 
 PAYLOAD_REQUIREMENTS = PAYLOAD / "requirements.txt"
 
@@ -136,20 +137,22 @@ def make_plan(ctx: Ctx) -> HostReport:
 
 
 def apply_host(fleet: Fleet, p: Planned, reboot: bool,
-               progress: StepProgress | None = None, meet=None) -> HostReport:
+               progress: StepProgress | None = None, meet=None, wheel_meet=None) -> HostReport:
     """Apply the plan the operator saw, once the host's facts still match it; reboot (with
     --reboot) when the driver needs it, then gather again and apply what remains. Each step's
     start and end go to `progress` (see live.py). `meet` (aptshare.Meet): the host arrives
-    there before its first apt install, and leaves when this ends."""
+    there before its first apt install; `wheel_meet` (wheelshare.Meet) before its pip
+    install; it leaves both when this ends."""
     try:
-        return _apply_host(fleet, p, reboot, progress, meet)
+        return _apply_host(fleet, p, reboot, progress, meet, wheel_meet)
     finally:
-        if meet is not None:
-            meet.left(p)
+        for m in (meet, wheel_meet):
+            if m is not None:
+                m.left(p)
 
 
 def _apply_host(fleet: Fleet, p: Planned, reboot: bool, progress: StepProgress | None,
-                meet) -> HostReport:
+                meet, wheel_meet=None) -> HostReport:
     t0 = time.monotonic()
     host, s, plan = p.host, p.settings, p.plan
     progress = progress or StepProgress()
@@ -172,7 +175,8 @@ def _apply_host(fleet: Fleet, p: Planned, reboot: bool, progress: StepProgress |
         for attempt in range(2):
             rep.steps = [StepResult("preflight", "ok")]
             before_apt = (lambda: meet.arrive(p)) if meet is not None and first is None else None
-            pending_reboot = _apply_plan(cxn, plan, s, rep, progress, before_apt)
+            before_pip = (lambda: wheel_meet.arrive(p)) if wheel_meet is not None else None
+            pending_reboot = _apply_plan(cxn, plan, s, rep, progress, before_apt, before_pip)
             if first is not None:
                 rep.steps = merge_steps(first, rep.steps)
             if pending_reboot and rep.rebooted:
@@ -212,12 +216,16 @@ def _apply_host(fleet: Fleet, p: Planned, reboot: bool, progress: StepProgress |
 
 
 def _apply_plan(cxn, plan: Plan, s: Settings, rep: HostReport,
-                progress: StepProgress, before_apt=None) -> str | None:
+                progress: StepProgress, before_apt=None, before_pip=None) -> str | None:
     """Run each planned step's changes as one root script; before_apt() once, before the first
-    that apt-get installs. The driver state ('no-driver', ...) if a step that needs the driver
-    had to wait for it, else None."""
+    that apt-get installs; before_pip() before the step whose pip install the hosts may share
+    (it may swap that install: its changes are read after). The driver state ('no-driver',
+    ...) if a step that needs the driver had to wait for it, else None."""
     state, driver_changed, waiting = plan.driver, False, None
     for sp in plan.steps:
+        if (before_pip is not None and sp.step.name == WHEELS_STEP and sp.status == "planned"
+                and not any(st.status == "failed" for st in rep.steps)):
+            before_pip()
         step, changes = sp.step, sp.changes
         if sp.status == "skipped":
             rep.steps.append(StepResult(step.name, "skipped", error=sp.reason))

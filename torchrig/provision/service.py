@@ -126,18 +126,18 @@ def save(fp: FleetPlan, path: str) -> int:
 
 def apply(fleet: Fleet, fp: FleetPlan, reboot: bool, progress=None) -> ProvisionResult:
     """Apply each host's plan (apply_host refuses one whose facts moved since); the hosts
-    that had no plan keep their reports. First, the wheels several hosts install are fetched
-    from the index once and shared (wheelshare.py); the .debs are, where the hosts meet
-    before their installs (aptshare.py)."""
-    shared = wheelshare.share(fleet, fp.planned, progress, fp.red)
+    that had no plan keep their reports. The .debs and the wheels several hosts install are
+    fetched once and shared where the hosts meet before their apt and their pip installs
+    (aptshare.py, wheelshare.py)."""
     meet = aptshare.Meet(fleet, fp.planned, progress, fp.red)
-    applied = fleet.fan_out(lambda p: apply_host(fleet, p, reboot, progress, meet), fp.planned,
-                            name=lambda p: p.host.name)
+    wheel_meet = wheelshare.Meet(fleet, fp.planned, progress, fp.red)
+    applied = fleet.fan_out(lambda p: apply_host(fleet, p, reboot, progress, meet, wheel_meet),
+                            fp.planned, name=lambda p: p.host.name)
     reports = [r.value if r.ok else HostReport(r.host, ok=False, error=r.error) for r in applied]
     if any(p.ctx.cluster and p.ctx.cluster.blocked for p in fp.planned) and \
             any(r.rebooted for r in reports):
         reports = cluster_after_reboots(fleet, reports, progress)
-    return ProvisionResult(fp.red.data(reports) + fp.failed, fp.red.data(shared),
+    return ProvisionResult(fp.red.data(reports) + fp.failed, fp.red.data(wheel_meet.account()),
                            fp.red.data(meet.account()))
 
 

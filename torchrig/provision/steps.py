@@ -156,6 +156,23 @@ def preflight(c: Ctx) -> list[str]:
 
 # --- steps ----------------------------------------------------------------------------------
 
+# The distribution's packages a bare Ubuntu or Debian server lacks that torchrig and a job
+# need, not pinned (the distribution's own): python3-venv for `python3 -m venv` (ensurepip),
+# build-essential (gcc, g++, make, libc headers) for nccl-tests' build and for torch.compile
+# (Inductor builds C++ for the CPU, Triton its launcher at a job's first compiled step), and
+# python3-dev for the Python.h both include.
+BASE_PACKAGES = ("python3-venv", "python3-dev", "build-essential")
+
+
+def base_packages(c: Ctx) -> list[Change]:
+    missing = [p for p in BASE_PACKAGES if c.pkg(p) is None]
+    if not missing:
+        return []
+    return [AptInstall(f"install the distribution's {', '.join(missing)} (venvs, compilers "
+                       "and Python's headers for nccl-tests and torch.compile)",
+                       "apt_get install --no-install-recommends " + sh(*missing), tuple(missing))]
+
+
 def apt_recover(c: Ctx) -> list[Change]:
     if c.facts["dpkg_audit"] or c.facts["dpkg_updates_pending"]:
         return [Cmd("finish an interrupted dpkg run (dpkg --configure -a)",
@@ -396,7 +413,8 @@ def download_dir(s: Settings) -> str:
 def pip_download(s: Settings, p: PipInstall) -> str:
     """The root script that downloads `p`'s wheels (binary only: no package's build runs) and
     their dependencies into root's wheel cache, with the index and credentials `p` uses. pip
-    comes from a throwaway venv: the host's own venv is made by its python-venv step."""
+    comes from a throwaway venv (the seed's base-packages step ran: wheelshare.Meet): the host's
+    own venv is made by its python-venv step."""
     dest = download_dir(s)
     return (f"python3 -m venv {WHEELS_TMP_VENV}\n"
             f"rm -rf -- {sh(dest)} && mkdir -m 0700 -- {sh(dest)}\n"
@@ -715,6 +733,7 @@ STEPS = [
         "available": [f"{p}={v}" for p, v in _all_pins(s).items()],
         **managed_files(managed.CUDA_SOURCES, managed.CUDA_AUTH, managed.DRIVER_PIN,
                         absent=managed.PROVISION_ABSENT)}),
+    Step("base-packages", base_packages, reads=lambda s: reads(packages=list(BASE_PACKAGES))),
     Step("driver", driver, reprobes_driver=True, reads=lambda s: {
         **_installs(s, *DRIVER_PACKAGE.values(), s.fabricmanager_pkg), "units": DRIVER_UNITS,
         **managed_files(managed.NOUVEAU_BLACKLIST, managed.UNATTENDED_HOLD)}),

@@ -1,6 +1,7 @@
-"""Before the hosts' steps run: each group of hosts that install the same wheels (wheels.py)
-gets them from the index once. One host (the seed) downloads them as root into root's wheel
-cache (var wheel_cache_dir, 0700), or a selected host already holds them there; the others
+"""Where the hosts meet just before their pip install (apply.py calls Meet.arrive before the
+python-venv step: after base-packages, so a bare seed has the venv module's pip), each group
+of hosts that install the same wheels (wheels.py) gets them from the index once. One host
+(the seed) downloads them as root into root's wheel cache (var wheel_cache_dir, 0700), or a selected host already holds them there; the others
 receive them node to node over the cluster network as data.push's fan-out sends a dataset
 (onhost/data/node.py, run as root on that root-only store: a short-lived server bound to the
 source's inventory address that serves only its destination's address with a one-time
@@ -11,6 +12,7 @@ group on the index, as without sharing, and says why."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -29,20 +31,71 @@ CACHE = transfer.Where(lambda h: h.settings.wheel_cache_dir, make=True)
 
 def share(fleet: Fleet, planned: list[Planned], progress: StepProgress | None = None,
           red: Redactor | None = None) -> dict:
+    """Every group's share at once (Meet runs each in its seed's apply). {set name: what
+    happened} for the report and the bench."""
+    return {g.name: share_group(fleet, g, progress, red) for g in wheels.groups(planned)}
+
+
+def share_group(fleet: Fleet, g: wheels.Group, progress: StepProgress | None = None,
+                red: Redactor | None = None) -> dict:
     """Swap each sharing host's pip install for the install from its cache (in its plan, in
-    place). {set name: what happened} for the report and the bench."""
+    place); anything that goes wrong leaves the group on the index and says why."""
     progress, red = progress or StepProgress(), red or Redactor()
-    out = {}
-    for g in wheels.groups(planned):
-        t0 = time.monotonic()
-        try:
-            out[g.name] = _share(fleet, g, progress) | {"seconds": round(time.monotonic() - t0, 2)}
-        except Exception as e:  # noqa: BLE001 - the group installs from the index, as before
-            why = red.text(describe_error(e))
-            out[g.name] = {"error": why}
-            for p in g.needers:
-                progress.note(p.host.name, f"wheels not shared ({why}): pip installs from the index")
-    return out
+    t0 = time.monotonic()
+    try:
+        return _share(fleet, g, progress) | {"seconds": round(time.monotonic() - t0, 2)}
+    except Exception as e:  # noqa: BLE001 - the group installs from the index, as before
+        why = red.text(describe_error(e))
+        for p in g.needers:
+            progress.note(p.host.name, f"wheels not shared ({why}): pip installs from the index")
+        return {"error": why}
+
+
+class Meet:
+    """One per provision. Each host's apply calls arrive() before its pip install and left()
+    when it ends; a group's share runs in its first needer's arrival (the seed, when nobody
+    holds the wheels), the others wait for it there."""
+
+    WAIT = 4 * 3600  # seconds: the seed's steps before its pip install, download and push
+
+    def __init__(self, fleet: Fleet, planned: list[Planned], progress: StepProgress | None = None,
+                 red: Redactor | None = None):
+        self.fleet, self.progress, self.red = fleet, progress or StepProgress(), red or Redactor()
+        self.groups = wheels.groups(planned)
+        self.of = {p.host.name: g for g in self.groups for p in g.needers}
+        self.ready = {g.name: threading.Event() for g in self.groups}
+        self.outcome: dict[str, dict] = {}
+
+    def arrive(self, p: Planned) -> None:
+        g = self.of.get(p.host.name)
+        if g is None:
+            return
+        if p is g.needers[0]:
+            if not self.ready[g.name].is_set():
+                try:
+                    self.outcome[g.name] = share_group(self.fleet, g, self.progress, self.red)
+                finally:
+                    self.ready[g.name].set()
+        elif not self.ready[g.name].wait(self.WAIT):
+            self.progress.note(p.host.name, "wheels not shared (the seed did not finish): pip "
+                                            "installs from the index")
+
+    def left(self, p: Planned) -> None:
+        """The host's apply ended: a seed that never arrived (an earlier step failed, the host
+        changed since the plan) releases the others to the index."""
+        g = self.of.get(p.host.name)
+        if g is not None and p is g.needers[0] and not self.ready[g.name].is_set():
+            why = f"{p.host.name}, which was to fetch them, stopped before its pip install"
+            self.outcome.setdefault(g.name, {"error": why})
+            for n in g.needers[1:]:
+                self.progress.note(n.host.name, f"wheels not shared ({why}): pip installs "
+                                                "from the index")
+            self.ready[g.name].set()
+
+    def account(self) -> dict:
+        """{set name: what happened} for the report and the bench."""
+        return {g.name: self.outcome.get(g.name, {"error": "no host reached its pip install"})
+                for g in self.groups}
 
 
 def _share(fleet: Fleet, g: wheels.Group, progress: StepProgress) -> dict:

@@ -26,6 +26,7 @@ PACKAGES = [
     "slurmctld", "slurmd", "slurm-client",     # controller, compute daemons, s* commands
     "prometheus-node-exporter",                # provision's metrics exporter (var node_exporter)
     "nftables",                                # provision's job-port firewall (var firewall)
+    "python3-venv", "python3-dev", "build-essential",  # provision's base packages
 ]
 URL_PATH = "debian"           # served at <base_url>/debian/ (flat: Suites ./)
 SOURCE_FILE = "etc/apt/sources.list.d/torchrig-testbed-debian.sources"

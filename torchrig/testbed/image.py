@@ -17,11 +17,12 @@ from ..errors import TorchrigError
 from .paths import CACHE
 
 SUITE = "bookworm"
-# What a minimal cloud image has, plus what provision may not install itself on a host
-# without a distro mirror (the testbed hosts have none: see docs/testbed.md).
+# What a minimal cloud image has: python3 without its venv module's pip (python3-venv) and no
+# compiler, as on a fresh Ubuntu or Debian server; provision installs those (base_packages)
+# from the testbed's Debian mirror (debmirror.py).
 PACKAGES = [
     "systemd", "systemd-sysv", "dbus", "openssh-server", "sudo", "iproute2", "procps",
-    "python3", "python3-venv", "pciutils", "kmod", "ca-certificates", "gpg", "curl", "less",
+    "python3", "pciutils", "kmod", "ca-certificates", "gpg", "curl", "less",
 ]
 RECIPE = {"suite": SUITE, "variant": "minbase", "include": PACKAGES, "post": 3}
 

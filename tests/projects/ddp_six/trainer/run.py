@@ -17,11 +17,14 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
     ap.add_argument("--progress", action="store_true", help="print torchrig progress lines")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the model (Inductor: a C++ compiler and Python.h)")
     a = ap.parse_args()
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = DDP(torch.nn.Linear(8, 1))
+    net = torch.nn.Linear(8, 1)
+    model = DDP(torch.compile(net) if a.compile else net)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     if rank == 0:
         print(f"six {six.__version__} world {dist.get_world_size()} cwd {os.getcwd()}", flush=True)
