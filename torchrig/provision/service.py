@@ -44,7 +44,7 @@ class ProvisionResult:
     """Phase 2: what apply did on each host (redacted)."""
 
     reports: list[HostReport]
-    wheels: dict = field(default_factory=dict)   # wheelshare.share's account, per set
+    wheels: dict = field(default_factory=dict)   # wheelshare.Meet's account, per set
     debs: dict = field(default_factory=dict)     # aptshare.Meet's account, per set
 
     @property
