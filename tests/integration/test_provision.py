@@ -139,9 +139,9 @@ def test_fresh_provision_waits_for_lock_reboots_and_converges(testbed, fleet):
                                   "/var/log/torchrig 755 root:root"]
     src = got["src"]
     assert "Suites: /" in src and "Signed-By: /usr/share/keyrings/cuda-archive-keyring.gpg" in src
-    assert got["base"].splitlines() == [
-        "python3-venv install ok installed", "python3-dev install ok installed",
-        "build-essential install ok installed", "/usr/bin/gcc", "/usr/bin/g++", "/usr/bin/make"]
+    assert got["base"].splitlines() == [   # dpkg-query lists by name, command -v in turn
+        "build-essential install ok installed", "python3-dev install ok installed",
+        "python3-venv install ok installed", "/usr/bin/gcc", "/usr/bin/g++", "/usr/bin/make"]
     assert got["home"] == "/opt/torchrig/home"
 
 
@@ -269,7 +269,9 @@ def test_operator_upgrade_moves_no_nvidia_cuda_or_nccl_package(testbed):
     # the CUDA toolkit's components are held with it
     assert {"cuda-toolkit-12-8", "cuda-nvcc-12-8", "libnccl2", "libnccl-dev"} <= \
         set(sh(testbed, "gpu2", "apt-mark showhold").split())
-    assert sh(testbed, "gpu2", UPGRADE) == "upgraded"
+    # the distribution's own packages may move (and say so on stderr: ca-certificates'
+    # rehash warns); the chain's last word says every step of it succeeded
+    assert sh(testbed, "gpu2", UPGRADE).splitlines()[-1] == "upgraded"
     assert dict(ln.split("=", 1) for ln in sh(testbed, "gpu2", STACK).split()) == before
     assert sh(testbed, "gpu2", "nvidia-smi --query-gpu=driver_version --format=csv,noheader "
                                "| sort -u") == "570.172.08"
