@@ -99,7 +99,10 @@ def test_a_group_that_cannot_share_stays_on_the_index_and_says_why(monkeypatch):
     monkeypatch.setattr(wheelshare, "_share", broken)
     notes = []
     progress = NS(note=lambda host, text: notes.append((host, text)))
-    out = wheelshare.share(None, [a, b], progress)
+    m = wheelshare.Meet(None, [a, b], progress)
+    m.arrive(a)
+    m.arrive(b)
+    out = m.account()
     assert list(out.values())[0]["error"].startswith("pip download failed: no wheel for pkg @ https://")
     assert [h for h, _ in notes] == ["a", "b"] and all("from the index" in t for _, t in notes)
     assert "s3cretpw" not in repr(out) + repr(notes)   # through the redactor
@@ -152,7 +155,9 @@ def test_the_operators_wheels_reach_every_host_once_from_here_then_node_to_node(
         p.host, p.settings = h, h.settings
         ps.append(p)
     notes = []
-    out = wheelshare.share(fleet, ps, NS(note=lambda host, text: notes.append((host, text))))
+    m = wheelshare.Meet(fleet, ps, NS(note=lambda host, text: notes.append((host, text))))
+    m.arrive(ps[0])   # the seed's arrival shares for the group
+    out = m.account()
     (res,) = out.values()
     assert res["shared"] and res["source"] == "this machine" and res["fallbacks"] == []
     assert res["operator_bytes"] == sum(map(len, files.values()))   # each byte once from here
@@ -168,7 +173,9 @@ def test_the_operators_wheels_reach_every_host_once_from_here_then_node_to_node(
     again = [planned(h.name) for h in fleet.hosts]
     for p, h in zip(again, fleet.hosts):
         p.host, p.settings = h, h.settings
-    assert list(wheelshare.share(fleet, again).values())[0]["operator_bytes"] == 0  # all held
+    m = wheelshare.Meet(fleet, again)
+    m.arrive(again[0])
+    assert list(m.account().values())[0]["operator_bytes"] == 0  # all held
 
 
 def test_an_empty_operator_folder_is_one_clear_reason(tmp_path):

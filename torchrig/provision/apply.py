@@ -223,10 +223,7 @@ def _apply_plan(cxn, plan: Plan, s: Settings, rep: HostReport,
     ...) if a step that needs the driver had to wait for it, else None."""
     state, driver_changed, waiting = plan.driver, False, None
     for sp in plan.steps:
-        if (before_pip is not None and sp.step.name == WHEELS_STEP and sp.status == "planned"
-                and not any(st.status == "failed" for st in rep.steps)):
-            before_pip()
-        step, changes = sp.step, sp.changes
+        step = sp.step
         if sp.status == "skipped":
             rep.steps.append(StepResult(step.name, "skipped", error=sp.reason))
             continue
@@ -236,6 +233,9 @@ def _apply_plan(cxn, plan: Plan, s: Settings, rep: HostReport,
         if sp.status == "ok":
             rep.steps.append(StepResult(step.name, "ok"))
             continue
+        if before_pip is not None and step.name == WHEELS_STEP:
+            before_pip()
+        changes = sp.changes  # after the meeting, which may have swapped the pip install
         # before the driver check: a step that waits for the driver still downloads with
         # the others (its packages are in the meeting's download)
         if before_apt is not None and any(isinstance(c, AptInstall) for c in changes):

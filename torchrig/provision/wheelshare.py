@@ -1,9 +1,10 @@
 """Where the hosts meet just before their pip install (apply.py calls Meet.arrive before the
 python-venv step: after base-packages, so a bare seed has the venv module's pip), each group
 of hosts that install the same wheels (wheels.py) gets them from the index once. One host
-(the seed) downloads them as root into root's wheel cache (var wheel_cache_dir, 0700), or a selected host already holds them there; the others
-receive them node to node over the cluster network as data.push's fan-out sends a dataset
-(onhost/data/node.py, run as root on that root-only store: a short-lived server bound to the
+(the seed) downloads them as root into root's wheel cache (var wheel_cache_dir, 0700), or a
+selected host already holds them there; the others receive them node to node over the
+cluster network as data.push's fan-out sends a dataset (onhost/data/node.py, run as root on
+that root-only store: a short-lived server bound to the
 source's inventory address that serves only its destination's address with a one-time
 token), each file checked against its sha256 on arrival. Each host's pip step then installs
 from its own cache with `--no-index --require-hashes` (pip checks every wheel again), and
@@ -27,13 +28,6 @@ from .live import StepProgress
 from .steps import from_wheels, pip_download
 
 CACHE = transfer.Where(lambda h: h.settings.wheel_cache_dir, make=True)
-
-
-def share(fleet: Fleet, planned: list[Planned], progress: StepProgress | None = None,
-          red: Redactor | None = None) -> dict:
-    """Every group's share at once (Meet runs each in its seed's apply). {set name: what
-    happened} for the report and the bench."""
-    return {g.name: share_group(fleet, g, progress, red) for g in wheels.groups(planned)}
 
 
 def share_group(fleet: Fleet, g: wheels.Group, progress: StepProgress | None = None,
