@@ -97,7 +97,7 @@ def test_place_debs_links_the_named_files_into_apts_cache(tmp_path):
 
 
 class FakeMeet(aptshare.Meet):
-    """The meeting's logic with the SSH work replaced: _share and _place record their calls."""
+    """The meeting's logic with the SSH work replaced: share and _place record their calls."""
 
     def __init__(self, planned, fail=False):
         super().__init__(fleet=None, planned=planned, progress=StepProgress())
@@ -105,7 +105,7 @@ class FakeMeet(aptshare.Meet):
         self.notes = []
         self.progress.note = lambda host, text: self.notes.append((host, text))
 
-    def _share(self, g):
+    def share(self, g):
         self.calls.append(("share", g.hosts[0].host.name))
         if self.fail:
             raise RuntimeError("apt-get --download-only failed: 404")

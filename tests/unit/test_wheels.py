@@ -156,7 +156,8 @@ def test_the_operators_wheels_reach_every_host_once_from_here_then_node_to_node(
         ps.append(p)
     notes = []
     m = wheelshare.Meet(fleet, ps, NS(note=lambda host, text: notes.append((host, text))))
-    m.arrive(ps[0])   # the seed's arrival shares for the group
+    for p in ps:
+        m.arrive(p)   # the seed's arrival shares for the group; each swaps its own install
     out = m.account()
     (res,) = out.values()
     assert res["shared"] and res["source"] == "this machine" and res["fallbacks"] == []
@@ -192,12 +193,10 @@ def test_the_wheels_meet_shares_in_the_first_needers_arrival_and_the_others_wait
     a, b, c = planned("a"), planned("b"), planned("c")
     calls = []
 
-    def fake(fleet, g, progress=None, red=None):
+    def fake(fleet, g, progress):
         calls.append([p.host.name for p in g.needers])
-        for n in g.needers:
-            wheelshare.swap(n, Cmd("from the cache", "echo cached"))
-        return {"shared": True}
-    monkeypatch.setattr(wheelshare, "share_group", fake)
+        return {"shared": True, "source": "a"}, ["pkg==1 --hash=sha256:" + "0" * 64]
+    monkeypatch.setattr(wheelshare, "_share", fake)
     m = wheelshare.Meet(None, [a, b, c])
     waiting = [threading.Thread(target=m.arrive, args=(p,)) for p in (b, c)]
     for t in waiting:
@@ -210,8 +209,13 @@ def test_the_wheels_meet_shares_in_the_first_needers_arrival_and_the_others_wait
         t.join(5)
     assert not any(t.is_alive() for t in waiting) and calls == [["a", "b", "c"]]
     m.arrive(a)                                                  # after a reboot: not again
-    assert calls == [["a", "b", "c"]] and list(m.account().values()) == [{"shared": True}]
+    (got,) = m.account().values()
+    assert calls == [["a", "b", "c"]] and got["shared"] and got["hosts"] == ["a", "b", "c"]
     assert all(wheels.pip_of(p) is None for p in (a, b, c))      # each installs from its cache
+    pips = [p.plan.steps[1].changes[1] for p in (a, b, c)]
+    assert all("--no-index --find-links" in c.script and "--require-hashes" in c.script for c in pips)
+    assert ["(wheels from this host's cache" in pips[0].summary] + \
+        ["(wheels from a" in c.summary for c in pips[1:]] == [True] * 3
 
 
 def test_a_wheel_seed_that_stops_before_its_pip_install_releases_the_others():
@@ -229,7 +233,7 @@ def test_a_wheel_seed_that_stops_before_its_pip_install_releases_the_others():
     t.join(5)
     assert not t.is_alive()
     why = "a, which was to fetch them, stopped before its pip install"
-    assert list(m.account().values()) == [{"error": why}]
+    assert [v["error"] for v in m.account().values()] == [why]
     assert notes == [("b", f"wheels not shared ({why}): pip installs from the index")]
     assert wheels.pip_of(b) is not None                          # b installs from the index
 

@@ -2,8 +2,8 @@
 
 What apt downloads depends on the host's apt configuration, which the cuda-repo step makes
 (the sources, the driver's pin, apt-get update). So the hosts that install the same packages
-on the same platform meet in their own apply, just before their first apt install (apply.py
-calls `arrive`): the group's first host (the seed) downloads, once, every .deb its installs
+on the same platform meet (meeting.py) in their own apply, just before their first apt
+install: the group's first host (the seed) downloads, once, every .deb its installs
 need, with its own apt into root's cache (apt checks each against its signed index), and
 sends them node to node into the others' root-only caches as wheelshare does (each file
 checked against its sha256 on arrival). Then each host asks its own apt which .debs its
@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import threading
-import time
 from dataclasses import dataclass, field
 
 from ..changes.model import AptInstall
@@ -28,10 +26,11 @@ from ..datasets import run as transfer
 from ..datasets.manifest import CHUNK, build, dataset_path
 from ..errors import TorchrigError
 from ..secrets import Redactor
-from ..session import Fleet, describe_error
+from ..session import Fleet
 from . import wheels
 from .apply import Planned, _last_lines, preamble, run_root_script
 from .live import StepProgress
+from .meeting import Meeting
 from .steps import apt_download, apt_uris, place_debs
 from .wheelshare import CACHE, push_set
 
@@ -98,69 +97,22 @@ def matching(wanted: dict[str, tuple[int, str]], files: list[dict]) -> list[str]
 
 # ---- effects: the meeting -----------------------------------------------------------------
 
-class Meet:
-    """One per provision. Each host's apply calls arrive() before its first apt install and
-    left() when it ends; the seed's download and push happen in its own arrival, the others
-    wait for it there."""
+class Meet(Meeting):
+    """One per provision: the hosts meet before their first apt install; the seed downloads
+    and sends, each host puts into apt's cache what its own index asks for."""
 
-    WAIT = 4 * 3600  # seconds: the seed's apt download and push end well before (or fail)
+    WHAT, FALLBACK = ".debs", "apt downloads from the index"
+    STOPPED = "which was to download them, stopped before its installs"
 
     def __init__(self, fleet: Fleet, planned: list[Planned], progress: StepProgress | None = None,
                  red: Redactor | None = None):
-        self.fleet, self.progress, self.red = fleet, progress or StepProgress(), red or Redactor()
-        self.groups = groups(planned)
-        self.of = {p.host.name: g for g in self.groups for p in g.hosts}
-        self.ready = {g.name: threading.Event() for g in self.groups}
-        self.outcome: dict[str, dict] = {}
+        super().__init__(fleet, groups(planned), progress, red)
         self.files: dict[str, list[dict]] = {}   # set name -> the shared manifest's entries
 
-    def arrive(self, p: Planned) -> None:
-        g = self.of.get(p.host.name)
-        if g is None:
-            return
-        if p is g.hosts[0]:
-            t0 = time.monotonic()
-            try:
-                self.outcome[g.name] = self._share(g) | {"seconds": round(time.monotonic() - t0, 2)}
-            except Exception as e:  # noqa: BLE001 - the group installs from the index, as before
-                self.outcome[g.name] = {"error": self.red.text(describe_error(e))}
-            finally:
-                self.ready[g.name].set()
-        elif not self.ready[g.name].wait(self.WAIT):
-            self.progress.note(p.host.name, ".debs not shared (the seed did not finish): apt "
-                                            "downloads from the index")
-            return
-        got = self.outcome[g.name]
-        if "error" in got:
-            self.progress.note(p.host.name, f".debs not shared ({got['error']}): apt downloads "
-                                            "from the index")
-            return
-        try:
-            placed = self._place(p, g, self.files[g.name])
-        except Exception as e:  # noqa: BLE001 - this host's apt downloads them itself
-            why = self.red.text(describe_error(e))
-            got.setdefault("not_placed", {})[p.host.name] = why
-            self.progress.note(p.host.name, f".debs not placed ({why}): apt downloads from the index")
-            return
-        got.setdefault("placed", {})[p.host.name] = placed
-        self.progress.note(p.host.name, f".debs: {placed} of {got['downloaded_by']}'s download "
-                                        "in apt's cache (SHA-256 as this host's index gives)")
+    def members(self, g: Group) -> list[Planned]:
+        return g.hosts
 
-    def left(self, p: Planned) -> None:
-        """The host's apply ended: a seed that never arrived (an earlier step failed, the host
-        changed since the plan) releases the others to the index."""
-        g = self.of.get(p.host.name)
-        if g is not None and p is g.hosts[0] and not self.ready[g.name].is_set():
-            self.outcome.setdefault(g.name, {"error": f"{p.host.name}, which was to download "
-                                                      "them, stopped before its installs"})
-            self.ready[g.name].set()
-
-    def account(self) -> dict:
-        """{set name: what happened} for the report and the bench."""
-        return {g.name: {"hosts": [p.host.name for p in g.hosts], **self.outcome.get(g.name, {})}
-                for g in self.groups}
-
-    def _share(self, g: Group) -> dict:
+    def share(self, g: Group) -> dict:
         seed = g.hosts[0]
         name, fleet = seed.host.name, self.fleet
         self.progress.note(name, f"downloading the .debs once for {len(g.hosts)} hosts")
@@ -187,6 +139,12 @@ class Meet:
         self.files[g.name] = manifest.files
         return {"shared": True, "downloaded_by": name, "files": len(manifest.files),
                 "bytes": manifest.size, "fallbacks": res.fallbacks}
+
+    def take(self, p: Planned, g: Group, got: dict) -> None:
+        placed = self._place(p, g, self.files[g.name])
+        got.setdefault("placed", {})[p.host.name] = placed
+        self.progress.note(p.host.name, f".debs: {placed} of {got['downloaded_by']}'s download "
+                                        "in apt's cache (SHA-256 as this host's index gives)")
 
     def _place(self, p: Planned, g: Group, files: list[dict]) -> int:
         """Into this host's apt cache, the shared .debs its own index asks for; their count."""

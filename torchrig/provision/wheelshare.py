@@ -13,86 +13,52 @@ group on the index, as without sharing, and says why."""
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 
 from ..datasets import run as transfer
 from ..datasets.manifest import CHUNK, Manifest, build, dataset_path, hash_file
 from ..errors import TorchrigError
 from ..secrets import Redactor
-from ..session import Fleet, describe_error
+from ..session import Fleet
 from . import wheels
 from .apply import Planned, _last_lines, preamble, run_root_script
 from .live import StepProgress
+from .meeting import Meeting
 from .steps import from_wheels, pip_download
 
 CACHE = transfer.Where(lambda h: h.settings.wheel_cache_dir, make=True)
 
 
-def share_group(fleet: Fleet, g: wheels.Group, progress: StepProgress | None = None,
-                red: Redactor | None = None) -> dict:
-    """Swap each sharing host's pip install for the install from its cache (in its plan, in
-    place); anything that goes wrong leaves the group on the index and says why."""
-    progress, red = progress or StepProgress(), red or Redactor()
-    t0 = time.monotonic()
-    try:
-        return _share(fleet, g, progress) | {"seconds": round(time.monotonic() - t0, 2)}
-    except Exception as e:  # noqa: BLE001 - the group installs from the index, as before
-        why = red.text(describe_error(e))
-        for p in g.needers:
-            progress.note(p.host.name, f"wheels not shared ({why}): pip installs from the index")
-        return {"error": why}
+class Meet(Meeting):
+    """One per provision: the hosts meet before their pip install; a group's share runs in
+    its first needer's arrival (the seed, when nobody holds the wheels), then each needer's
+    pip install becomes the install from its own cache."""
 
-
-class Meet:
-    """One per provision. Each host's apply calls arrive() before its pip install and left()
-    when it ends; a group's share runs in its first needer's arrival (the seed, when nobody
-    holds the wheels), the others wait for it there."""
-
-    WAIT = 4 * 3600  # seconds: the seed's steps before its pip install, download and push
+    WHAT, FALLBACK = "wheels", "pip installs from the index"
+    STOPPED = "which was to fetch them, stopped before its pip install"
 
     def __init__(self, fleet: Fleet, planned: list[Planned], progress: StepProgress | None = None,
                  red: Redactor | None = None):
-        self.fleet, self.progress, self.red = fleet, progress or StepProgress(), red or Redactor()
-        self.groups = wheels.groups(planned)
-        self.of = {p.host.name: g for g in self.groups for p in g.needers}
-        self.ready = {g.name: threading.Event() for g in self.groups}
-        self.outcome: dict[str, dict] = {}
+        super().__init__(fleet, wheels.groups(planned), progress, red)
+        self.pins: dict[str, list[str]] = {}   # set name -> pip's pins (name==version --hash=)
 
-    def arrive(self, p: Planned) -> None:
-        g = self.of.get(p.host.name)
-        if g is None:
-            return
-        if p is g.needers[0]:
-            if not self.ready[g.name].is_set():
-                try:
-                    self.outcome[g.name] = share_group(self.fleet, g, self.progress, self.red)
-                finally:
-                    self.ready[g.name].set()
-        elif not self.ready[g.name].wait(self.WAIT):
-            self.progress.note(p.host.name, "wheels not shared (the seed did not finish): pip "
-                                            "installs from the index")
+    def members(self, g: wheels.Group) -> list[Planned]:
+        return g.needers
 
-    def left(self, p: Planned) -> None:
-        """The host's apply ended: a seed that never arrived (an earlier step failed, the host
-        changed since the plan) releases the others to the index."""
-        g = self.of.get(p.host.name)
-        if g is not None and p is g.needers[0] and not self.ready[g.name].is_set():
-            why = f"{p.host.name}, which was to fetch them, stopped before its pip install"
-            self.outcome.setdefault(g.name, {"error": why})
-            for n in g.needers[1:]:
-                self.progress.note(n.host.name, f"wheels not shared ({why}): pip installs "
-                                                "from the index")
-            self.ready[g.name].set()
+    def share(self, g: wheels.Group) -> dict:
+        got, self.pins[g.name] = _share(self.fleet, g, self.progress)
+        return got
 
-    def account(self) -> dict:
-        """{set name: what happened} for the report and the bench."""
-        return {g.name: self.outcome.get(g.name, {"error": "no host reached its pip install"})
-                for g in self.groups}
+    def take(self, p: Planned, g: wheels.Group, got: dict) -> None:
+        old = wheels.pip_of(p)
+        if got["shared"] and old is not None:
+            source = "this host's cache" if p.host.name == got["source"] else got["source"]
+            swap(p, from_wheels(p.settings, old, dataset_path(p.settings.wheel_cache_dir, g.name),
+                                self.pins[g.name], source))
 
 
-def _share(fleet: Fleet, g: wheels.Group, progress: StepProgress) -> dict:
+def _share(fleet: Fleet, g: wheels.Group, progress: StepProgress) -> tuple[dict, list | None]:
+    """The group's wheels into every needer's cache: what happened, and pip's pins."""
     local_dir = g.needers[0].settings.pip_wheels_dir
     if local_dir:  # the operator's own copy: this machine seeds one host, then node to node
         manifest, local = from_operator(local_dir)
@@ -104,7 +70,7 @@ def _share(fleet: Fleet, g: wheels.Group, progress: StepProgress) -> dict:
     held = {r.host: r.value[0] for r in listed if r.ok and r.value and not r.value[0]["problems"]}
     holder = next((p for p in g.hosts if p.host.name in held), None)
     if holder is None and len(g.needers) < 2:
-        return {"shared": False}
+        return {"shared": False}, None
     if holder is None:
         holder = g.needers[0]
         manifest = _download(fleet, holder, g, progress)
@@ -125,21 +91,15 @@ def push_set(fleet: Fleet, name: str, manifest: Manifest, local: dict, hosts: li
 
 
 def _installs(g: wheels.Group, p, manifest: Manifest, downloaded: str | None, source: str,
-              progress: StepProgress) -> dict:
-    """Every needer gets the wheels (the fan-out), then installs from its cache."""
-    pins = wheels.pins(manifest.files)
+              progress: StepProgress) -> tuple[dict, list]:
+    """Every needer gets the wheels (the fan-out); pip's pins for their installs."""
     res = transfer._distribute(p, None)
-    for n in g.needers:
-        folder = dataset_path(n.settings.wheel_cache_dir, g.name)
-        swap(n, from_wheels(n.settings, wheels.pip_of(n), folder, pins,
-                            "this host's cache" if n.host.name == source else source))
     progress.note(p.hosts[0].name, f"wheels: {len(manifest.files)} files, "
                   f"{manifest.size / 2**20:.0f} MiB, {'downloaded once, ' if downloaded else ''}"
                   f"from {source} to {len(p.hosts) - (source != 'this machine')} host(s)")
     return {"shared": True, "downloaded_by": downloaded, "source": source,
             "files": len(manifest.files), "bytes": manifest.size,
-            "operator_bytes": res.operator_bytes,
-            "hosts": sorted(n.host.name for n in g.needers), "fallbacks": res.fallbacks}
+            "operator_bytes": res.operator_bytes, "fallbacks": res.fallbacks}, wheels.pins(manifest.files)
 
 
 def from_operator(folder: str) -> tuple[Manifest, dict]:
