@@ -1,7 +1,8 @@
 """A user's own project (tests/projects/ddp_six: a plain DDP script, its own package, a
 dependency from requirements.txt, a .gitignore'd large file), launched with --workdir on two
 testbed nodes (gpu1, gpu4): pushed without what is ignored, its dependency installed once into
-a job environment equal on every node, run as a script and as a module; and what is refused
+a job environment equal on every node, run as a script and as a module, and laid out as a src
+layout; and what is refused
 before anything starts: an environment changed by hand, a requirement that would replace torch,
 a tree over the size bound."""
 
@@ -107,6 +108,26 @@ def test_a_project_runs_with_its_dependency_installed_once(testbed, project):
     # its steps, written with the progress module pushed with the release, reach status
     st = status(testbed, "u-module")[1]["nodes"]["gpu1"]
     assert st["progress"].startswith("step=2 loss="), st
+
+
+def test_a_src_layout_project_imports_its_package(testbed, project):
+    """The project packaged as PyPA recommends (pyproject.toml, its package under src/) with
+    the requirements.txt such projects have (`-e .`): its dependency read from [project]
+    dependencies, its package importable from src/ as `pip install -e .` makes it on the
+    user's laptop."""
+    (project / "src").mkdir()
+    shutil.move(project / "trainer", project / "src" / "trainer")
+    (project / "requirements.txt").write_text("-e .  # the project and its dependencies\n")
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "trainer"\nversion = "0.1"\ndependencies = ["six==1.16.0"]\n')
+    r = launch(testbed, "u-src", "--workdir", str(project), "--module", "trainer.run",
+               "--args", "--steps 2")
+    assert r.returncode == 0, _said(r)
+    assert "its packages import from src too (the src layout)" in _said(r), _said(r)
+    assert "1 requirement(s) from requirements.txt" in _said(r), _said(r)
+    out = _ran(testbed, "u-src")
+    assert "six 1.16.0 world 4" in out and "finished 2 steps" in out, out
 
 
 def test_a_job_file_launch_then_an_environment_changed_by_hand_is_refused(testbed, project):

@@ -31,11 +31,57 @@ def test_a_lock_file_alone_says_how_to_export_it(tmp_path):
 
 
 @pytest.mark.parametrize("line", ["-r other.txt", "--extra-index-url https://u:p@x/simple",
-                                  "-e .", "--index-url=https://x/simple"])
+                                  "-e ../other", "--index-url=https://x/simple"])
 def test_options_reaching_outside_the_file_are_refused(tmp_path, line):
     (tmp_path / "requirements.txt").write_text(f"six\n{line}\n")
     with pytest.raises(TorchrigError, match="requirements.txt line 2"):
         deps.find(tmp_path, None)
+
+
+PROJECT = """[project]
+name = "My_Pkg"
+dependencies = ["six>=1.16", "attrs"]
+[project.optional-dependencies]
+train = ["numpy>=1.0", "six>=1.16"]
+eval = ["tqdm"]
+all = ["my-pkg[train,eval]"]
+"""
+
+
+@pytest.mark.parametrize("line,extra", [
+    ("-e .", []), (".", []), ("-e ./", []), ("--editable=.", []), ("-e .[train]", ["numpy>=1.0"]),
+    (".[train, eval]", ["numpy>=1.0", "tqdm"]), ("-e .[all]", ["numpy>=1.0", "tqdm"])])
+def test_a_line_installing_the_project_itself_stands_for_its_dependencies(tmp_path, line, extra):
+    """`-e .` in requirements.txt: the project is imported from its folder, not installed; its
+    dependencies (and its extras', an extra naming the project itself included) are read from
+    pyproject.toml, in order, once each."""
+    (tmp_path / "pyproject.toml").write_text(PROJECT)
+    (tmp_path / "requirements.txt").write_text(f"torchmetrics\n{line}  # the project\n")
+    r = deps.find(tmp_path, None)
+    assert r.lines == ("torchmetrics", "six>=1.16", "attrs", *extra), r
+
+
+@pytest.mark.parametrize("doc,match", [
+    (None, r"requirements.txt line 1: '-e \.' installs the project itself; torchrig reads its "
+           r"dependencies from pyproject.toml's \[project\] table, which .* lacks: list its "
+           r"dependencies in this file instead"),
+    ('[project]\nname = "p"\ndynamic = ["dependencies"]\n', r"dynamic = \[\"dependencies\"\]"),
+    ('[project]\nname = "p"\n[project.optional-dependencies]\ngpu = []\n',
+     r"no optional dependencies 'train' \(it has: gpu\)"),
+])
+def test_a_project_line_whose_dependencies_cannot_be_read_says_what_to_do(tmp_path, doc, match):
+    if doc is not None:
+        (tmp_path / "pyproject.toml").write_text(doc)
+    (tmp_path / "requirements.txt").write_text("-e .[train]\n" if "gpu" in (doc or "") else "-e .\n")
+    with pytest.raises(TorchrigError, match=match):
+        deps.find(tmp_path, None)
+
+
+def test_a_requirements_file_elsewhere_in_the_project_reads_dot_as_its_top(tmp_path):
+    (tmp_path / "pyproject.toml").write_text(PROJECT)
+    (tmp_path / "reqs").mkdir()
+    (tmp_path / "reqs" / "gpu.txt").write_text("-e .[eval]\n")
+    assert deps.find(tmp_path, "reqs/gpu.txt").lines == ("six>=1.16", "attrs", "tqdm")
 
 
 @pytest.mark.parametrize("line,refused", [

@@ -431,6 +431,9 @@ def test_a_project_job_runs_its_module_with_its_environment_and_support_files():
     assert plan.script_and_args(argv) == ("-m pkg.train", j.args)
     env = plan.node_env(j, n)
     assert env["PYTHONPATH"] == f"{j.release}:{j.release}/.torchrig"
+    src = job(module=True, script="pkg.train", support=".torchrig", paths=("src", "lib/py"))
+    assert plan.node_env(src, src.nodes[0])["PYTHONPATH"] == \
+        f"{src.release}:{src.release}/src:{src.release}/lib/py:{src.release}/.torchrig"
     assert plan.sampler_argv(j, n)[2] == f"{j.release}/.torchrig/gpumon.py"
     p = job()
     assert "PYTHONPATH" not in plan.node_env(p, p.nodes[0])

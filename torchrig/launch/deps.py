@@ -3,7 +3,7 @@ job environment keyed by their content hash, and checked equal everywhere before
 
 Where they come from (the first that exists): `launch --requirements FILE`, the project's
 requirements.txt, then its pyproject.toml's [project] dependencies (the project itself is not
-installed: its folder is on the job's PYTHONPATH). A lock file (uv.lock, poetry.lock) is read
+installed: its folder, and its package folders, are on the job's PYTHONPATH: imports.py). A lock file (uv.lock, poetry.lock) is read
 through its export to a requirements file (`uv export --format requirements-txt`): pip reads
 that format, `==` pins and `--hash` included, so the nodes resolve exactly it.
 
@@ -62,9 +62,9 @@ def find(root: Path, requirements: str | None) -> Requirements | None:
             raise TorchrigError(f"--requirements {requirements!r}: a file inside the project")
         if not (root / p).is_file():
             raise TorchrigError(f"--requirements {requirements!r}: no such file in {root}")
-        return from_requirements_file(root / p, p.as_posix())
+        return from_requirements_file(root / p, p.as_posix(), root)
     if (root / REQUIREMENTS_TXT).is_file():
-        return from_requirements_file(root / REQUIREMENTS_TXT, REQUIREMENTS_TXT)
+        return from_requirements_file(root / REQUIREMENTS_TXT, REQUIREMENTS_TXT, root)
     if (root / PYPROJECT).is_file():
         return from_pyproject(root / PYPROJECT)
     locks = [f for f in LOCK_FILES if (root / f).is_file()]
@@ -75,12 +75,24 @@ def find(root: Path, requirements: str | None) -> Requirements | None:
     return None
 
 
-def from_requirements_file(path: Path, name: str) -> Requirements | None:
+# a line that installs the project itself (`-e .`, `.[train]`): pip would build it and install
+# it with its dependencies. The job imports the project from its folder (imports.py), so the
+# line stands for those dependencies, read from pyproject.toml
+SELF_LINE = re.compile(r"(?:(?:-e|--editable)(?:\s+|=)?)?\./?(?:\[([^\]]*)\])?")
+
+
+def from_requirements_file(path: Path, name: str, root: Path | None = None) -> Requirements | None:
+    """root: the project's top, what a `.` line means (the file's folder by default)."""
     lines = []
     joined = path.read_text(errors="replace").replace("\\\n", " ")
     for no, raw in enumerate(joined.splitlines(), 1):
         line = re.sub(r"(^|\s)#.*", "", raw).strip()
         if not line:
+            continue
+        own = SELF_LINE.fullmatch(line)
+        if own:
+            extras = [e.strip() for e in (own.group(1) or "").split(",") if e.strip()]
+            lines += own_dependencies(root or path.parent, extras, f"{name} line {no}: {line!r}")
             continue
         opt = line.split()[0].split("=")[0]
         if opt in REFUSED_OPTIONS:
@@ -88,14 +100,67 @@ def from_requirements_file(path: Path, name: str) -> Requirements | None:
                                 "requirements (list every requirement in this one file; the "
                                 "index is var deps_index_url)")
         lines.append(" ".join(line.split()))
-    return Requirements(name, tuple(lines)) if lines else None
+    return Requirements(name, tuple(dict.fromkeys(lines))) if lines else None
+
+
+def own_dependencies(root: Path, extras: list[str], where: str) -> list[str]:
+    """The project's own dependencies, with those of `extras` (and of extras that name the
+    project itself: `all = ["mypkg[train,eval]"]`), from its pyproject.toml's [project]."""
+    doc = read_pyproject(root)
+    project = doc.get("project") if isinstance(doc, dict) else None
+    hint = ("list its dependencies in this file instead (the project itself needs no install: "
+            "its folder is on the job's PYTHONPATH)")
+    if not isinstance(project, dict):
+        raise TorchrigError(f"{where} installs the project itself; torchrig reads its "
+                            f"dependencies from {PYPROJECT}'s [project] table, which {root} "
+                            f"lacks: {hint}")
+    if "dependencies" in project.get("dynamic", []):
+        raise TorchrigError(f"{where} installs the project itself, whose dependencies its "
+                            f"build sets ({PYPROJECT}: dynamic = [\"dependencies\"]): {hint}")
+    me = _norm(str(project.get("name", "")))
+    optional = project.get("optional-dependencies", {})
+    out, todo, seen = [], [None, *extras], set()
+    while todo:
+        extra = todo.pop(0)
+        if extra in seen:
+            continue
+        seen.add(extra)
+        if extra is None:
+            got = project.get("dependencies", [])
+        elif isinstance(optional, dict) and extra in optional:
+            got = optional[extra]
+        else:
+            raise TorchrigError(f"{where}: {PYPROJECT} has no optional dependencies {extra!r} "
+                                f"(it has: {', '.join(optional) if isinstance(optional, dict) else 'none'})")
+        if not isinstance(got, list) or not all(isinstance(d, str) for d in got):
+            raise TorchrigError(f"{PYPROJECT}: [project] dependencies must be lists of strings")
+        for d in got:
+            m = re.match(r"\s*([A-Za-z0-9._-]+)\s*(?:\[([^\]]*)\])?", d)
+            if m and me and _norm(m.group(1)) == me:  # the project's own extras
+                todo += [e.strip() for e in (m.group(2) or "").split(",") if e.strip()]
+            else:
+                out.append(" ".join(d.split()))
+    return out
+
+
+def _norm(name: str) -> str:
+    """A distribution name as pip compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def read_pyproject(root: Path) -> dict | None:
+    """The project's pyproject.toml, parsed; None where it has none."""
+    path = root / PYPROJECT
+    if not path.is_file():
+        return None
+    try:
+        return tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise TorchrigError(f"{PYPROJECT}: not valid TOML: {e}") from None
 
 
 def from_pyproject(path: Path) -> Requirements | None:
-    try:
-        doc = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise TorchrigError(f"{PYPROJECT}: not valid TOML: {e}") from None
+    doc = read_pyproject(path.parent)
     deps = doc.get("project", {}).get("dependencies", [])
     if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
         raise TorchrigError(f"{PYPROJECT}: [project] dependencies must be a list of strings")

@@ -77,6 +77,7 @@ class Job:
     secret_keys: set[str] = field(default_factory=set)
     module: bool = False             # script names a module: torchrun -m (the user's project)
     support: str = ""                # torchrig's files (sampler, progress) in the release
+    paths: tuple[str, ...] = ()      # the project's package folders in the release (imports.py)
     python: str | None = None        # the job environment's python (None: the torch venv's)
     # marks the unit files this launch wrote: another launch of the same job at the same time
     # may overwrite them, and then this one must neither start nor remove what it finds
@@ -168,9 +169,11 @@ def node_env(job: Job, n: Node) -> dict[str, str]:
     if job.data:  # checked on every node before the launch (datasets.run.check)
         env["TORCHRIG_DATA"] = dataset_path(n.data_dir, job.data)
     if job.support:
-        # a user's project: its folder first (its own packages, from any script's folder), then
-        # torchrig's support files (the bounded torchrun, `import progress`)
-        env["PYTHONPATH"] = f"{job.release}:{job.release}/{job.support}"
+        # a user's project: its folder first (its own packages, from any script's folder), its
+        # package folders (a src layout), then torchrig's support files (the bounded
+        # torchrun, `import progress`)
+        env["PYTHONPATH"] = ":".join([job.release, *(f"{job.release}/{p}" for p in job.paths),
+                                      f"{job.release}/{job.support}"])
     if n.home:
         # a home the job can write (its caches: Hugging Face, torch.hub, Triton, CUDA's JIT)
         # whatever the node's passwd says (nodes provisioned before it had one); Inductor's

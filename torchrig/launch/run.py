@@ -155,6 +155,7 @@ def plan_job(inv: Inventory, hosts: list[Host], o: LaunchOptions, release: str,
                env=parse_env(o.env), secret_keys=secret_keys, rdzv_timeout=o.rdzv_timeout,
                exit_barrier_timeout=o.exit_barrier_timeout, module=o.module is not None,
                support=staged.support if staged else "",
+               paths=staged.paths if staged else (),
                python=staged.python if staged else None,
                early_fail_s=o.early_fail_window, data=o.data, min_nodes=o.min_nodes)
 
@@ -278,7 +279,7 @@ def launch(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print,
     check_data(fleet, hosts, o, log)
     prefix = hosts[0].settings.prefix
     if o.dry_run:
-        staged = Staged(stage.release_of(src, prefix), src.support)
+        staged = Staged(stage.release_of(src, prefix), src.support, src.paths)
     else:
         staged = stage.stage(fleet, hosts, src, log=log, found=pre.found, switch=False)
     job = plan_job(inv, hosts, o, staged.release, interfaces, staged)

@@ -13,6 +13,7 @@ from ..inventory import Host
 from ..resources import PAYLOAD
 from ..session import Fleet
 from . import deps
+from .imports import import_roots
 from .push import Found, push, switch_script
 from .tree import SUPPORT_DIR, Tree, payload_tree, project_tree, with_support
 
@@ -28,12 +29,17 @@ class Source:
     support: str                       # where torchrig's files are in the release
     requirements: deps.Requirements | None = None
     allow_torch_change: bool = False
+    # the project's package folders (imports.py), on PYTHONPATH after its top; and where
+    # that was read
+    paths: tuple[str, ...] = ()
+    paths_from: str = ""
 
 
 @dataclass
 class Staged:
     release: str                       # the release folder on every node
     support: str
+    paths: tuple[str, ...] = ()        # Source.paths
     python: str | None = None          # the job environment's python (None: the torch venv)
     sent: int = 0                      # files sent, all nodes together
     envs: dict[str, deps.Built] | None = None
@@ -53,8 +59,11 @@ def source(o, first: Host) -> Source:
     reqs = deps.find(tree.root, o.requirements)
     if reqs is not None:
         deps.check_torch(reqs, s.torch_version, o.allow_torch_change)
+    cfg = tree.root / "setup.cfg"
+    paths, paths_from = import_roots(tree.files, deps.read_pyproject(tree.root),
+                                     cfg.read_text(errors="replace") if "setup.cfg" in tree.files else None)
     return Source(with_support(tree, PAYLOAD), WORKDIR_BASE, SUPPORT_DIR, reqs,
-                  o.allow_torch_change)
+                  o.allow_torch_change, paths, paths_from)
 
 
 def push_base(src: Source, prefix: str) -> str:
@@ -106,9 +115,11 @@ def stage(fleet: Fleet, hosts: list[Host], src: Source, log=print,
     releases = {r.value[0] for r in pushed}
     if len(releases) != 1:
         raise TorchrigError(f"nothing started: the nodes hold different releases: {releases}")
-    out = Staged(releases.pop(), src.support, sent=sum(r.value[1] for r in pushed),
+    out = Staged(releases.pop(), src.support, src.paths, sent=sum(r.value[1] for r in pushed),
                  switch="" if switch else switch_script(push_base(src, prefix), src.tree.hash))
     log(f"{src.base} {out.release} on {len(hosts)} node(s) ({out.sent} file(s) sent)")
+    if src.paths:
+        log(f"  its packages import from {', '.join(src.paths)} too ({src.paths_from})")
     if env is not None:
         out.envs = {r.host: r.value[2] for r in pushed}
         diff = deps.differences(out.envs)
