@@ -112,15 +112,24 @@ def test_a_project_runs_with_its_dependency_installed_once(testbed, project):
 
 def test_a_src_layout_project_imports_its_package(testbed, project):
     """The project packaged as PyPA recommends (pyproject.toml, its package under src/) with
-    the requirements.txt such projects have (`-e .`): its dependency read from [project]
-    dependencies, its package importable from src/ as `pip install -e .` makes it on the
-    user's laptop."""
+    the requirements.txt such projects have (`-e .`): its requires-python checked against the
+    nodes' Python, its dependency read from [project] dependencies, its package importable
+    from src/ as `pip install -e .` makes it on the user's laptop."""
     (project / "src").mkdir()
     shutil.move(project / "trainer", project / "src" / "trainer")
     (project / "requirements.txt").write_text("-e .  # the project and its dependencies\n")
-    (project / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n'
-        '[project]\nname = "trainer"\nversion = "0.1"\ndependencies = ["six==1.16.0"]\n')
+    toml = ('[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n'
+            '[project]\nname = "trainer"\nversion = "0.1"\ndependencies = ["six==1.16.0"]\n'
+            'requires-python = "{}"\n')
+    # a Python the nodes do not have (the testbed's Debian 12: 3.11): refused by name, before
+    # anything is sent
+    (project / "pyproject.toml").write_text(toml.format(">=3.12"))
+    r = launch(testbed, "u-src", "--workdir", str(project), "--module", "trainer.run")
+    assert r.returncode == 1, _said(r)
+    assert re.search(r"nothing started: pyproject.toml says requires-python '>=3.12', and the "
+                     r"torch venv runs Python 3\.11\.\d+ on gpu1, gpu4", r.stderr), _said(r)
+    assert "file(s) sent" not in _said(r), _said(r)
+    (project / "pyproject.toml").write_text(toml.format(">=3.10"))
     r = launch(testbed, "u-src", "--workdir", str(project), "--module", "trainer.run",
                "--args", "--steps 2")
     assert r.returncode == 0, _said(r)

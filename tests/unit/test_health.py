@@ -293,7 +293,7 @@ def test_with_nodes_only_the_first_n_are_gated_unless_skipping(gate, monkeypatch
         seen.append([h.name for h in hosts])
         return run.Probed(None, _report({"gpu2"}, [h.name for h in hosts]), {})
 
-    def judge_versions(rep, hosts, job):
+    def judge_versions(rep, hosts, job, requires_python=None):
         raise Judged([h.name for h in hosts])
     monkeypatch.setattr(run, "probe_nodes", probe_nodes)
     monkeypatch.setattr(run, "judge_versions", judge_versions)

@@ -153,3 +153,31 @@ def test_the_nodes_refuse_a_dry_run_that_would_install_the_provisioned_stack(tmp
     assert r.returncode == code, r.stderr
     if code:
         assert r.stderr.startswith("error: the requirements would install ") and "9.9" in r.stderr
+
+
+# ---- requires-python: the project against the nodes' Python, before anything is sent --------
+
+def test_requires_python_is_read_and_checked_as_a_specifier():
+    assert deps.requires_python(None) is None and deps.requires_python({"tool": {}}) is None
+    assert deps.requires_python({"project": {"requires-python": ">=3.10, <3.14"}}) == ">=3.10, <3.14"
+    with pytest.raises(TorchrigError, match=r"requires-python 'python3' is not a version specifier"):
+        deps.requires_python({"project": {"requires-python": "python3"}})
+
+
+def test_a_project_the_nodes_python_cannot_run_is_refused_before_anything_starts():
+    from torchrig.launch.run import judge_versions
+    from torchrig.verify.evaluate import HostVerdict
+    from torchrig.verify.run import VerifyReport
+
+    def rep(py):
+        vs = [HostVerdict(h, versions={"python": py, "torch": "2.13.0"}) for h in ("gpu1", "gpu4")]
+        return VerifyReport(vs, also={h: {"run": {"busy": {"rc": 0, "out": "", "err": ""}}}
+                                      for h in ("gpu1", "gpu4")})
+    hosts = [type("H", (), {"name": n})() for n in ("gpu1", "gpu4")]
+    for spec in (None, ">=3.10", ">=3.11,<3.13"):
+        assert judge_versions(rep("3.11.2"), hosts, "j", spec) == {"gpu1": None, "gpu4": None}
+    with pytest.raises(TorchrigError, match=r"^nothing started: pyproject.toml says requires-python "
+                                            r"'>=3.12', and the torch venv runs Python 3.11.2 on "
+                                            r"gpu1, gpu4 \(the distribution's python3: .*\); relax"):
+        judge_versions(rep("3.11.2"), hosts, "j", ">=3.12")
+    deps.check_python(">=3.12", {"gpu1": None})  # unknown (an old probe): pip decides on the node

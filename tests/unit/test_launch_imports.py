@@ -79,7 +79,8 @@ def test_a_folder_that_cannot_go_on_pythonpath_is_refused_by_name(folder):
 
 
 def test_the_launch_reads_it_from_the_project(tmp_path):
-    """stage.source: the files as sent (.gitignore honoured) and the project's pyproject.toml."""
+    """stage.source: the files as sent (.gitignore honoured) and the project's pyproject.toml
+    (its requires-python too)."""
     from types import SimpleNamespace as NS
 
     from torchrig.launch import stage
@@ -89,10 +90,12 @@ def test_the_launch_reads_it_from_the_project(tmp_path):
     (p / "src" / "mypkg").mkdir(parents=True)
     (p / "src" / "mypkg" / "__init__.py").write_text("")
     (p / "train.py").write_text("import mypkg\n")
-    (p / "pyproject.toml").write_text('[project]\nname = "mypkg"\nversion = "0"\n')
+    (p / "pyproject.toml").write_text('[project]\nname = "mypkg"\nversion = "0"\n'
+                                      'requires-python = ">=3.10"\n')
     host = NS(settings=Settings())
     got = stage.source(LaunchOptions(job="j", workdir=str(p)), host)
     assert (got.paths, got.paths_from) == (("src",), "the src layout")
+    assert got.requires_python == ">=3.10"   # checked against the nodes' Python at the gate
     (p / ".gitignore").write_text("src/\n")
     assert stage.source(LaunchOptions(job="j", workdir=str(p)), host).paths == ()
     (p / "pyproject.toml").write_text("[tool.setuptools\n")

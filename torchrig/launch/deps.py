@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TorchrigError
+from ..facts.python_env import normalize
 from ..onhost import Shell, script
 from ..quoting import sh
 
@@ -117,7 +118,7 @@ def own_dependencies(root: Path, extras: list[str], where: str) -> list[str]:
     if "dependencies" in project.get("dynamic", []):
         raise TorchrigError(f"{where} installs the project itself, whose dependencies its "
                             f"build sets ({PYPROJECT}: dynamic = [\"dependencies\"]): {hint}")
-    me = _norm(str(project.get("name", "")))
+    me = normalize(str(project.get("name", "")))
     optional = project.get("optional-dependencies", {})
     out, todo, seen = [], [None, *extras], set()
     while todo:
@@ -136,16 +137,43 @@ def own_dependencies(root: Path, extras: list[str], where: str) -> list[str]:
             raise TorchrigError(f"{PYPROJECT}: [project] dependencies must be lists of strings")
         for d in got:
             m = re.match(r"\s*([A-Za-z0-9._-]+)\s*(?:\[([^\]]*)\])?", d)
-            if m and me and _norm(m.group(1)) == me:  # the project's own extras
+            if m and me and normalize(m.group(1)) == me:  # the project's own extras
                 todo += [e.strip() for e in (m.group(2) or "").split(",") if e.strip()]
             else:
                 out.append(" ".join(d.split()))
     return out
 
 
-def _norm(name: str) -> str:
-    """A distribution name as pip compares them (PEP 503)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
+def requires_python(pyproject: dict | None) -> str | None:
+    """The project's `requires-python` ([project]), checked to be a version specifier."""
+    project = pyproject.get("project") if isinstance(pyproject, dict) else None
+    spec = project.get("requires-python") if isinstance(project, dict) else None
+    if spec is None:
+        return None
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    try:
+        SpecifierSet(str(spec))
+    except InvalidSpecifier:
+        raise TorchrigError(f"{PYPROJECT}: requires-python {spec!r} is not a version specifier "
+                            "(e.g. '>=3.10')") from None
+    return str(spec)
+
+
+def check_python(requires: str | None, pythons: dict[str, str | None]) -> None:
+    """The project's requires-python against each node's torch venv Python (the venv a job
+    environment extends): a project the nodes' Python cannot run is refused before anything
+    is sent, where pip would have refused to install it."""
+    if not requires:
+        return
+    from packaging.specifiers import SpecifierSet
+    spec = SpecifierSet(requires)
+    bad = {h: v for h, v in pythons.items() if v and not spec.contains(v, prereleases=True)}
+    if bad:
+        raise TorchrigError(
+            f"nothing started: {PYPROJECT} says requires-python {requires!r}, and the torch venv "
+            f"runs Python {', '.join(sorted(set(bad.values())))} on {', '.join(sorted(bad))} (the "
+            "distribution's python3: Ubuntu 22.04 has 3.10, Debian 12 3.11, Ubuntu 24.04 "
+            "3.12); relax requires-python, or launch on nodes whose distribution has it")
 
 
 def read_pyproject(root: Path) -> dict | None:

@@ -26,7 +26,7 @@ from ..job import (DEFAULTS, JOB_RE, RUNNING_STATES, check_job_name, gpumon_name
 from .plan import (Job, Node, check_env_key, job_changes, job_paths, job_units, launch_marker,
                    parse_env, redact_env, split_args, unit_path)
 from ..session import Fleet, Outcome, Result, describe_error
-from . import elastic, health_gate, push, stage
+from . import deps, elastic, health_gate, push, stage
 from .stage import Staged
 
 GPU_SAMPLE_S = 30  # seconds between samples (GPU use for status, metrics for node_exporter)
@@ -201,17 +201,20 @@ def probe_nodes(fleet: Fleet, hosts: list[Host], src: stage.Source | None = None
     return Probed(rep, health, found)
 
 
-def _gate(fleet: Fleet, hosts: list[Host], job: str) -> dict[str, str | None]:
+def _gate(fleet: Fleet, hosts: list[Host], job: str,
+          requires_python: str | None = None) -> dict[str, str | None]:
     """verify's fast version gate and the node's running jobs, in one probe round trip per
     host (a Slurm launch's: its health gate probes on its own, gate_slurm); see
     judge_versions."""
     rep = verify(fleet, hosts, full=False, also={"run": {"busy": BUSY_ARGV}})
-    return judge_versions(rep, hosts, job)
+    return judge_versions(rep, hosts, job, requires_python)
 
 
-def judge_versions(rep: VerifyReport, hosts: list[Host], job: str) -> dict[str, str | None]:
+def judge_versions(rep: VerifyReport, hosts: list[Host], job: str,
+                   requires_python: str | None = None) -> dict[str, str | None]:
     """The job's nodes (hosts, among those probed) against the probe: refuses an unreachable
-    node, a busy node, then a failed version gate; returns each node's interface."""
+    node, a busy node, a failed version gate, then a Python the project does not run on
+    (its requires-python); returns each node's interface."""
     if rep.unreachable:
         raise TorchrigError("nothing started: " + "; ".join(
             f"{h}: {e}" for h, e in rep.unreachable.items()))
@@ -227,6 +230,7 @@ def judge_versions(rep: VerifyReport, hosts: list[Host], job: str) -> dict[str, 
            if c.status == "FAIL" and c.name in ("driver", "torch")]
     if bad:
         raise TorchrigError("nothing started: " + "; ".join(bad))
+    deps.check_python(requires_python, {v.host: v.versions.get("python") for v in rep.hosts})
     first_iface = next((v.interface for v in rep.hosts if v.interface), None)
     return {v.host: v.interface or first_iface for v in rep.hosts}
 
@@ -275,7 +279,7 @@ def launch(fleet: Fleet, hosts: list[Host], o: LaunchOptions, log=print,
         hosts = pick(hosts)
         check_batch(hosts, o)
     fleet.hosts = hosts  # what a Ctrl-C of a following task names
-    interfaces = judge_versions(pre.versions, hosts, o.job)
+    interfaces = judge_versions(pre.versions, hosts, o.job, src.requires_python)
     check_data(fleet, hosts, o, log)
     prefix = hosts[0].settings.prefix
     if o.dry_run:

@@ -269,7 +269,8 @@ def launch(fleet: Fleet, hosts: list[Host], o, nnodes: int | None, partition: st
     if running:
         raise TorchrigError(f"nothing submitted: job {o.job!r} is already slurm job {running}; "
                             f"`torchrig stop --job {o.job}` first, or pick another --job")
-    interfaces = _gate(fleet, candidates, o.job)  # a systemd job on these GPUs: refused too
+    # a systemd job on these GPUs: refused too
+    interfaces = _gate(fleet, candidates, o.job, src.requires_python)
     check_data(fleet, candidates, o, log)
     _same_ids(fleet, [ctl] + [h for h in candidates if h is not ctl],
               candidates[0].settings.service_user)

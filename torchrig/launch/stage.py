@@ -33,6 +33,7 @@ class Source:
     # that was read
     paths: tuple[str, ...] = ()
     paths_from: str = ""
+    requires_python: str | None = None  # pyproject.toml's, checked against the nodes' Python
 
 
 @dataclass
@@ -59,11 +60,11 @@ def source(o, first: Host) -> Source:
     reqs = deps.find(tree.root, o.requirements)
     if reqs is not None:
         deps.check_torch(reqs, s.torch_version, o.allow_torch_change)
-    cfg = tree.root / "setup.cfg"
-    paths, paths_from = import_roots(tree.files, deps.read_pyproject(tree.root),
+    pyproject, cfg = deps.read_pyproject(tree.root), tree.root / "setup.cfg"
+    paths, paths_from = import_roots(tree.files, pyproject,
                                      cfg.read_text(errors="replace") if "setup.cfg" in tree.files else None)
     return Source(with_support(tree, PAYLOAD), WORKDIR_BASE, SUPPORT_DIR, reqs,
-                  o.allow_torch_change, paths, paths_from)
+                  o.allow_torch_change, paths, paths_from, deps.requires_python(pyproject))
 
 
 def push_base(src: Source, prefix: str) -> str:
