@@ -101,3 +101,20 @@ def test_the_launch_reads_it_from_the_project(tmp_path):
     (p / "pyproject.toml").write_text("[tool.setuptools\n")
     with pytest.raises(TorchrigError, match="pyproject.toml: not valid TOML"):
         stage.source(LaunchOptions(job="j", workdir=str(p)), host)
+
+
+def test_a_module_missing_from_the_projects_own_package_is_refused_by_name():
+    from torchrig.launch.imports import check_module
+    files = ["pyproject.toml", "src/trainer/__init__.py", "src/trainer/run.py",
+             "src/trainer/cli/__main__.py", "tools/__init__.py", "tools/prep.py"]
+    for ok in ("trainer.run", "trainer.cli", "tools.prep", "lightning.pytorch.cli", "train"):
+        check_module(ok, files, ("src",))
+    with pytest.raises(TorchrigError, match=r"^--module trainer.rn: the project's package src/trainer/ "
+                                            r"has no src/trainer/rn.py \(or src/trainer/rn/__main__.py\)$"):
+        check_module("trainer.rn", files, ("src",))
+    with pytest.raises(TorchrigError, match=r"package tools/ has no tools/prep2.py"):
+        check_module("tools.prep2", files, ("src",))
+    check_module("trainer.rn", files, ())   # src not on the path: not the project's package
+    # the top wins, as on the path: a top-level trainer/ is the one Python imports
+    with pytest.raises(TorchrigError, match=r"package trainer/ has no trainer/run.py"):
+        check_module("trainer.run", files + ["trainer/__init__.py"], ("src",))

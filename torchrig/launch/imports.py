@@ -97,3 +97,21 @@ def import_roots(files: Iterable[str], pyproject: dict | None = None,
         if rel not in out and any(f.startswith(rel + "/") for f in files):
             out.append(rel)
     return tuple(out), ", ".join(dict.fromkeys(w for _, w in named))
+
+
+def check_module(module: str, files: Iterable[str], roots: tuple[str, ...]) -> None:
+    """`launch --module pkg.train` of the project's own package (a `pkg/__init__.py` at its
+    top or in one of its package folders, the first as Python would find it): refused by name
+    where that package has no such module, before anything is sent. A module of no package
+    of the project's is an installed one's: the node's Python looks for it."""
+    files, parts = set(files), module.split(".")
+    if len(parts) < 2:
+        return
+    for root in ("", *roots):
+        pre = f"{root}/" if root else ""
+        if f"{pre}{parts[0]}/__init__.py" in files:
+            path = pre + "/".join(parts)
+            if f"{path}.py" not in files and f"{path}/__main__.py" not in files:
+                raise TorchrigError(f"--module {module}: the project's package {pre}{parts[0]}/ "
+                                    f"has no {path}.py (or {path}/__main__.py)")
+            return

@@ -13,7 +13,7 @@ from ..inventory import Host
 from ..resources import PAYLOAD
 from ..session import Fleet
 from . import deps
-from .imports import import_roots
+from .imports import check_module, import_roots
 from .push import Found, push, switch_script
 from .tree import SUPPORT_DIR, Tree, payload_tree, project_tree, with_support
 
@@ -63,6 +63,8 @@ def source(o, first: Host) -> Source:
     pyproject, cfg = deps.read_pyproject(tree.root), tree.root / "setup.cfg"
     paths, paths_from = import_roots(tree.files, pyproject,
                                      cfg.read_text(errors="replace") if "setup.cfg" in tree.files else None)
+    if o.module is not None:
+        check_module(o.module, tree.files, paths)
     return Source(with_support(tree, PAYLOAD), WORKDIR_BASE, SUPPORT_DIR, reqs,
                   o.allow_torch_change, paths, paths_from, deps.requires_python(pyproject))
 
