@@ -77,6 +77,17 @@ def test_a_project_line_whose_dependencies_cannot_be_read_says_what_to_do(tmp_pa
         deps.find(tmp_path, None)
 
 
+@pytest.mark.parametrize("via", ["pyproject", "-e ."])
+def test_a_pip_option_among_pyprojects_dependencies_is_refused(tmp_path, via):
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "p"\ndependencies = ["six", "--extra-index-url https://u:p@x/simple"]\n')
+    if via == "-e .":
+        (tmp_path / "requirements.txt").write_text("-e .\n")
+    with pytest.raises(TorchrigError, match=r"dependency '--extra-index-url' is a pip option") as e:
+        deps.find(tmp_path, None)
+    assert "u:p" not in str(e.value)
+
+
 def test_a_requirements_file_elsewhere_in_the_project_reads_dot_as_its_top(tmp_path):
     (tmp_path / "pyproject.toml").write_text(PROJECT)
     (tmp_path / "reqs").mkdir()

@@ -133,14 +133,12 @@ def own_dependencies(root: Path, extras: list[str], where: str) -> list[str]:
         else:
             raise TorchrigError(f"{where}: {PYPROJECT} has no optional dependencies {extra!r} "
                                 f"(it has: {', '.join(optional) if isinstance(optional, dict) else 'none'})")
-        if not isinstance(got, list) or not all(isinstance(d, str) for d in got):
-            raise TorchrigError(f"{PYPROJECT}: [project] dependencies must be lists of strings")
-        for d in got:
+        for d in _declared(got):
             m = re.match(r"\s*([A-Za-z0-9._-]+)\s*(?:\[([^\]]*)\])?", d)
             if m and me and normalize(m.group(1)) == me:  # the project's own extras
                 todo += [e.strip() for e in (m.group(2) or "").split(",") if e.strip()]
             else:
-                out.append(" ".join(d.split()))
+                out.append(d)
     return out
 
 
@@ -189,10 +187,21 @@ def read_pyproject(root: Path) -> dict | None:
 
 def from_pyproject(path: Path) -> Requirements | None:
     doc = read_pyproject(path.parent)
-    deps = doc.get("project", {}).get("dependencies", [])
-    if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
-        raise TorchrigError(f"{PYPROJECT}: [project] dependencies must be a list of strings")
+    deps = _declared(doc.get("project", {}).get("dependencies", []))
     return Requirements(f"{PYPROJECT} [project] dependencies", tuple(deps)) if deps else None
+
+
+def _declared(deps) -> list[str]:
+    """pyproject.toml's dependency strings, each one requirement (they become lines of pip's
+    requirements file, where a line starting with '-' would be an option: the index's among
+    them, which is var deps_index_url's alone)."""
+    if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+        raise TorchrigError(f"{PYPROJECT}: [project] dependencies must be lists of strings")
+    for d in deps:
+        if d.strip().startswith("-"):  # named by its option alone: its value may hold a password
+            raise TorchrigError(f"{PYPROJECT}: dependency {d.split()[0].split('=')[0]!r} is a "
+                                "pip option, not a requirement")
+    return [" ".join(d.split()) for d in deps]
 
 
 def check_torch(reqs: Requirements, torch_version: str, allow: bool) -> None:
