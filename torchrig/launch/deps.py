@@ -3,9 +3,10 @@ job environment keyed by their content hash, and checked equal everywhere before
 
 Where they come from (the first that exists): `launch --requirements FILE`, the project's
 requirements.txt, then its pyproject.toml's [project] dependencies (the project itself is not
-installed: its folder, and its package folders, are on the job's PYTHONPATH: imports.py). A lock file (uv.lock, poetry.lock) is read
-through its export to a requirements file (`uv export --format requirements-txt`): pip reads
-that format, `==` pins and `--hash` included, so the nodes resolve exactly it.
+installed: its folder, and its package folders, are on the job's PYTHONPATH: imports.py; a
+`-e .` line stands for its dependencies). A lock file (uv.lock, poetry.lock) is read through
+its export to a requirements file (`uv export --format requirements-txt`): pip reads that
+format, `==` pins and `--hash` included, so the nodes resolve exactly it.
 
 The environment (onhost/deps/ensure.sh) is a venv at {prefix}/envs/<hash> that sees the
 provisioned torch venv's packages: torch, its CUDA wheels and NCCL are never reinstalled. A
