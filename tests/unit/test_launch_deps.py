@@ -8,26 +8,31 @@ from torchrig.launch import deps
 from torchrig.launch.deps import Built, Requirements
 
 
+def find(root, requirements):
+    """deps.find as the launch calls it: with the project's pyproject.toml read once."""
+    return deps.find(root, requirements, deps.read_pyproject(root))
+
+
 def test_where_requirements_come_from(tmp_path):
-    assert deps.find(tmp_path, None) is None
+    assert find(tmp_path, None) is None
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "p"\ndependencies = ["six>=1.16", "attrs"]\n')
-    r = deps.find(tmp_path, None)
+    r = find(tmp_path, None)
     assert r.lines == ("six>=1.16", "attrs") and "pyproject.toml" in r.source
     (tmp_path / "requirements.txt").write_text("# pinned\nsix==1.16.0  # why\n\nnumpy \\\n  >=1.0\n")
-    r = deps.find(tmp_path, None)
+    r = find(tmp_path, None)
     assert r == Requirements("requirements.txt", ("six==1.16.0", "numpy >=1.0"))
     (tmp_path / "req-gpu.txt").write_text("six\n")
-    assert deps.find(tmp_path, "req-gpu.txt").lines == ("six",)
+    assert find(tmp_path, "req-gpu.txt").lines == ("six",)
     with pytest.raises(TorchrigError, match="no such file"):
-        deps.find(tmp_path, "nope.txt")
+        find(tmp_path, "nope.txt")
     with pytest.raises(TorchrigError, match="inside the project"):
-        deps.find(tmp_path, "../x.txt")
+        find(tmp_path, "../x.txt")
 
 
 def test_a_lock_file_alone_says_how_to_export_it(tmp_path):
     (tmp_path / "uv.lock").write_text("version = 1\n")
     with pytest.raises(TorchrigError, match="uv export"):
-        deps.find(tmp_path, None)
+        find(tmp_path, None)
 
 
 @pytest.mark.parametrize("line", ["-r other.txt", "--extra-index-url https://u:p@x/simple",
@@ -35,7 +40,7 @@ def test_a_lock_file_alone_says_how_to_export_it(tmp_path):
 def test_options_reaching_outside_the_file_are_refused(tmp_path, line):
     (tmp_path / "requirements.txt").write_text(f"six\n{line}\n")
     with pytest.raises(TorchrigError, match="requirements.txt line 2"):
-        deps.find(tmp_path, None)
+        find(tmp_path, None)
 
 
 PROJECT = """[project]
@@ -57,7 +62,7 @@ def test_a_line_installing_the_project_itself_stands_for_its_dependencies(tmp_pa
     pyproject.toml, in order, once each."""
     (tmp_path / "pyproject.toml").write_text(PROJECT)
     (tmp_path / "requirements.txt").write_text(f"torchmetrics\n{line}  # the project\n")
-    r = deps.find(tmp_path, None)
+    r = find(tmp_path, None)
     assert r.lines == ("torchmetrics", "six>=1.16", "attrs", *extra), r
 
 
@@ -74,7 +79,7 @@ def test_a_project_line_whose_dependencies_cannot_be_read_says_what_to_do(tmp_pa
         (tmp_path / "pyproject.toml").write_text(doc)
     (tmp_path / "requirements.txt").write_text("-e .[train]\n" if "gpu" in (doc or "") else "-e .\n")
     with pytest.raises(TorchrigError, match=match):
-        deps.find(tmp_path, None)
+        find(tmp_path, None)
 
 
 @pytest.mark.parametrize("via", ["pyproject", "-e ."])
@@ -84,7 +89,7 @@ def test_a_pip_option_among_pyprojects_dependencies_is_refused(tmp_path, via):
     if via == "-e .":
         (tmp_path / "requirements.txt").write_text("-e .\n")
     with pytest.raises(TorchrigError, match=r"dependency '--extra-index-url' is a pip option") as e:
-        deps.find(tmp_path, None)
+        find(tmp_path, None)
     assert "u:p" not in str(e.value)
 
 
@@ -92,7 +97,7 @@ def test_a_requirements_file_elsewhere_in_the_project_reads_dot_as_its_top(tmp_p
     (tmp_path / "pyproject.toml").write_text(PROJECT)
     (tmp_path / "reqs").mkdir()
     (tmp_path / "reqs" / "gpu.txt").write_text("-e .[eval]\n")
-    assert deps.find(tmp_path, "reqs/gpu.txt").lines == ("six>=1.16", "attrs", "tqdm")
+    assert find(tmp_path, "reqs/gpu.txt").lines == ("six>=1.16", "attrs", "tqdm")
 
 
 @pytest.mark.parametrize("line,refused", [

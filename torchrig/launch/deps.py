@@ -56,19 +56,20 @@ class Requirements:
         return "".join(f"{ln}\n" for ln in self.lines)
 
 
-def find(root: Path, requirements: str | None) -> Requirements | None:
-    """The project's requirements, or None where it declares none."""
+def find(root: Path, requirements: str | None, pyproject: dict | None) -> Requirements | None:
+    """The project's requirements, or None where it declares none. pyproject: its
+    pyproject.toml (read_pyproject), read once for everything the launch takes from it."""
     if requirements is not None:
         p = Path(requirements)
         if p.is_absolute() or ".." in p.parts:
             raise TorchrigError(f"--requirements {requirements!r}: a file inside the project")
         if not (root / p).is_file():
             raise TorchrigError(f"--requirements {requirements!r}: no such file in {root}")
-        return from_requirements_file(root / p, p.as_posix(), root)
+        return from_requirements_file(root / p, p.as_posix(), root, pyproject)
     if (root / REQUIREMENTS_TXT).is_file():
-        return from_requirements_file(root / REQUIREMENTS_TXT, REQUIREMENTS_TXT, root)
-    if (root / PYPROJECT).is_file():
-        return from_pyproject(root / PYPROJECT)
+        return from_requirements_file(root / REQUIREMENTS_TXT, REQUIREMENTS_TXT, root, pyproject)
+    if pyproject is not None:
+        return from_pyproject(pyproject)
     locks = [f for f in LOCK_FILES if (root / f).is_file()]
     if locks:
         raise TorchrigError(f"{root}: {locks[0]} but no requirements.txt or pyproject.toml; "
@@ -83,8 +84,9 @@ def find(root: Path, requirements: str | None) -> Requirements | None:
 SELF_LINE = re.compile(r"(?:(?:-e|--editable)(?:\s+|=)?)?\./?(?:\[([^\]]*)\])?")
 
 
-def from_requirements_file(path: Path, name: str, root: Path | None = None) -> Requirements | None:
-    """root: the project's top, what a `.` line means (the file's folder by default)."""
+def from_requirements_file(path: Path, name: str, root: Path,
+                           pyproject: dict | None) -> Requirements | None:
+    """root: the project's top, what a `.` line means; pyproject: its pyproject.toml."""
     lines = []
     joined = path.read_text(errors="replace").replace("\\\n", " ")
     for no, raw in enumerate(joined.splitlines(), 1):
@@ -94,7 +96,7 @@ def from_requirements_file(path: Path, name: str, root: Path | None = None) -> R
         own = SELF_LINE.fullmatch(line)
         if own:
             extras = [e.strip() for e in (own.group(1) or "").split(",") if e.strip()]
-            lines += own_dependencies(root or path.parent, extras, f"{name} line {no}: {line!r}")
+            lines += own_dependencies(pyproject, root, extras, f"{name} line {no}: {line!r}")
             continue
         opt = line.split()[0].split("=")[0]
         if opt in REFUSED_OPTIONS:
@@ -105,11 +107,10 @@ def from_requirements_file(path: Path, name: str, root: Path | None = None) -> R
     return Requirements(name, tuple(dict.fromkeys(lines))) if lines else None
 
 
-def own_dependencies(root: Path, extras: list[str], where: str) -> list[str]:
+def own_dependencies(pyproject: dict | None, root: Path, extras: list[str], where: str) -> list[str]:
     """The project's own dependencies, with those of `extras` (and of extras that name the
     project itself: `all = ["mypkg[train,eval]"]`), from its pyproject.toml's [project]."""
-    doc = read_pyproject(root)
-    project = doc.get("project") if isinstance(doc, dict) else None
+    project = pyproject.get("project") if isinstance(pyproject, dict) else None
     hint = ("list its dependencies in this file instead (the project itself needs no install: "
             "its folder is on the job's PYTHONPATH)")
     if not isinstance(project, dict):
@@ -186,8 +187,7 @@ def read_pyproject(root: Path) -> dict | None:
         raise TorchrigError(f"{PYPROJECT}: not valid TOML: {e}") from None
 
 
-def from_pyproject(path: Path) -> Requirements | None:
-    doc = read_pyproject(path.parent)
+def from_pyproject(doc: dict) -> Requirements | None:
     deps = _declared(doc.get("project", {}).get("dependencies", []))
     return Requirements(f"{PYPROJECT} [project] dependencies", tuple(deps)) if deps else None
 

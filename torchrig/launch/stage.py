@@ -57,10 +57,10 @@ def source(o, first: Host) -> Source:
         return Source(payload_tree(PAYLOAD), PAYLOAD_BASE, "")
     s = first.settings
     tree = project_tree(Path(o.workdir), s.workdir_max_mb << 20)
-    reqs = deps.find(tree.root, o.requirements)
+    pyproject, cfg = deps.read_pyproject(tree.root), tree.root / "setup.cfg"
+    reqs = deps.find(tree.root, o.requirements, pyproject)
     if reqs is not None:
         deps.check_torch(reqs, s.torch_version, o.allow_torch_change)
-    pyproject, cfg = deps.read_pyproject(tree.root), tree.root / "setup.cfg"
     paths, paths_from = import_roots(tree.files, pyproject,
                                      cfg.read_text(errors="replace") if "setup.cfg" in tree.files else None)
     if o.module is not None:
