@@ -136,6 +136,8 @@ def own_dependencies(pyproject: dict | None, root: Path, extras: list[str], wher
             raise TorchrigError(f"{where}: {PYPROJECT} has no optional dependencies {extra!r} "
                                 f"(it has: {', '.join(optional) if isinstance(optional, dict) else 'none'})")
         for d in _declared(got):
+            # the name and extras as written (packaging's Requirement keeps extras as a set:
+            # their order, and with it the lines' and the environment's hash, would be lost)
             m = re.match(r"\s*([A-Za-z0-9._-]+)\s*(?:\[([^\]]*)\])?", d)
             if m and me and normalize(m.group(1)) == me:  # the project's own extras
                 todo += [e.strip() for e in (m.group(2) or "").split(",") if e.strip()]
